@@ -1,0 +1,1 @@
+"""Command-line applications: everything with argparse or a main()."""

@@ -1,0 +1,93 @@
+"""Typed errors raised at every edgeinfer boundary.
+
+Every failure a user can cause (a bad file, an impossible option, a prompt that does not
+fit) raises a subclass of :class:`EdgeInferError` with a one-line message naming the problem.
+"""
+
+from __future__ import annotations
+
+
+class EdgeInferError(Exception):
+    """Base class of every error edgeinfer raises on purpose."""
+
+
+# --- model files ---------------------------------------------------------------------------
+
+
+class ModelFileError(EdgeInferError):
+    """The model file cannot be used."""
+
+
+class BadMagicError(ModelFileError):
+    """The file does not start with the GGUF magic."""
+
+
+class UnsupportedVersionError(ModelFileError):
+    """The GGUF version is not one edgeinfer reads (2 and 3)."""
+
+
+class TruncatedFileError(ModelFileError):
+    """The file ends before the structure it announces."""
+
+
+class AbsurdValueError(ModelFileError):
+    """A count, length or dimension is too large to be genuine."""
+
+
+class DuplicateNameError(ModelFileError):
+    """A metadata key or tensor name appears twice."""
+
+
+class UnknownValueTypeError(ModelFileError):
+    """A metadata value has a type code GGUF does not define."""
+
+
+class UnknownTensorTypeError(ModelFileError):
+    """A tensor has a type edgeinfer does not know or cannot compute with."""
+
+
+class MisalignedTensorError(ModelFileError):
+    """A tensor's data offset is not a multiple of the file's alignment."""
+
+
+class TensorOutOfBoundsError(ModelFileError):
+    """A tensor's data lies (partly) outside the file."""
+
+
+class MissingKeyError(ModelFileError):
+    """A metadata key the architecture needs is absent or has the wrong type."""
+
+
+class MissingTensorError(ModelFileError):
+    """A tensor the architecture needs is absent or has the wrong shape."""
+
+
+class UnknownArchitectureError(ModelFileError):
+    """The file's ``general.architecture`` is not one edgeinfer implements."""
+
+
+# --- use of a loaded model -----------------------------------------------------------------
+
+
+class TokenizerError(EdgeInferError):
+    """The vocabulary cannot be used, or text cannot be tokenized with it."""
+
+
+class ContextOverflowError(EdgeInferError):
+    """The tokens to process do not fit in the context window."""
+
+
+class InvalidOptionError(EdgeInferError, ValueError):
+    """An option has an impossible value (negative temperature, top_p above 1, ...)."""
+
+
+class TemplateError(EdgeInferError):
+    """A chat template failed to render or tried something the sandbox forbids."""
+
+
+class ModelClosedError(EdgeInferError):
+    """The model was used after ``close()``."""
+
+
+class BackendError(EdgeInferError):
+    """A compute backend is unavailable or reported a failure."""
