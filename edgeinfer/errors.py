@@ -91,3 +91,7 @@ class ModelClosedError(EdgeInferError):
 
 class BackendError(EdgeInferError):
     """A compute backend is unavailable or reported a failure."""
+
+
+class UnsupportedModelError(ModelFileError):
+    """The file uses a feature of its architecture that edgeinfer does not implement."""

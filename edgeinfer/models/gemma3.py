@@ -1,0 +1,56 @@
+"""Gemma 3 (text).
+
+Differences from the Llama block: embeddings scaled by sqrt(n_embd); RMS norms after the
+attention and the FFN as well as before (GGUF norm weights already include Gemma's +1);
+per-head query/key norms; GELU (tanh form) gating; NeoX rotary embedding; and five of every
+six layers attend through a sliding window with their own rope base (10,000 unless the file
+says otherwise), while every sixth layer is global.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from edgeinfer import errors
+from edgeinfer.gguf import GGUFFile
+from edgeinfer.models.base import DecoderConfig, Metadata, common_hparams, standard_layers
+
+ARCH = "gemma3"
+SWA_PATTERN = 6  # every sixth layer is global
+
+
+def _swa_layers(gguf: GGUFFile, md: Metadata, n_layer: int) -> tuple[bool, ...]:
+    pattern = gguf.metadata.get(f"{ARCH}.attention.sliding_window_pattern")
+    if isinstance(pattern, np.ndarray):
+        if len(pattern) != n_layer:
+            raise errors.AbsurdValueError(
+                f"{gguf.path}: sliding_window_pattern has {len(pattern)} entries for {n_layer} layers"
+            )
+        return tuple(bool(x) for x in pattern)
+    n = md.int("attention.sliding_window_pattern", SWA_PATTERN, lo=0)
+    return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
+
+
+def config_from_gguf(gguf: GGUFFile) -> DecoderConfig:
+    hp = common_hparams(gguf, ARCH)
+    md = Metadata(gguf, ARCH)
+    n_layer = hp["n_layer"]
+    window = md.int("attention.sliding_window", 0, lo=0, hi=1 << 24)
+    # the 27B model scales queries by its hidden size per head, the others by the head size
+    attn_scale = (
+        1.0 / math.sqrt(hp["n_embd"] / hp["n_head"]) if n_layer == 62 else 1.0 / math.sqrt(hp["head_dim"])
+    )
+    return DecoderConfig(
+        **hp,
+        rope_neox=True,
+        rope_base_swa=md.float("rope.freq_base_swa", 10000.0),
+        sliding_window=window,
+        swa_layers=_swa_layers(gguf, md, n_layer) if window else (),
+        embed_scale=math.sqrt(hp["n_embd"]),
+        attn_scale=attn_scale,
+        activation="gelu",
+        final_logit_softcap=md.float("final_logit_softcapping", 0.0),
+        layers=standard_layers(n_layer, qk_norm=True, post_norms=True),
+    )

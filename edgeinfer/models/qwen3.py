@@ -1,0 +1,19 @@
+"""Qwen 3 (dense): no projection biases; each query and key head is RMS-normalised before
+rotary embedding, and the head size is set explicitly (it need not be n_embd / n_head)."""
+
+from __future__ import annotations
+
+from edgeinfer.gguf import GGUFFile
+from edgeinfer.models.base import DecoderConfig, common_hparams, standard_layers
+
+ARCH = "qwen3"
+
+
+def config_from_gguf(gguf: GGUFFile) -> DecoderConfig:
+    hp = common_hparams(gguf, ARCH)
+    return DecoderConfig(
+        **hp,
+        rope_neox=True,
+        activation="silu",
+        layers=standard_layers(hp["n_layer"], qk_norm=True),
+    )

@@ -1,0 +1,200 @@
+"""The numpy reference engine: the forward pass written once, plainly.
+
+It is the oracle that every faster engine is tested against, and the portable fallback where
+no native engine runs. Weights are dequantized to float32 the first time a layer needs them
+and kept (about 4 bytes per parameter); the KV cache holds float16 like llama.cpp's default.
+Activations stay in float32 throughout, so results differ from llama.cpp only by its
+on-the-fly int8 quantization of activations and its float16 attention.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeinfer import errors, quants
+from edgeinfer.gguf import GGUFFile
+from edgeinfer.models.base import DecoderConfig
+
+SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+GELU_COEF_A = np.float32(0.044715)
+
+
+def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    # x: (..., n); mean of squares accumulated in float64, as GGML does
+    ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+    return x * (1.0 / np.sqrt(ms + eps)).astype(np.float32)
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
+
+
+def _gelu_table() -> np.ndarray:
+    # GGML's CPU GELU looks up the float16-rounded input in a table of float16 results
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _gelu_tanh(x).astype(np.float16).astype(np.float32)
+
+
+_GELU_F16 = _gelu_table()
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    idx = gate.astype(np.float16).view(np.uint16)
+    g = _GELU_F16[idx]
+    g = np.where(gate <= -10.0, 0.0, np.where(gate >= 10.0, gate, g)).astype(np.float32)
+    return g * up
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    return gate / (1.0 + np.exp(-gate)) * up
+
+
+def rope_cos_sin(
+    positions: np.ndarray, n_rot: int, base: float, freq_scale: float, freq_factors: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(n_tokens, n_rot/2) cosines and sines, with GGML's float32 recurrence for the angles."""
+    theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
+    steps = np.full((len(positions), n_rot // 2), theta_scale, dtype=np.float32)
+    steps[:, 0] = positions.astype(np.float32)
+    theta = np.cumprod(steps, axis=1, dtype=np.float32)  # p, p*s, (p*s)*s, ...
+    if freq_factors is not None:
+        theta = theta / freq_factors.astype(np.float32)
+    theta = theta * np.float32(freq_scale)
+    return np.cos(theta), np.sin(theta)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool) -> np.ndarray:
+    # x: (n_tokens, n_heads, head_dim); cos, sin: (n_tokens, n_rot/2)
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = x.copy()
+    if neox:
+        half = n_rot // 2
+        x0, x1 = x[..., :half], x[..., half:n_rot]
+        out[..., :half] = x0 * c - x1 * s
+        out[..., half:n_rot] = x0 * s + x1 * c
+    else:
+        x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2] = x0 * c - x1 * s
+        out[..., 1:n_rot:2] = x0 * s + x1 * c
+    return out
+
+
+class ReferenceEngine:
+    """Runs one sequence; ``forward`` appends tokens to the KV cache and returns logits."""
+
+    name = "reference"
+
+    def __init__(self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int) -> None:
+        self.gguf, self.cfg, self.n_ctx = gguf, cfg, n_ctx
+        self._weights: dict[str, np.ndarray] = {}
+        kv = (n_ctx, cfg.n_head_kv)
+        # (n_layer) x (n_ctx, n_head_kv, head_dim)
+        self.k_cache = [np.zeros(kv + (cfg.head_dim,), np.float16) for _ in range(cfg.n_layer)]
+        self.v_cache = [np.zeros(kv + (cfg.head_dim_v,), np.float16) for _ in range(cfg.n_layer)]
+        self.n_past = 0
+        ff = cfg.rope_freqs_tensor
+        self._freq_factors = self.weight(ff) if ff else None
+
+    # --- weights ---------------------------------------------------------------------------
+
+    def weight(self, name: str) -> np.ndarray:
+        """Dequantized float32 weight, numpy order (rows = GGUF ne1, columns = ne0)."""
+        w = self._weights.get(name)
+        if w is None:
+            info = self.gguf.tensors[name]
+            w = quants.dequantize(self.gguf.tensor_data(name), info.ggml_type, info.shape[::-1])
+            self._weights[name] = w
+        return w
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        info = self.gguf.tensors["token_embd.weight"]
+        row_bytes = info.nbytes // info.shape[1]
+        raw = self.gguf.tensor_data("token_embd.weight").reshape(info.shape[1], row_bytes)
+        x = quants.dequantize(raw[tokens], info.ggml_type, (len(tokens), info.shape[0]))
+        return x * np.float32(self.cfg.embed_scale) if self.cfg.embed_scale != 1.0 else x
+
+    def linear(self, x: np.ndarray, name: str | None, bias: str | None = None) -> np.ndarray:
+        y = x @ self.weight(name).T
+        return y + self.weight(bias) if bias else y
+
+    # --- forward ---------------------------------------------------------------------------
+
+    def truncate(self, n_keep: int) -> None:
+        """Forgets every cached position from ``n_keep`` on."""
+        self.n_past = min(self.n_past, max(0, n_keep))
+
+    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
+        """Appends ``tokens`` at positions n_past...; returns logits of the last or every token."""
+        cfg = self.cfg
+        tokens = np.asarray(tokens, dtype=np.int64)
+        n = len(tokens)
+        if n == 0:
+            raise errors.InvalidOptionError("forward needs at least one token")
+        if self.n_past + n > self.n_ctx:
+            raise errors.ContextOverflowError(
+                f"{self.n_past} cached + {n} new tokens exceed the context of {self.n_ctx}"
+            )
+        if tokens.min() < 0 or tokens.max() >= cfg.n_vocab:
+            raise errors.InvalidOptionError(f"token ids must lie in [0, {cfg.n_vocab})")
+        pos = np.arange(self.n_past, self.n_past + n)
+        x = self.embed(tokens)  # (n, n_embd)
+        for il in range(cfg.n_layer):
+            x = self._layer(il, x, pos)
+        self.n_past += n
+        if not all_logits:
+            x = x[-1:]
+        x = rms_norm(x, cfg.norm_eps) * self.weight("output_norm.weight")
+        logits = self.linear(x, cfg.output_tensor)
+        if cfg.final_logit_softcap:
+            cap = np.float32(cfg.final_logit_softcap)
+            logits = np.tanh(logits / cap) * cap
+        return logits if all_logits else logits[0]
+
+    def _layer(self, il: int, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        cfg, lt = self.cfg, self.cfg.layers[il]
+        h = rms_norm(x, cfg.norm_eps) * self.weight(lt.attn_norm)
+        attn = self._attention(il, h, pos)
+        if lt.attn_post_norm:
+            attn = rms_norm(attn, cfg.norm_eps) * self.weight(lt.attn_post_norm)
+        x = x + attn
+        h = rms_norm(x, cfg.norm_eps) * self.weight(lt.ffn_norm)
+        gate, up = self.linear(h, lt.ffn_gate), self.linear(h, lt.ffn_up)
+        ffn = self.linear(geglu(gate, up) if cfg.activation == "gelu" else swiglu(gate, up), lt.ffn_down)
+        if lt.ffn_post_norm:
+            ffn = rms_norm(ffn, cfg.norm_eps) * self.weight(lt.ffn_post_norm)
+        return x + ffn
+
+    def _attention(self, il: int, h: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        cfg, lt = self.cfg, self.cfg.layers[il]
+        n, hd = len(pos), cfg.head_dim
+        q = self.linear(h, lt.wq, lt.bq).reshape(n, cfg.n_head, hd)
+        k = self.linear(h, lt.wk, lt.bk).reshape(n, cfg.n_head_kv, hd)
+        v = self.linear(h, lt.wv, lt.bv).reshape(n, cfg.n_head_kv, cfg.head_dim_v)
+        if lt.q_norm:
+            q = rms_norm(q, cfg.norm_eps) * self.weight(lt.q_norm)
+            k = rms_norm(k, cfg.norm_eps) * self.weight(lt.k_norm)
+        cos, sin = rope_cos_sin(
+            pos, cfg.n_rot, cfg.layer_rope_base(il), cfg.rope_freq_scale, self._freq_factors
+        )
+        q = apply_rope(q, cos, sin, cfg.n_rot, cfg.rope_neox)
+        k = apply_rope(k, cos, sin, cfg.n_rot, cfg.rope_neox)
+        p0, p1 = pos[0], pos[-1] + 1
+        self.k_cache[il][p0:p1] = k
+        self.v_cache[il][p0:p1] = v
+        keys = self.k_cache[il][:p1].astype(np.float32)  # (T, n_head_kv, hd)
+        vals = self.v_cache[il][:p1].astype(np.float32)
+        group = cfg.n_head // cfg.n_head_kv
+        qg = q.reshape(n, cfg.n_head_kv, group, hd)
+        scores = np.einsum("ngrd,tgd->grnt", qg, keys) * np.float32(cfg.kq_scale)
+        kpos = np.arange(p1)
+        masked = kpos[None, :] > pos[:, None]  # (n, T): causal
+        window = cfg.layer_window(il)
+        if window:
+            masked |= pos[:, None] - kpos[None, :] >= window
+        scores = np.where(masked, -np.inf, scores)
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out = np.einsum("grnt,tgd->ngrd", probs, vals)  # (n, n_head_kv, group, hd_v)
+        return self.linear(out.reshape(n, cfg.n_head * cfg.head_dim_v), lt.wo)
