@@ -21,6 +21,7 @@ from edgeinfer.generation import GenerationStats, KVSession, generate_tokens
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.models import config_from_gguf
 from edgeinfer.sampling import Sampler, SamplingParams
+from edgeinfer.system import physical_cores
 from edgeinfer.tokenizer import Tokenizer
 
 DEFAULT_N_CTX = 4096
@@ -35,25 +36,6 @@ class Completion:
     tokens: list[int]
     finish_reason: str
     stats: GenerationStats = field(repr=False)
-
-
-def physical_cores() -> int:
-    """Number of physical cores (hyper-threads share execution units; matmuls do not gain)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            cores = set()
-            phys = core = None
-            for line in f:
-                if line.startswith("physical id"):
-                    phys = line.split(":")[1].strip()
-                elif line.startswith("core id"):
-                    core = line.split(":")[1].strip()
-                    cores.add((phys, core))
-            if cores:
-                return len(cores)
-    except OSError:
-        pass
-    return max(1, (os.cpu_count() or 2) // 2)
 
 
 class Model:

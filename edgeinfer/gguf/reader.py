@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,8 +84,17 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return self.scalar("<Q", what)
 
-    def raw_string(self, what: str, max_len: int | None = None) -> bytes:
+    def length(self, what: str) -> int:
+        """A u64 length; one larger than the whole file is absurd rather than truncated."""
         n = self.u64(f"the length of {what}")
+        if n > self.size:
+            raise errors.AbsurdValueError(
+                f"{self.path}: {what} claims a length of {n}, more than the whole file"
+            )
+        return n
+
+    def raw_string(self, what: str, max_len: int | None = None) -> bytes:
+        n = self.length(what)
         if max_len is not None and n > max_len:
             raise errors.AbsurdValueError(
                 f"{self.path}: {what} claims a length of {n} bytes (limit {max_len})"
@@ -116,7 +126,12 @@ class GGUFFile:
         except OSError as e:
             raise errors.ModelFileError(f"{self.path}: cannot open ({e.strerror})") from None
         try:
-            self.file_size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise errors.ModelFileError(f"{self.path}: is a directory, not a GGUF file")
+            if not stat.S_ISREG(st.st_mode):
+                raise errors.ModelFileError(f"{self.path}: is not a regular file")
+            self.file_size = st.st_size
             if self.file_size < 4:
                 raise errors.TruncatedFileError(
                     f"{self.path}: {self.file_size} bytes is too short to be a GGUF file"
@@ -194,7 +209,7 @@ class GGUFFile:
         if depth >= MAX_ARRAY_DEPTH:
             raise errors.AbsurdValueError(f"{self.path}: metadata {key!r} nests arrays too deeply")
         etype = self._value_type(cur.u32(f"the element type of {key!r}"), key)
-        n = cur.u64(f"the length of {key!r}")
+        n = cur.length(f"array {key!r}")
         if etype == ValueType.STRING:
             return self._string_array(cur, n, key)
         if etype == ValueType.ARRAY:
@@ -226,6 +241,10 @@ class GGUFFile:
                 cur.need(8, f"a string of {key!r}")
             (ln,) = unpack(buf, pos)
             pos += 8
+            if ln > end:
+                raise errors.AbsurdValueError(
+                    f"{self.path}: a string of {key!r} claims a length of {ln}, more than the whole file"
+                )
             if ln > end - pos:
                 cur.pos = pos
                 cur.need(ln, f"a string of {key!r}")

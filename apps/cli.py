@@ -1,0 +1,329 @@
+"""The `edgeinfer` command: run, chat, info, doctor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+from edgeinfer import errors
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
+
+
+def _add_sampling_options(p: argparse.ArgumentParser, n_default: int) -> None:
+    p.add_argument("-n", "--max-tokens", type=int, default=n_default, help="tokens to generate (-1: until the context is full)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--repeat-last-n", type=int, default=64)
+    p.add_argument("--seed", type=int, default=None, help="same seed, same text")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        max_tokens=args.max_tokens, stop=args.stop, temperature=args.temp, top_k=args.top_k,
+        top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+        repeat_last_n=args.repeat_last_n, seed=args.seed,
+    )  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edgeinfer", description="Run language models on this device.")
+    p.add_argument("--version", action="version", version=f"edgeinfer {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="continue a prompt; the continuation goes to stdout")
+    run.add_argument("model", help="GGUF file")
+    run.add_argument("-p", "--prompt", required=True, help="prompt text ('-' reads stdin)")
+    _add_model_options(run)
+    _add_sampling_options(run, 128)
+    run.add_argument("--no-special", action="store_true", help="do not parse special tokens in the prompt")
+
+    chat = sub.add_parser("chat", help="interactive chat (default model when none is given)")
+    chat.add_argument("model", nargs="?", help="GGUF file (default: the embedded Gemma 3 270M)")
+    chat.add_argument("-s", "--system", default=None, help="system prompt")
+    _add_model_options(chat)
+    _add_sampling_options(chat, 512)
+
+    info = sub.add_parser("info", help="describe a model file")
+    info.add_argument("model")
+    info.add_argument("--json", action="store_true")
+    info.add_argument("-c", "--ctx", type=int, default=None, help="context size for the memory estimate")
+
+    doctor = sub.add_parser("doctor", help="describe this machine and the backends found")
+    doctor.add_argument("--json", action="store_true")
+    return p
+
+
+def _version() -> str:
+    import edgeinfer
+
+    return edgeinfer.__version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command is None:
+        _parser().print_help()
+        return 2
+    handler = {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "doctor": cmd_doctor}[args.command]
+    try:
+        return handler(args)
+    except errors.EdgeInferError as e:
+        print(f"edgeinfer: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader went away (`edgeinfer run ... | head`): exit quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+# --- run -------------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import edgeinfer
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    with edgeinfer.load(args.model, n_threads=args.threads, n_ctx=args.ctx) as model:
+        stream = model.stream(prompt, parse_special=not args.no_special, **_sampling(args))
+        try:
+            for piece in stream:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            stream.close()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        _print_stats(stream.stats, model.load_s)
+    return 0
+
+
+def _print_stats(stats: Any, load_s: float | None = None) -> None:
+    parts = [
+        f"prompt {stats.prompt_tokens} tok",
+        f"{stats.prompt_tok_s:.1f} tok/s" if stats.prompt_tokens > stats.cached_tokens else "cached",
+        f"generated {stats.generated_tokens} tok, {stats.gen_tok_s:.1f} tok/s",
+        f"first token {stats.ttft_s * 1000:.0f} ms",
+        f"stop: {stats.finish_reason}",
+    ]
+    if load_s is not None:
+        parts.insert(0, f"load {load_s:.2f} s")
+    print("[" + " | ".join(parts) + "]", file=sys.stderr, flush=True)
+
+
+# --- chat ------------------------------------------------------------------------------------
+
+CHAT_HELP = "commands: /reset (forget the conversation), /stats, /help, /exit (or Ctrl-D)"
+
+
+def _default_model() -> str:
+    from edgeinfer.default_model import default_model_path
+
+    bar = _ProgressBar("assembling the default model")
+    path = default_model_path(progress=bar)
+    bar.done()
+    return str(path)
+
+
+class _ProgressBar:
+    def __init__(self, label: str) -> None:
+        self.label, self.shown = label, False
+
+    def __call__(self, done: int, total: int) -> None:
+        width = 30
+        filled = width * done // max(total, 1)
+        sys.stderr.write(
+            f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
+            f"{done / 1e6:.0f}/{total / 1e6:.0f} MB"
+        )
+        sys.stderr.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    import edgeinfer
+
+    path = args.model or _default_model()
+    print(f"loading {os.path.basename(path)} ...", file=sys.stderr, flush=True)
+    with edgeinfer.load(path, n_threads=args.threads, n_ctx=args.ctx) as model:
+        print(
+            f"{model.metadata.get('general.name', model.config.arch)} ready "
+            f"({model.engine} engine, {model.n_threads} threads, context {model.n_ctx}, "
+            f"template {model.chat_template.name}); {CHAT_HELP}",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+        return _chat_loop(model, args)
+
+
+def _read_line() -> str | None:
+    try:
+        return input("> ")
+    except EOFError:
+        return None
+
+
+def _chat_loop(model: Any, args: argparse.Namespace) -> int:
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict[str, str]] = []
+    last = None
+    while True:
+        try:
+            line = _read_line()
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            return 0
+        if line is None:
+            print(file=sys.stderr)
+            return 0
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("/"):
+            cmd = text.split()[0].lower()
+            if cmd in ("/exit", "/quit", "/bye"):
+                return 0
+            if cmd == "/reset":
+                history.clear()
+                model.reset()
+                print("(conversation cleared)", file=sys.stderr, flush=True)
+            elif cmd == "/stats":
+                if last is None:
+                    print("(no reply yet)", file=sys.stderr, flush=True)
+                else:
+                    _print_stats(last)
+            else:
+                print(CHAT_HELP, file=sys.stderr, flush=True)
+            continue
+        history.append({"role": "user", "content": text})
+        try:
+            stream = model.chat(system + history, stream=True, **_sampling(args))
+        except errors.ContextOverflowError:
+            history.pop()
+            print("(the conversation no longer fits the context: /reset to start over)", file=sys.stderr)
+            continue
+        try:
+            for piece in stream:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            stream.close()
+            sys.stdout.write(" [interrupted]")
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        history.append({"role": "assistant", "content": stream.text})
+        last = stream.stats
+        _print_stats(last)
+
+
+# --- info ------------------------------------------------------------------------------------
+
+
+def model_info(path: str, n_ctx: int | None) -> dict[str, Any]:
+    from edgeinfer.gguf import GGUFFile
+    from edgeinfer.models import config_from_gguf
+
+    with GGUFFile(path) as f:
+        cfg = config_from_gguf(f)
+        ctx = n_ctx or min(cfg.n_ctx_train, 4096)
+        weights = sum(t.nbytes for t in f.tensors.values())
+        kv = 2 * cfg.n_layer * ctx * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)  # f16 K and V
+        types = Counter(t.ggml_type.name for t in f.tensors.values())
+        return {
+            "path": os.path.abspath(path),
+            "name": f.metadata.get("general.name", ""),
+            "architecture": cfg.arch,
+            "gguf_version": f.version,
+            "file_size": f.file_size,
+            "parameters": cfg.n_params(f),
+            "context_length": cfg.n_ctx_train,
+            "embedding_length": cfg.n_embd,
+            "layers": cfg.n_layer,
+            "heads": cfg.n_head,
+            "kv_heads": cfg.n_head_kv,
+            "vocab_size": cfg.n_vocab,
+            "tokenizer": f.metadata.get("tokenizer.ggml.model", ""),
+            "chat_template": bool(f.metadata.get("tokenizer.chat_template")),
+            "tensor_types": dict(sorted(types.items())),
+            "tensors": len(f.tensors),
+            "memory_estimate": {
+                "context": ctx,
+                "weights_bytes": weights,
+                "kv_cache_bytes": kv,
+                "total_bytes": weights + kv,
+            },
+        }
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    info = model_info(args.model, args.ctx)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    mem = info["memory_estimate"]
+    rows = [
+        ("file", f"{info['path']} ({info['file_size'] / 1e6:.1f} MB, GGUF v{info['gguf_version']})"),
+        ("name", info["name"]),
+        ("architecture", info["architecture"]),
+        ("parameters", f"{info['parameters'] / 1e6:.1f} M"),
+        ("context length", str(info["context_length"])),
+        ("layers / heads / kv heads", f"{info['layers']} / {info['heads']} / {info['kv_heads']}"),
+        ("embedding", str(info["embedding_length"])),
+        ("vocabulary", f"{info['vocab_size']} ({info['tokenizer']})"),
+        ("chat template", "yes" if info["chat_template"] else "no (built-in)"),
+        ("tensor types", ", ".join(f"{k} x{v}" for k, v in info["tensor_types"].items())),
+        ("memory estimate", f"{mem['total_bytes'] / 1e6:.0f} MB at context {mem['context']} "
+         f"(weights {mem['weights_bytes'] / 1e6:.0f} MB, KV cache {mem['kv_cache_bytes'] / 1e6:.0f} MB)"),
+    ]  # fmt: skip
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+# --- doctor ----------------------------------------------------------------------------------
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from edgeinfer.system import doctor
+
+    report = doctor()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    cpu, mem = report["cpu"], report["memory"]
+    print(f"edgeinfer {report['edgeinfer']}  python {report['python']}  {report['os']}")
+    print(f"cpu       {cpu['model']} ({cpu['arch']}), {cpu['physical_cores']} cores / {cpu['logical_cores']} threads")
+    print(f"features  {' '.join(cpu['features']) or '(none detected)'}")
+    if mem:
+        print(f"memory    {mem.get('total_mb', 0)} MB total, {mem.get('available_mb', 0)} MB available")
+    for b in report["backends"]:
+        state = "yes" if b["available"] else "no"
+        print(f"backend   {b['name']:<10} {state:<4} {b.get('detail', '')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

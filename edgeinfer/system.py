@@ -1,0 +1,123 @@
+"""What the machine offers: CPU model, cores, instruction-set features, memory, backends."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from typing import Any
+
+# the features that matter to our kernels, by the names Linux's /proc/cpuinfo uses
+INTERESTING = (
+    "sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c",
+    "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "avx_vnni",
+    "amx_int8", "asimd", "asimddp", "i8mm", "sve", "fphp", "asimdhp", "bf16",
+)  # fmt: skip
+
+
+def _cpuinfo() -> dict[str, str]:
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if ":" in line:
+                    k, v = line.split(":", 1)
+                    fields.setdefault(k.strip(), v.strip())
+    except OSError:
+        pass
+    return fields
+
+
+def _sysctl(name: str) -> str:
+    try:
+        return subprocess.run(
+            ["sysctl", "-n", name], capture_output=True, text=True, timeout=5, check=False
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def physical_cores() -> int:
+    """Number of physical cores (hyper-threads share execution units; matmuls do not gain)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            cores = set()
+            phys = core = None
+            for line in f:
+                if line.startswith("physical id"):
+                    phys = line.split(":")[1].strip()
+                elif line.startswith("core id"):
+                    core = line.split(":")[1].strip()
+                    cores.add((phys, core))
+            if cores:
+                return len(cores)
+    except OSError:
+        pass
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+def cpu_info() -> dict[str, Any]:
+    info = _cpuinfo()
+    model = info.get("model name") or info.get("Model") or info.get("Hardware") or ""
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    if sys.platform == "darwin":
+        model = model or _sysctl("machdep.cpu.brand_string")
+        if platform.machine() == "arm64":
+            flags |= {"asimd", "fphp", "asimdhp"}
+            if _sysctl("hw.optional.arm.FEAT_DotProd") == "1":
+                flags.add("asimddp")
+            if _sysctl("hw.optional.arm.FEAT_I8MM") == "1":
+                flags.add("i8mm")
+    return {
+        "model": model or platform.processor() or "unknown",
+        "arch": platform.machine(),
+        "logical_cores": os.cpu_count() or 1,
+        "physical_cores": physical_cores(),
+        "features": [f for f in INTERESTING if f in flags],
+    }
+
+
+def memory_info() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                k, v = line.split(":", 1)
+                if k in ("MemTotal", "MemAvailable"):
+                    out["total_mb" if k == "MemTotal" else "available_mb"] = int(v.split()[0]) // 1024
+    except OSError:
+        try:
+            out["total_mb"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+        except (ValueError, OSError, AttributeError):
+            pass
+    return out
+
+
+def backends() -> list[dict[str, Any]]:
+    """Every compute backend edgeinfer knows, whether it is usable here, and why not."""
+    found = [{"name": "reference", "available": True, "detail": "numpy " + _numpy_version()}]
+    return found
+
+
+def _numpy_version() -> str:
+    import numpy
+
+    return numpy.__version__
+
+
+def doctor() -> dict[str, Any]:
+    return {
+        "edgeinfer": _version(),
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+        "cpu": cpu_info(),
+        "memory": memory_info(),
+        "backends": backends(),
+    }
+
+
+def _version() -> str:
+    import edgeinfer
+
+    return edgeinfer.__version__
