@@ -69,14 +69,21 @@ def fp32_to_fp16_bits(x: np.ndarray) -> np.ndarray:
     return bits
 
 
+def _fp16_table() -> np.ndarray:
+    """float32 value of every half bit pattern, NaNs made quiet as ggml's conversion does."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    table = bits.view(np.float16).astype(_F32)
+    nan = (bits & np.uint16(0x7FFF)) > np.uint16(0x7C00)
+    table.view(np.uint32)[nan] |= np.uint32(0x00400000)
+    return table
+
+
+_FP16_TO_FP32 = _fp16_table()  # 256 KiB; a gather beats numpy's half conversion threefold
+
+
 def fp16_bits_to_fp32(h: np.ndarray) -> np.ndarray:
     """IEEE half bits -> float32 (exact); NaNs come out quiet, as in ggml."""
-    h = np.asarray(h, dtype=np.uint16)
-    out = h.view(np.float16).astype(_F32)
-    nan = (h & np.uint16(0x7FFF)) > np.uint16(0x7C00)
-    if nan.any():
-        out.view(np.uint32)[nan] |= np.uint32(0x00400000)
-    return out
+    return _FP16_TO_FP32[np.asarray(h, dtype=np.uint16)]
 
 
 def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -434,14 +441,13 @@ def _unpack_q3_scales(b: np.ndarray) -> np.ndarray:
 
 
 def _pack_qh32(L: np.ndarray) -> np.ndarray:
-    """Q5_0 / Q5_1: bit 4 of each of the 32 levels -> one little-endian uint32."""
-    bits = ((L.astype(np.uint32) >> 4) & 1) << np.arange(32, dtype=np.uint32)
-    return np.bitwise_or.reduce(bits, axis=1)
+    """Q5_0 / Q5_1: bit 4 of each of the 32 levels -> 4 bytes, level j in bit j (LE uint32)."""
+    return np.packbits((L.astype(np.uint8) >> 4) & 1, axis=1, bitorder="little")
 
 
-def _unpack_qh32(qh: np.ndarray) -> np.ndarray:
-    """(n,) uint32 -> (n, 32) uint8 holding 16 where the bit is set, else 0."""
-    return (((qh[:, None] >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
+def _unpack_bits(b: np.ndarray) -> np.ndarray:
+    """(n, m) bytes -> (n, 8, m) uint8 0/1: [:, k, j] is bit k of byte j (Q3_K, Q5_K)."""
+    return np.unpackbits(b[:, None, :], axis=1, bitorder="little")
 
 
 def _row_sigma2(x: np.ndarray, blocks_per_row: int, factor: float = 1.0) -> np.ndarray:
@@ -584,6 +590,21 @@ class BF16(BlockQuant):
 # --- 32-value blocks ---
 
 
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """(n, 16) bytes -> (n, 32) uint8 in value order: the low nibbles, then the high ones."""
+    q = np.empty((qs.shape[0], 2, 16), dtype=np.uint8)
+    np.bitwise_and(qs, 15, out=q[:, 0])
+    np.right_shift(qs, 4, out=q[:, 1])
+    return q.reshape(-1, 32)
+
+
+def _q5_levels(blocks: np.ndarray) -> np.ndarray:
+    """Q5_0 / Q5_1 levels 0..31 in value order: (n, 32) uint8."""
+    q = _nibbles(blocks["qs"])
+    q |= np.unpackbits(blocks["qh"], axis=1, bitorder="little") << 4
+    return q
+
+
 class Q4_0(BlockQuant):
     """x = d * (q - 8), q in 0..15; value j in the low nibble of byte j, j+16 in the high."""
 
@@ -592,10 +613,9 @@ class Q4_0(BlockQuant):
 
     @classmethod
     def _dequantize(cls, blocks, out):
-        d = fp16_bits_to_fp32(blocks["d"])[:, None]
-        qs = blocks["qs"]
-        np.multiply((qs & 15).astype(np.int8) - 8, d, out=out[:, :16])
-        np.multiply((qs >> 4).astype(np.int8) - 8, d, out=out[:, 16:])
+        q = _nibbles(blocks["qs"]).view(np.int8)
+        q -= np.int8(8)
+        np.multiply(q, fp16_bits_to_fp32(blocks["d"])[:, None], out=out)
 
     @classmethod
     def _quantize(cls, x, out, weights, blocks_per_row):
@@ -628,11 +648,8 @@ class Q4_1(BlockQuant):
 
     @classmethod
     def _dequantize(cls, blocks, out):
-        d = fp16_bits_to_fp32(blocks["d"])[:, None]
-        m = fp16_bits_to_fp32(blocks["m"])[:, None]
-        qs = blocks["qs"]
-        np.add((qs & 15) * d, m, out=out[:, :16])
-        np.add((qs >> 4) * d, m, out=out[:, 16:])
+        np.multiply(_nibbles(blocks["qs"]), fp16_bits_to_fp32(blocks["d"])[:, None], out=out)
+        out += fp16_bits_to_fp32(blocks["m"])[:, None]
 
     @classmethod
     def _quantize(cls, x, out, weights, blocks_per_row):
@@ -657,15 +674,14 @@ class Q5_0(BlockQuant):
     """x = d * (q - 16), q in 0..31; low nibbles as in Q4_0, bit 4 of value j in bit j of qh."""
 
     ggml_type = GGMLType.Q5_0
-    layout = np.dtype([("d", "<u2"), ("qh", "<u4"), ("qs", "u1", 16)])
+    layout = np.dtype([("d", "<u2"), ("qh", "u1", 4), ("qs", "u1", 16)])
 
     @classmethod
     def _dequantize(cls, blocks, out):
         d = fp16_bits_to_fp32(blocks["d"])[:, None]
-        qs = blocks["qs"]
-        high = _unpack_qh32(blocks["qh"])
-        np.multiply(((qs & 15) | high[:, :16]).astype(np.int8) - 16, d, out=out[:, :16])
-        np.multiply(((qs >> 4) | high[:, 16:]).astype(np.int8) - 16, d, out=out[:, 16:])
+        q = _q5_levels(blocks).view(np.int8)
+        q -= np.int8(16)
+        np.multiply(q, d, out=out)
 
     @classmethod
     def _quantize(cls, x, out, weights, blocks_per_row):
@@ -687,16 +703,12 @@ class Q5_1(BlockQuant):
     """x = d * q + m, q in 0..31; bits as in Q5_0."""
 
     ggml_type = GGMLType.Q5_1
-    layout = np.dtype([("d", "<u2"), ("m", "<u2"), ("qh", "<u4"), ("qs", "u1", 16)])
+    layout = np.dtype([("d", "<u2"), ("m", "<u2"), ("qh", "u1", 4), ("qs", "u1", 16)])
 
     @classmethod
     def _dequantize(cls, blocks, out):
-        d = fp16_bits_to_fp32(blocks["d"])[:, None]
-        m = fp16_bits_to_fp32(blocks["m"])[:, None]
-        qs = blocks["qs"]
-        high = _unpack_qh32(blocks["qh"])
-        np.add(((qs & 15) | high[:, :16]) * d, m, out=out[:, :16])
-        np.add(((qs >> 4) | high[:, 16:]) * d, m, out=out[:, 16:])
+        np.multiply(_q5_levels(blocks), fp16_bits_to_fp32(blocks["d"])[:, None], out=out)
+        out += fp16_bits_to_fp32(blocks["m"])[:, None]
 
     @classmethod
     def _quantize(cls, x, out, weights, blocks_per_row):
@@ -793,7 +805,9 @@ class Q2_K(BlockQuant):
         dl = (d * (sc & 15))[:, :, None]  # (n, 16, 1)
         ml = (dmin * (sc >> 4))[:, :, None]
         q = _unpack_2bit(blocks["qs"]).reshape(-1, 16, 16)
-        np.subtract(dl * q, ml, out=out.reshape(-1, 16, 16))
+        o = out.reshape(-1, 16, 16)
+        np.multiply(dl, q, out=o)
+        o -= ml
 
     @classmethod
     def _quantize(cls, x, out, weights, blocks_per_row):
@@ -836,8 +850,8 @@ class Q3_K(BlockQuant):
         d = fp16_bits_to_fp32(blocks["d"])[:, None]
         dl = (d * _unpack_q3_scales(blocks["scales"]))[:, :, None]  # (n, 16, 1)
         low = _unpack_2bit(blocks["qs"]).astype(np.int8)
-        high = (blocks["hmask"][:, None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
-        q = low - ((1 - high.reshape(-1, QK_K)) << 2).astype(np.int8)
+        high = _unpack_bits(blocks["hmask"]).reshape(-1, QK_K).view(np.int8)
+        q = low - ((1 - high) << 2)
         np.multiply(dl, q.reshape(-1, 16, 16), out=out.reshape(-1, 16, 16))
 
     @classmethod
@@ -924,7 +938,9 @@ class Q4_K(_Q45K):
     def _dequantize(cls, blocks, out):
         dl, ml = cls._scale_min(blocks)
         q = _unpack_nibbles_k(blocks["qs"]).reshape(-1, 8, 32)
-        np.subtract(dl * q, ml, out=out.reshape(-1, 8, 32))
+        o = out.reshape(-1, 8, 32)
+        np.multiply(dl, q, out=o)
+        o -= ml
 
     @classmethod
     def _pack(cls, out, L):
@@ -944,9 +960,10 @@ class Q5_K(_Q45K):
     @classmethod
     def _dequantize(cls, blocks, out):
         dl, ml = cls._scale_min(blocks)
-        high = (blocks["qh"][:, None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
-        q = _unpack_nibbles_k(blocks["qs"]).reshape(-1, 8, 32) + (high << 4)
-        np.subtract(dl * q, ml, out=out.reshape(-1, 8, 32))
+        q = _unpack_nibbles_k(blocks["qs"]).reshape(-1, 8, 32) | (_unpack_bits(blocks["qh"]) << 4)
+        o = out.reshape(-1, 8, 32)
+        np.multiply(dl, q, out=o)
+        o -= ml
 
     @classmethod
     def _pack(cls, out, L):
