@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.errors import TokenizerError
-from edgeinfer.tokenizer.merges import bpe_pieces, spm_pieces
+from edgeinfer.tokenizer.merges import merge_pieces
 from edgeinfer.tokenizer.pieces import SPACE_MARK, clean_up_spaces, piece, raw_bytes
 from edgeinfer.tokenizer.pretokenizer import PreTokenizer, byte_encode, pre_tokenizer
 from edgeinfer.tokenizer.vocab import (
@@ -195,11 +195,11 @@ class Tokenizer:
             self._scores = self.vocab.scores.tolist()
         scores = self._scores
 
-        def score_of(candidate: str) -> float | None:
-            token_id = t2i.get(candidate)
-            return None if token_id is None else scores[token_id]
+        def priority(left: str, right: str) -> float | None:
+            token_id = t2i.get(left + right)
+            return None if token_id is None else -scores[token_id]  # best score first
 
-        for part in spm_pieces(text, score_of):
+        for part in merge_pieces(text, priority):
             token_id = t2i.get(part)
             if token_id is not None:
                 out.append(token_id)
@@ -243,7 +243,7 @@ class Tokenizer:
             return ranks.get(left + " " + right)
 
         ids: list[int] = []
-        for part in bpe_pieces(word, rank_of):
+        for part in merge_pieces(word, rank_of):
             token_id = t2i.get(part)
             if token_id is not None:
                 ids.append(token_id)
