@@ -14,7 +14,8 @@ searches with one (``weights=``). That takes more than the same formulas:
   product is fused into an add (ggml-base is built without FMA);
 * rounding follows ggml: ``nearest_int`` is its float32 magic-number trick, ``roundf`` rounds
   half away from zero, and a float converted to a small integer type keeps the low byte of
-  the x86 truncating conversion (which gives INT_MIN for NaN and out-of-range values);
+  the x86 truncating conversion (INT_MIN for NaN and out-of-range values; an ARM build of
+  ggml saturates instead, which only matters for degenerate scales);
 * ties in max/min searches go to the first element, as ggml's strict comparisons do;
 * the data-dependent loops (``break`` when nothing changed) run a fixed number of passes:
   a pass that changes nothing leaves the state as it found it, so the extra passes are no-ops.
@@ -22,7 +23,8 @@ searches with one (``weights=``). That takes more than the same formulas:
 Searches run vectorized over blocks; the only Python loops are over positions inside a block
 and over the fixed candidate scales of each search.
 
-NaN inputs are not covered: ggml's running maxima skip NaNs in ways that depend on position.
+The float conversions (F16, BF16) follow ggml's NaN rules exactly. NaN inputs to the block
+quantizers are not covered: ggml's running maxima skip NaNs in ways that depend on position.
 """
 
 from __future__ import annotations
@@ -365,18 +367,18 @@ def _make_qp_quants(x: np.ndarray, nmax: int, weights: np.ndarray) -> tuple[np.n
 # --- bit packing shared by several formats ---------------------------------------------------
 
 
-def _pack_bits(bits: np.ndarray) -> np.ndarray:
-    """(..., k, m) arrays of 0/1 -> (..., m) uint8 with bit j taken from bits[..., j, :]."""
-    shifts = np.arange(bits.shape[-2], dtype=np.uint8)[:, None]
-    return np.bitwise_or.reduce(bits.astype(np.uint8) << shifts, axis=-2)
+def _pack_fields(parts: np.ndarray, width: int, axis: int) -> np.ndarray:
+    """Several small fields per byte: OR of parts[.., k, ..] << (width * k) over ``axis``."""
+    shape = [1] * parts.ndim
+    shape[axis] = parts.shape[axis]
+    shifts = (np.arange(parts.shape[axis], dtype=np.uint8) * width).reshape(shape)
+    return np.bitwise_or.reduce(parts.astype(np.uint8) << shifts, axis=axis)
 
 
 def _pack_2bit(L: np.ndarray) -> np.ndarray:
     """Q2_K / Q3_K quants: (n, 256) levels 0..3 -> (n, 64); byte l of each 128-half holds
     L[l], L[l+32], L[l+64], L[l+96] in bits 0-1, 2-3, 4-5, 6-7."""
-    L = L.astype(np.uint8).reshape(-1, 2, 4, 32)
-    shifts = np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
-    return np.bitwise_or.reduce(L << shifts, axis=2).reshape(-1, 64)
+    return _pack_fields(L.reshape(-1, 2, 4, 32), 2, axis=2).reshape(-1, 64)
 
 
 def _unpack_2bit(qs: np.ndarray) -> np.ndarray:
@@ -423,13 +425,8 @@ def _pack_q3_scales(l: np.ndarray) -> np.ndarray:
     l = l.astype(np.uint8)
     out = np.empty((l.shape[0], 12), dtype=np.uint8)
     out[:, :8] = (l[:, :8] & 15) | ((l[:, 8:] & 15) << 4)
-    out[:, 8:] = _pack_bits_2(l >> 4)
+    out[:, 8:] = _pack_fields((l >> 4).reshape(-1, 4, 4), 2, axis=1)
     return out
-
-
-def _pack_bits_2(hi: np.ndarray) -> np.ndarray:
-    shifts = np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
-    return np.bitwise_or.reduce(hi.reshape(-1, 4, 4) << shifts, axis=1)
 
 
 def _unpack_q3_scales(b: np.ndarray) -> np.ndarray:
@@ -450,11 +447,10 @@ def _unpack_bits(b: np.ndarray) -> np.ndarray:
     return np.unpackbits(b[:, None, :], axis=1, bitorder="little")
 
 
-def _row_sigma2(x: np.ndarray, blocks_per_row: int, factor: float = 1.0) -> np.ndarray:
-    """factor * (sum of x^2 over the row) / row length, once per block: (n_blocks,)."""
+def _row_sigma2(x: np.ndarray, blocks_per_row: int) -> np.ndarray:
+    """(sum of x^2 over the row) / row length, repeated for each block: (n_blocks,)."""
     rows = x.reshape(-1, blocks_per_row * x.shape[1])
-    sigma2 = _F32(factor) * _csum(rows * rows) / _F32(rows.shape[1])
-    return np.repeat(sigma2, blocks_per_row)
+    return np.repeat(_csum(rows * rows) / _F32(rows.shape[1]), blocks_per_row)
 
 
 def _importance(x: np.ndarray, qw: np.ndarray, sigma2: np.ndarray) -> np.ndarray:
@@ -509,18 +505,18 @@ class BlockQuant:
     ) -> np.ndarray:
         """(n_blocks, block_size) float32 -> (n_blocks, type_size) uint8.
 
-        ``weights`` (broadcastable to ``values``) selects ggml's importance-weighted search,
-        where the type has one. ``blocks_per_row`` says how many consecutive blocks make one
+        ``weights`` (broadcastable to ``values``) selects ggml's importance-weighted search;
+        F32, F16, BF16 and Q8_0 have none and ignore them, as ggml does. ``blocks_per_row`` says how many consecutive blocks make one
         row (default: all of them); Q4_0, Q4_1, Q5_0 and Q5_1 weigh values by a per-row
         statistic on that path.
         """
         values = np.ascontiguousarray(values, dtype=_F32)
-        n = values.shape[0] if values.ndim == 2 else -1
         if values.ndim != 2 or values.shape[1] != cls.block_size:
             raise errors.InvalidOptionError(
                 f"{cls.ggml_type.name} values must have shape (n, {cls.block_size}), "
                 f"not {values.shape}"
             )
+        n = values.shape[0]
         if weights is not None:
             if not cls.accepts_weights:
                 raise errors.InvalidOptionError(f"{cls.ggml_type.name} takes no weights")
@@ -877,7 +873,7 @@ class Q3_K(BlockQuant):
         dl = (fp16_bits_to_fp32(out["d"])[:, None] * _unpack_q3_scales(out["scales"])).reshape(-1)
         L = np.where((dl != 0)[:, None], _requantize(xs, dl, None, -4, 3) + 4, L)
         L = L.reshape(n, QK_K)
-        out["hmask"] = _pack_bits((L > 3).reshape(n, 8, 32))
+        out["hmask"] = _pack_fields((L > 3).reshape(n, 8, 32), 1, axis=1)
         out["qs"] = _pack_2bit(L & 3)
 
 
@@ -968,7 +964,7 @@ class Q5_K(_Q45K):
     @classmethod
     def _pack(cls, out, L):
         out["qs"] = _pack_nibbles_k(L & 15)
-        out["qh"] = _pack_bits((L >> 4).reshape(-1, 8, 32))
+        out["qh"] = _pack_fields((L >> 4).reshape(-1, 8, 32), 1, axis=1)
 
 
 class Q6_K(BlockQuant):
@@ -1004,9 +1000,7 @@ class Q6_K(BlockQuant):
         L = L.astype(np.uint8).reshape(n, 2, 4, 32)  # (n, half, quarter, l)
         ql = (L[:, :, :2] & 15) | ((L[:, :, 2:] & 15) << 4)  # (n, half, 2, 32)
         out["ql"] = ql.reshape(n, 128)
-        out["qh"] = np.bitwise_or.reduce(
-            (L >> 4) << np.array([0, 2, 4, 6], dtype=np.uint8)[:, None], axis=2
-        ).reshape(n, 64)
+        out["qh"] = _pack_fields(L >> 4, 2, axis=2).reshape(n, 64)
         out[amax < _GROUP_MAX_EPS] = np.zeros((), dtype=cls.layout)
 
 
