@@ -15,6 +15,9 @@ SPACE_MARK = "\u2581"  # "▁", SentencePiece's visible space
 
 _HEX = frozenset("0123456789abcdefABCDEF")
 
+# continuation bytes a UTF-8 lead byte announces, by its top five bits; -1: not a lead byte
+_CONTINUATIONS = [0] * 16 + [-1] * 8 + [1] * 4 + [2] * 2 + [3] + [-1]
+
 
 def raw_bytes(text: str) -> bytes:
     """The token's bytes as stored in the file (the reader keeps invalid UTF-8 as escapes)."""
@@ -38,7 +41,7 @@ def _codepoints(raw: bytes) -> list[int]:
     i, n = 0, len(raw)
     while i < n:
         b = raw[i]
-        need = 0 if b < 0x80 else 1 if b >> 5 == 6 else 2 if b >> 4 == 14 else 3 if b >> 3 == 30 else -1
+        need = _CONTINUATIONS[b >> 3]
         if need == 0:
             out.append(b)
             i += 1

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from edgeinfer.tokenizer import unicode_classes
 
 # Collapsed byte of each class, as llama.cpp's unicode_regex_split writes them.
-_COLLAPSED = {"W": "\x0b", "N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "\xd5", "O": "\xd0"}
+_COLLAPSED = {
+    "W": "\x0b", "N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "\xd5", "O": "\xd0",
+}
 
 
 class _CollapseTable(dict):

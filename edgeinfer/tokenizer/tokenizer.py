@@ -31,6 +31,8 @@ Fragment = int | tuple[int, int]
 
 
 class _SpecialToken:
+    """A token the partition step matches literally; ``gram`` is its first three characters."""
+
     __slots__ = ("id", "text", "attr", "gram")
 
     def __init__(self, token_id: int, text: str, attr: int) -> None:
@@ -94,7 +96,8 @@ class Tokenizer:
         return self.vocab.eog_ids
 
     def token_text(self, token_id: int) -> str:
-        """The token's text as stored in the vocabulary (``▁`` and ``Ġ`` not undone)."""
+        """The token's text as stored (``▁`` and ``Ġ`` not undone; invalid UTF-8 in the file
+        appears as surrogate escapes, as :class:`GGUFFile` decodes it)."""
         self._check_id(token_id)
         return self.vocab.tokens[token_id]
 
@@ -108,11 +111,15 @@ class Tokenizer:
 
     def _check_id(self, token_id: int) -> None:
         if not (isinstance(token_id, (int, np.integer)) and 0 <= token_id < self.vocab.n_vocab):
-            raise TokenizerError(f"token id {token_id!r} is outside the vocabulary of {self.n_vocab}")
+            raise TokenizerError(
+                f"token id {token_id!r} is outside the vocabulary of {self.n_vocab}"
+            )
 
     # --- text to ids --------------------------------------------------------------------
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
         """Token ids of ``text``, exactly as ``llama_tokenize(add_special, parse_special)``.
 
         ``add_special`` adds BOS/EOS as the vocabulary asks. ``parse_special`` lets control
@@ -151,7 +158,7 @@ class Tokenizer:
         """Control, user-defined and unknown tokens, longest (in bytes) first."""
         if self._specials is None:
             attrs, tokens = self._attrs, self.vocab.tokens
-            ids = [i for i in np.nonzero(self.vocab.attrs & _SPECIAL_ATTRS)[0].tolist()]
+            ids = np.nonzero(self.vocab.attrs & _SPECIAL_ATTRS)[0].tolist()
             # llama.cpp's std::sort leaves equal lengths in an unspecified order; ties only
             # matter for equal-length tokens that can overlap, which real vocabularies lack
             ids.sort(key=lambda i: -len(raw_bytes(tokens[i])))
@@ -299,7 +306,8 @@ class Tokenizer:
         self, ids: Iterable[int], remove_special: bool = False, unparse_special: bool = False
     ) -> str:
         """:meth:`detokenize_bytes` decoded as UTF-8 (broken sequences become U+FFFD)."""
-        return self.detokenize_bytes(ids, remove_special, unparse_special).decode("utf-8", "replace")
+        raw = self.detokenize_bytes(ids, remove_special, unparse_special)
+        return raw.decode("utf-8", "replace")
 
     def stream_decoder(self, special: bool = False) -> StreamDecoder:
         """A decoder for generated tokens that only ever returns whole characters."""

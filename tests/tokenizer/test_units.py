@@ -8,7 +8,14 @@ from edgeinfer.tokenizer import Tokenizer
 from edgeinfer.tokenizer.pieces import clean_up_spaces, gpt2_decode
 from edgeinfer.tokenizer.pretokenizer import byte_encode, pre_tokenizer
 from tests.fixtures.vocab import write_vocab_only_gguf
-from tests.tokenizer.tiny_vocabs import as_spec, bpe_id, bpe_metadata, spm_id, spm_metadata
+from tests.tokenizer.tiny_vocabs import (
+    as_spec,
+    bpe_id,
+    bpe_metadata,
+    spm_id,
+    spm_metadata,
+    with_exotic_tokens,
+)
 
 BYTE0 = 3  # <0x00> in the tiny SentencePiece vocabulary
 
@@ -136,3 +143,25 @@ def test_hand_built_vocabularies_agree_with_llama_cpp(tmp_path, build) -> None: 
             for parse_special in (True, False):
                 want = ref.tokenize(text.encode(), add_bos=add_special, special=parse_special)
                 assert ours.tokenize(text, add_special, parse_special) == want, text
+
+
+@pytest.mark.parametrize("build", [spm_metadata, bpe_metadata])
+def test_exotic_token_pieces_agree_with_llama_cpp(tmp_path, build) -> None:  # noqa: ANN001
+    from tests.tokenizer.conftest import Reference
+
+    pytest.importorskip("llama_cpp")
+    md = with_exotic_tokens(build())
+    ref = Reference(write_vocab_only_gguf(tmp_path / "odd.gguf", as_spec(md)))
+    ours = Tokenizer.from_metadata(md)
+    for token_id in range(ours.n_vocab):
+        for special in (False, True):
+            assert ours.token_to_piece(token_id, special) == ref.token_to_piece(token_id, special)
+    ids = list(range(ours.n_vocab - 14, ours.n_vocab))
+    for remove_special in (False, True):
+        for unparse_special in (False, True):
+            want = ref.detokenize(ids, remove_special, unparse_special)
+            assert ours.detokenize_bytes(ids, remove_special, unparse_special) == want
+    for text in ["<user2>x<ctl><unk2>", "a€ spare odd", "A"]:
+        for parse_special in (False, True):
+            want = ref.tokenize(text, True, parse_special)
+            assert ours.tokenize(text, parse_special=parse_special) == want, text
