@@ -192,10 +192,10 @@ def _make_qx_quants(
 
     with np.errstate(all="ignore"):
         iscale = _F32(-nmax) / vmax
-        l = levels(iscale)
-        lf = l.astype(_F32)
-        sumlx = _csum(wx * lf)
-        suml2 = _csum(w * lf * lf)
+        q = levels(iscale)
+        qf = q.astype(_F32)
+        sumlx = _csum(wx * qf)
+        suml2 = _csum(w * qf * qf)
         scale = np.where(suml2 != 0, sumlx / suml2, _F32(0))
         best = scale * sumlx
         for step in range(-9, 10):
@@ -207,11 +207,11 @@ def _make_qx_quants(
             sumlx = _csum(wx * cf)
             suml2 = _csum(w * cf * cf)
             better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
-            l = np.where(better[:, None], cand, l)
+            q = np.where(better[:, None], cand, q)
             scale = np.where(better, sumlx / suml2, scale)
             best = np.where(better, scale * sumlx, best)
     zero = amax < _GROUP_MAX_EPS
-    return np.where(zero, _F32(0), scale), np.where(zero[:, None], 0, l + nmax)
+    return np.where(zero, _F32(0), scale), np.where(zero[:, None], 0, q + nmax)
 
 
 def _make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
@@ -335,12 +335,12 @@ def _make_qp_quants(x: np.ndarray, nmax: int, weights: np.ndarray) -> tuple[np.n
             better = mse < best
             best = np.where(better, mse, best)
             iscale = np.where(better, iscale_is, iscale)
-        l = np.minimum(nmax, _nearest_int(iscale[:, None] * x))
-        lf = l.astype(_F32)
+        q = np.minimum(nmax, _nearest_int(iscale[:, None] * x))
+        qf = q.astype(_F32)
         wx = weights * x
-        sumlx = _csum(wx * lf)
-        suml2 = _csum(weights * lf * lf)
-        L = l.astype(np.uint8)  # ggml keeps the levels in uint8_t from here on
+        sumlx = _csum(wx * qf)
+        suml2 = _csum(weights * qf * qf)
+        L = q.astype(np.uint8)  # ggml keeps the levels in uint8_t from here on
         for _ in range(5):
             for i in range(x.shape[1]):
                 wi, wxi, li = weights[:, i], wx[:, i], L[:, i].astype(_F32)
@@ -419,13 +419,13 @@ def _unpack_k4_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, m
 
 
-def _pack_q3_scales(l: np.ndarray) -> np.ndarray:
+def _pack_q3_scales(sc6: np.ndarray) -> np.ndarray:
     """Q3_K: 16 scales of 6 bits -> 12 bytes. Low nibbles of scales j and j+8 share byte j;
     the high two bits of scale j go to byte 8 + j % 4 at bit 2 (j // 4)."""
-    l = l.astype(np.uint8)
-    out = np.empty((l.shape[0], 12), dtype=np.uint8)
-    out[:, :8] = (l[:, :8] & 15) | ((l[:, 8:] & 15) << 4)
-    out[:, 8:] = _pack_fields((l >> 4).reshape(-1, 4, 4), 2, axis=1)
+    sc6 = sc6.astype(np.uint8)
+    out = np.empty((sc6.shape[0], 12), dtype=np.uint8)
+    out[:, :8] = (sc6[:, :8] & 15) | ((sc6[:, 8:] & 15) << 4)
+    out[:, 8:] = _pack_fields((sc6 >> 4).reshape(-1, 4, 4), 2, axis=1)
     return out
 
 
@@ -506,9 +506,9 @@ class BlockQuant:
         """(n_blocks, block_size) float32 -> (n_blocks, type_size) uint8.
 
         ``weights`` (broadcastable to ``values``) selects ggml's importance-weighted search;
-        F32, F16, BF16 and Q8_0 have none and ignore them, as ggml does. ``blocks_per_row`` says how many consecutive blocks make one
-        row (default: all of them); Q4_0, Q4_1, Q5_0 and Q5_1 weigh values by a per-row
-        statistic on that path.
+        F32, F16, BF16 and Q8_0 have none and ignore them, as ggml does. ``blocks_per_row``
+        says how many consecutive blocks make one row (default: all of them); Q4_0, Q4_1, Q5_0
+        and Q5_1 weigh values by a per-row statistic on that path.
         """
         values = np.ascontiguousarray(values, dtype=_F32)
         if values.ndim != 2 or values.shape[1] != cls.block_size:
@@ -789,9 +789,7 @@ class Q2_K(BlockQuant):
     """16 groups of 16: x = d * sc * q - dmin * m, q in 0..3, sc and m 4-bit."""
 
     ggml_type = GGMLType.Q2_K
-    layout = np.dtype(
-        [("scales", "u1", 16), ("qs", "u1", 64), ("d", "<u2"), ("dmin", "<u2")]
-    )
+    layout = np.dtype([("scales", "u1", 16), ("qs", "u1", 64), ("d", "<u2"), ("dmin", "<u2")])
 
     @classmethod
     def _dequantize(cls, blocks, out):
@@ -860,15 +858,15 @@ class Q3_K(BlockQuant):
             _, max_scale = _first_abs_max(scales)
             has = max_scale != 0
             iscale = _F32(-32) / max_scale
-            l = _nearest_int(iscale[:, None] * scales).astype(np.int8)
-            l = np.where(has[:, None], np.clip(l, -32, 31) + 32, 0)
+            sc6 = _nearest_int(iscale[:, None] * scales).astype(np.int8)
+            sc6 = np.where(has[:, None], np.clip(sc6, -32, 31) + 32, 0)
             d = np.where(has, _F32(1) / iscale, _F32(0))
         else:
             sigma2 = _F32(2) * _super_sums(x) / _F32(QK_K)
             w = _importance(xs, weights.reshape(-1, 16), np.repeat(sigma2, 16))
             scales, L = _make_qx_quants(xs, 4, w)
-            d, l = _make_qx_quants(scales.reshape(n, 16), 32, _csum(w).reshape(n, 16))
-        out["scales"] = _pack_q3_scales(l)
+            d, sc6 = _make_qx_quants(scales.reshape(n, 16), 32, _csum(w).reshape(n, 16))
+        out["scales"] = _pack_q3_scales(sc6)
         out["d"] = fp32_to_fp16_bits(d)
         dl = (fp16_bits_to_fp32(out["d"])[:, None] * _unpack_q3_scales(out["scales"])).reshape(-1)
         L = np.where((dl != 0)[:, None], _requantize(xs, dl, None, -4, 3) + 4, L)

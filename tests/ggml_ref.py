@@ -69,7 +69,8 @@ def find_library() -> Path | None:
     if spec is None or spec.origin is None:
         return None
     lib_dir = Path(spec.origin).parent / "lib"
-    candidates = sorted(lib_dir.glob("libggml-base.so*")) + sorted(lib_dir.glob("libggml-base.dylib"))
+    candidates = sorted(lib_dir.glob("libggml-base.so*"))
+    candidates += sorted(lib_dir.glob("libggml-base*.dylib"))
     return candidates[0] if candidates else None
 
 
@@ -115,9 +116,10 @@ class GGMLReference:
         if ggml_type in (GGMLType.Q8_K, GGMLType.Q8_1):
             if imatrix is not None:
                 raise ValueError(f"{ggml_type.name} takes no importance matrix")
-            fn = self._lib.quantize_row_q8_K_ref if ggml_type == GGMLType.Q8_K else (
-                self._lib.quantize_row_q8_1_ref)
-            fn(src_p, dst.ctypes.data, src.size)
+            name = (
+                "quantize_row_q8_K_ref" if ggml_type == GGMLType.Q8_K else "quantize_row_q8_1_ref"
+            )
+            getattr(self._lib, name)(src_p, dst.ctypes.data, src.size)
             return dst
         imatrix_p = None
         if imatrix is not None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edgeinfer import quants
-from edgeinfer.gguf import GGUFFile, GGMLType
+from edgeinfer.gguf import GGMLType, GGUFFile
 from tests.formats.test_ggml_parity import (
     ALL_TYPES,
     WEIGHTED_TYPES,
