@@ -152,3 +152,41 @@ def random_mixes(count: int, seed: int = 1234) -> list[str]:
 
 def parity_corpus() -> list[str]:
     return hand_written() + [long_text()] + random_mixes(150)
+
+
+SPECIAL_PIECES = ["<start_of_turn>", "<end_of_turn>", "</s>", "<s>", "<b>", "  ", "\n\n", "\t\t",
+                  "<|im_start|>", "<|im_end|>", "<tool_call>", "<|fim_pad|>", "<|eot_id|>",
+                  "<|begin_of_text|>", "[multimodal]", "<unused3>"]
+
+
+def _random_codepoint(rng: random.Random) -> str:
+    r = rng.random()
+    if r < 0.4:
+        return chr(rng.randint(0x20, 0x7E))
+    if r < 0.5:
+        return chr(rng.choice([9, 10, 11, 12, 13, 0x1C, 0x85, 0xA0, 0x2003, 0x3000, 0x200B,
+                               0x200D, 0x2028]))
+    if r < 0.8:
+        return chr(rng.randint(0xA0, 0x3000))
+    if r < 0.9:
+        return chr(rng.randint(0x3000, 0xD7FF))
+    return chr(rng.randint(0xE000, 0x10FFFF))
+
+
+def random_texts(count: int, seed: int = 99) -> list[str]:
+    """Random code points from every plane, mixed with corpus pieces and special tokens."""
+    rng = random.Random(seed)
+    pool = [s for s in hand_written() if s]
+    out = []
+    for _ in range(count):
+        parts = []
+        for _ in range(rng.randint(1, 6)):
+            r = rng.random()
+            if r < 0.3:
+                parts.append(rng.choice(pool))
+            elif r < 0.5:
+                parts.append(rng.choice(SPECIAL_PIECES))
+            else:
+                parts.append("".join(_random_codepoint(rng) for _ in range(rng.randint(1, 12))))
+        out.append("".join(parts))
+    return out

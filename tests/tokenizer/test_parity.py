@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tests.tokenizer.corpus import parity_corpus
+from tests.tokenizer.corpus import parity_corpus, random_texts
 
 CORPUS = parity_corpus()
 FLAGS = list(itertools.product((True, False), (True, False)))  # (add_special, parse_special)
@@ -93,3 +93,14 @@ def test_special_ids_match_llama_cpp(pair) -> None:
     ours, ref = pair
     assert ours.bos_id == ref.llama.token_bos()
     assert ours.eos_id == ref.llama.token_eos()
+
+
+def test_random_text_matches_llama_cpp(pair) -> None:
+    ours, ref = pair
+    texts = random_texts(300)
+    mismatches = []
+    for text, (add_special, parse_special) in itertools.product(texts, FLAGS):
+        want = ref.tokenize(text, add_special, parse_special)
+        if ours.tokenize(text, add_special, parse_special) != want:
+            mismatches.append(f"{text[:60]!r} add={add_special} parse={parse_special}")
+    assert not mismatches, _report(mismatches, len(texts) * len(FLAGS))
