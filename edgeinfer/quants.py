@@ -97,12 +97,8 @@ def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def bf16_bits_to_fp32(h: np.ndarray) -> np.ndarray:
+    """bfloat16 bits -> float32: the bits are the top half of the float."""
     return (np.asarray(h, dtype=np.uint16).astype(np.uint32) << 16).view(_F32)
-
-
-def _round_fp16(x: np.ndarray) -> np.ndarray:
-    """GGML_FP16_TO_FP32(GGML_FP32_TO_FP16(x)): what a scale becomes once stored."""
-    return fp16_bits_to_fp32(fp32_to_fp16_bits(x))
 
 
 # --- C arithmetic as ggml-base compiles it ---------------------------------------------------
@@ -772,14 +768,9 @@ class Q8_1(BlockQuant):
 # --- 256-value super-blocks ---
 
 
-def _super_sums(x: np.ndarray) -> np.ndarray:
-    """Sequential sum of x^2 over each 256-value super-block: (n,)."""
-    return _csum(x * x)
-
-
 def _requantize(x, d, offset, lo, hi):
-    """The final pass of every K-quant: l = nearest_int((x + offset) / d) clamped to lo..hi,
-    for the groups whose d is not zero (None where it is). Shapes (g, k), (g,), (g,)."""
+    """The last pass of every K-quant, once the scales are stored: levels
+    nearest_int((x + offset) / d) clamped to lo..hi. x (g, k), d (g,), offset (g,) or None."""
     if offset is not None:
         x = x + offset[:, None]
     return np.clip(_nearest_int(x / d[:, None]), lo, hi)
@@ -817,7 +808,7 @@ class Q2_K(BlockQuant):
             d = np.where(has_s, max_scale / _F32(15), _F32(0))
             dmin = np.where(has_m, max_min / _F32(15), _F32(0))
         else:
-            sigma2 = _super_sums(x) / _F32(QK_K)
+            sigma2 = _csum(x * x) / _F32(QK_K)
             w = _importance(xs, weights.reshape(-1, 16), np.repeat(sigma2, 16))
             sw = _csum(w).reshape(n, 16)
             scales, mins, L = _make_qkx_quants(xs, w, 3, -0.9, 0.05, 36, False)
@@ -862,7 +853,7 @@ class Q3_K(BlockQuant):
             sc6 = np.where(has[:, None], np.clip(sc6, -32, 31) + 32, 0)
             d = np.where(has, _F32(1) / iscale, _F32(0))
         else:
-            sigma2 = _F32(2) * _super_sums(x) / _F32(QK_K)
+            sigma2 = _F32(2) * _csum(x * x) / _F32(QK_K)
             w = _importance(xs, weights.reshape(-1, 16), np.repeat(sigma2, 16))
             scales, L = _make_qx_quants(xs, 4, w)
             d, sc6 = _make_qx_quants(scales.reshape(n, 16), 32, _csum(w).reshape(n, 16))
@@ -905,7 +896,7 @@ class _Q45K(BlockQuant):
             lm = np.minimum(63, _nearest_int(inv_min[:, None] * mins).astype(np.uint8))
             d, dmin = max_scale / _F32(63), max_min / _F32(63)
         else:
-            sigma2 = _F32(2) * _super_sums(x) / _F32(QK_K)
+            sigma2 = _F32(2) * _csum(x * x) / _F32(QK_K)
             w = _importance(xs, weights.reshape(-1, 32), np.repeat(sigma2, 8))
             sw = _csum(w).reshape(n, 8)
             scales, mins, L = _make_qkx_quants(xs, w, cls.nmax, -0.9, 0.05, 36, False)
