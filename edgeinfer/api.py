@@ -213,7 +213,7 @@ class Model:
             if isinstance(source, str) and source.strip():
                 self._template = ChatTemplate(source, bos_token=bos, eos_token=eos, name="model")
             else:
-                name, source = builtin_template(self.config.arch, tok.vocab)
+                name, source = builtin_template(self.config.arch, tok.vocab.token_to_id)
                 self._template = ChatTemplate(source, bos_token=bos, eos_token=eos, name=name)
         return self._template
 

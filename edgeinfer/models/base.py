@@ -68,6 +68,7 @@ class DecoderConfig:
     swa_layers: tuple[bool, ...] = ()  # per layer: uses the sliding window
     embed_scale: float = 1.0  # token embeddings are multiplied by this
     attn_scale: float = 0.0  # 0: 1/sqrt(head_dim)
+    scale_q: bool = False  # apply attn_scale to the queries (Gemma) rather than to the scores
     activation: str = "silu"  # gate activation of the gated FFN: "silu" or "gelu"
     final_logit_softcap: float = 0.0
     output_tensor: str = "output.weight"  # "token_embd.weight" when tied

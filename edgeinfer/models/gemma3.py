@@ -50,6 +50,7 @@ def config_from_gguf(gguf: GGUFFile) -> DecoderConfig:
         swa_layers=_swa_layers(gguf, md, n_layer) if window else (),
         embed_scale=math.sqrt(hp["n_embd"]),
         attn_scale=attn_scale,
+        scale_q=True,
         activation="gelu",
         final_logit_softcap=md.float("final_logit_softcapping", 0.0),
         layers=standard_layers(n_layer, qk_norm=True, post_norms=True),

@@ -1,10 +1,17 @@
 """The numpy reference engine: the forward pass written once, plainly.
 
 It is the oracle that every faster engine is tested against, and the portable fallback where
-no native engine runs. Weights are dequantized to float32 the first time a layer needs them
-and kept (about 4 bytes per parameter); the KV cache holds float16 like llama.cpp's default.
-Activations stay in float32 throughout, so results differ from llama.cpp only by its
-on-the-fly int8 quantization of activations and its float16 attention.
+no native engine runs. Weights are dequantized the first time a layer needs them and kept:
+as float64 inside the layers (matrix products summed in float64 and rounded once give every
+token the same result whatever batch it came in; BLAS in float32 sums a row differently
+for different batch shapes), as float32 for the output projection (the largest matrix,
+whose rounding feeds nothing downstream). The KV cache holds float16 like llama.cpp's.
+
+It rounds where llama.cpp's CPU backend rounds, so that both compute the same function:
+activations are quantized to each weight type's dot-product partner (int8 blocks for the
+quantized types, float16 or bfloat16 for the half types) before every matrix product;
+queries and attention probabilities are rounded to float16 before they meet the float16 KV
+cache; GELU goes through a float16 table. Only the order of float additions differs.
 """
 
 from __future__ import annotations
@@ -12,28 +19,78 @@ from __future__ import annotations
 import numpy as np
 
 from edgeinfer import errors, quants
-from edgeinfer.gguf import GGUFFile
+from edgeinfer.gguf import GGMLType, GGUFFile
 from edgeinfer.models.base import DecoderConfig
 
 SQRT_2_OVER_PI = np.float32(0.7978845608028654)
 GELU_COEF_A = np.float32(0.044715)
 
 
+def _round_f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32)
+    r = np.where(np.isnan(x), (u.astype(np.uint32) | 0x400000) & 0xFFFF0000, r).astype(np.uint32)
+    return r.view(np.float32).reshape(x.shape)
+
+
+def act_q8_0(x: np.ndarray) -> np.ndarray:
+    """Activations through GGML's x86 q8_0 quantizer (scale 127/amax, round half to even)."""
+    b = x.reshape(x.shape[:-1] + (-1, 32))
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    d = _round_f16(amax / np.float32(127.0))
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    return (np.rint(b * inv) * d).reshape(x.shape)
+
+
+def act_q8_K(x: np.ndarray) -> np.ndarray:
+    """Activations through GGML's q8_K quantizer (signed extreme -> -127, float32 scale)."""
+    b = x.reshape(x.shape[:-1] + (-1, 256))
+    first = np.argmax(np.abs(b), axis=-1)[..., None]
+    extreme = np.take_along_axis(b, first, axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = np.where(extreme != 0, np.float32(-127.0) / extreme, np.float32(0.0)).astype(np.float32)
+        d = np.where(extreme != 0, np.float32(1.0) / iscale, np.float32(0.0)).astype(np.float32)
+    q = np.minimum(np.rint(b * iscale), 127.0)
+    return (q * d).reshape(x.shape)
+
+
+# what GGML's CPU backend turns activations into before a dot product with each weight type
+_VEC_DOT = {
+    GGMLType.F32: None,
+    GGMLType.F16: _round_f16,
+    GGMLType.BF16: _round_bf16,
+    GGMLType.Q4_0: act_q8_0, GGMLType.Q5_0: act_q8_0, GGMLType.Q8_0: act_q8_0,
+    GGMLType.Q4_1: act_q8_0, GGMLType.Q5_1: act_q8_0,  # q8_1 has the same values
+    GGMLType.Q2_K: act_q8_K, GGMLType.Q3_K: act_q8_K, GGMLType.Q4_K: act_q8_K,
+    GGMLType.Q5_K: act_q8_K, GGMLType.Q6_K: act_q8_K,
+}  # fmt: skip
+
+
 def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
-    # x: (..., n); mean of squares accumulated in float64, as GGML does
-    ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
-    return x * (1.0 / np.sqrt(ms + eps)).astype(np.float32)
-
-
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
+    # x: (..., n). Squares in float32, summed in float64, the scale in float32: as GGML does
+    total = np.sum(np.square(x).astype(np.float64), axis=-1, keepdims=True)
+    mean = (total / x.shape[-1]).astype(np.float32)
+    return x * (np.float32(1.0) / np.sqrt(mean + np.float32(eps)))
 
 
 def _gelu_table() -> np.ndarray:
-    # GGML's CPU GELU looks up the float16-rounded input in a table of float16 results
+    """GGML's CPU GELU: a table of float16 results indexed by the float16-rounded input.
+
+    Its entries come from float32 arithmetic with the inner multiply-add fused (as compilers
+    contract it) and a correctly rounded tanh, which is what GGML builds get from libm.
+    """
     x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
-        return _gelu_tanh(x).astype(np.float16).astype(np.float32)
+        a_x = (GELU_COEF_A * x).astype(np.float64)
+        inner = (a_x * x.astype(np.float64) + 1.0).astype(np.float32)  # fma(A*x, x, 1)
+        arg = (SQRT_2_OVER_PI * x) * inner
+        t = np.tanh(arg.astype(np.float64)).astype(np.float32)
+        return ((np.float32(0.5) * x) * (np.float32(1.0) + t)).astype(np.float16).astype(np.float32)
 
 
 _GELU_F16 = _gelu_table()
@@ -80,18 +137,26 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox
     return out
 
 
+KV_TYPES = {"f16": np.float16, "f32": np.float32}
+
+
 class ReferenceEngine:
     """Runs one sequence; ``forward`` appends tokens to the KV cache and returns logits."""
 
     name = "reference"
 
-    def __init__(self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int) -> None:
+    def __init__(self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, kv_type: str = "f16") -> None:
         self.gguf, self.cfg, self.n_ctx = gguf, cfg, n_ctx
         self._weights: dict[str, np.ndarray] = {}
+        if kv_type not in KV_TYPES:
+            raise errors.InvalidOptionError(f"kv_type must be one of {', '.join(KV_TYPES)}")
+        dtype = KV_TYPES[kv_type]
+        # queries and probabilities meet the cache in its own precision, as in GGML
+        self._to_kv = _round_f16 if dtype == np.float16 else lambda x: x
         kv = (n_ctx, cfg.n_head_kv)
         # (n_layer) x (n_ctx, n_head_kv, head_dim)
-        self.k_cache = [np.zeros(kv + (cfg.head_dim,), np.float16) for _ in range(cfg.n_layer)]
-        self.v_cache = [np.zeros(kv + (cfg.head_dim_v,), np.float16) for _ in range(cfg.n_layer)]
+        self.k_cache = [np.zeros(kv + (cfg.head_dim,), dtype) for _ in range(cfg.n_layer)]
+        self.v_cache = [np.zeros(kv + (cfg.head_dim_v,), dtype) for _ in range(cfg.n_layer)]
         self.n_past = 0
         ff = cfg.rope_freqs_tensor
         self._freq_factors = self.weight(ff) if ff else None
@@ -104,6 +169,8 @@ class ReferenceEngine:
         if w is None:
             info = self.gguf.tensors[name]
             w = quants.dequantize(self.gguf.tensor_data(name), info.ggml_type, info.shape[::-1])
+            if len(info.shape) > 1 and name != self.cfg.output_tensor:
+                w = w.astype(np.float64)
             self._weights[name] = w
         return w
 
@@ -114,8 +181,15 @@ class ReferenceEngine:
         x = quants.dequantize(raw[tokens], info.ggml_type, (len(tokens), info.shape[0]))
         return x * np.float32(self.cfg.embed_scale) if self.cfg.embed_scale != 1.0 else x
 
-    def linear(self, x: np.ndarray, name: str | None, bias: str | None = None) -> np.ndarray:
-        y = x @ self.weight(name).T
+    def linear(self, x: np.ndarray, name: str, bias: str | None = None) -> np.ndarray:
+        to_partner = _VEC_DOT[self.gguf.tensors[name].ggml_type]
+        if to_partner is not None:
+            x = to_partner(x)
+        w = self.weight(name)
+        n = len(x)
+        if w.dtype == np.float32 and n == 1:
+            x = np.vstack([x, x])  # BLAS sums a lone row (gemv) in another order than gemm
+        y = (x.astype(w.dtype) @ w.T).astype(np.float32)[:n]
         return y + self.weight(bias) if bias else y
 
     # --- forward ---------------------------------------------------------------------------
@@ -185,16 +259,23 @@ class ReferenceEngine:
         keys = self.k_cache[il][:p1].astype(np.float32)  # (T, n_head_kv, hd)
         vals = self.v_cache[il][:p1].astype(np.float32)
         group = cfg.n_head // cfg.n_head_kv
-        qg = q.reshape(n, cfg.n_head_kv, group, hd)
-        scores = np.einsum("ngrd,tgd->grnt", qg, keys) * np.float32(cfg.kq_scale)
+        if cfg.scale_q:
+            q = q * np.float32(cfg.kq_scale)
+        qg = self._to_kv(q).reshape(n, cfg.n_head_kv, group, hd)
+        scores = np.einsum("ngrd,tgd->grnt", qg, keys)
+        if not cfg.scale_q:
+            scores *= np.float32(cfg.kq_scale)
         kpos = np.arange(p1)
         masked = kpos[None, :] > pos[:, None]  # (n, T): causal
         window = cfg.layer_window(il)
         if window:
             masked |= pos[:, None] - kpos[None, :] >= window
         scores = np.where(masked, -np.inf, scores)
-        scores -= scores.max(axis=-1, keepdims=True)
+        # softmax and the weighted sum in float64: a query's result must not depend on how
+        # many masked keys its batch carries (float32 sums would group the terms differently)
+        scores = (scores - scores.max(axis=-1, keepdims=True)).astype(np.float64)
         probs = np.exp(scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
-        out = np.einsum("grnt,tgd->ngrd", probs, vals)  # (n, n_head_kv, group, hd_v)
+        probs = (probs / probs.sum(axis=-1, keepdims=True)).astype(np.float32)
+        out = np.einsum("grnt,tgd->ngrd", self._to_kv(probs).astype(np.float64), vals)
+        out = out.astype(np.float32)  # (n, n_head_kv, group, hd_v)
         return self.linear(out.reshape(n, cfg.n_head * cfg.head_dim_v), lt.wo)
