@@ -49,6 +49,7 @@ class Model:
         n_ctx: int | None = None,
         n_batch: int = 512,
         engine: str = "auto",
+        kv_type: str = "f16",
     ) -> None:
         t0 = time.perf_counter()
         if n_threads is not None and n_threads < 1:
@@ -71,7 +72,7 @@ class Model:
                 raise errors.InvalidOptionError(f"n_ctx must lie in [1, 2**20], got {n_ctx}")
             self.n_ctx = n_ctx
             self.n_threads = n_threads or physical_cores()
-            self._engine = self._make_engine(engine)
+            self._engine = self._make_engine(engine, kv_type)
         except BaseException:
             self.gguf.close()
             raise
@@ -82,12 +83,12 @@ class Model:
         self._template: ChatTemplate | None = None
         self.load_s = time.perf_counter() - t0
 
-    def _make_engine(self, name: str) -> Any:
+    def _make_engine(self, name: str, kv_type: str) -> Any:
         from edgeinfer.models.reference import ReferenceEngine
 
         if name not in ("auto", "reference"):
             raise errors.InvalidOptionError(f"unknown engine {name!r} (auto, reference)")
-        return ReferenceEngine(self.gguf, self.config, self.n_ctx)
+        return ReferenceEngine(self.gguf, self.config, self.n_ctx, kv_type=kv_type)
 
     # --- properties ------------------------------------------------------------------------
 

@@ -59,13 +59,26 @@ def act_q8_K(x: np.ndarray) -> np.ndarray:
     return (q * d).reshape(x.shape)
 
 
+def act_q8_1_sums(x: np.ndarray) -> np.ndarray:
+    """The ``s`` field of GGML's x86 q8_1 blocks: float16(amax/127 * sum(q)), (..., n_blocks).
+
+    Q4_1 and Q5_1 products add ``min * s`` per block, with this rounding rather than the
+    exact sum of the dequantized activations."""
+    b = x.reshape(x.shape[:-1] + (-1, 32))
+    amax = np.abs(b).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    q_sum = np.rint(b * inv[..., None]).sum(axis=-1)
+    return _round_f16((amax / np.float32(127.0)) * q_sum.astype(np.float32))
+
+
 # what GGML's CPU backend turns activations into before a dot product with each weight type
 _VEC_DOT = {
     GGMLType.F32: None,
     GGMLType.F16: _round_f16,
     GGMLType.BF16: _round_bf16,
     GGMLType.Q4_0: act_q8_0, GGMLType.Q5_0: act_q8_0, GGMLType.Q8_0: act_q8_0,
-    GGMLType.Q4_1: act_q8_0, GGMLType.Q5_1: act_q8_0,  # q8_1 has the same values
+    GGMLType.Q4_1: act_q8_0, GGMLType.Q5_1: act_q8_0,  # q8_1 has q8_0's values (and sums)
     GGMLType.Q2_K: act_q8_K, GGMLType.Q3_K: act_q8_K, GGMLType.Q4_K: act_q8_K,
     GGMLType.Q5_K: act_q8_K, GGMLType.Q6_K: act_q8_K,
 }  # fmt: skip
@@ -182,7 +195,10 @@ class ReferenceEngine:
         return x * np.float32(self.cfg.embed_scale) if self.cfg.embed_scale != 1.0 else x
 
     def linear(self, x: np.ndarray, name: str, bias: str | None = None) -> np.ndarray:
-        to_partner = _VEC_DOT[self.gguf.tensors[name].ggml_type]
+        gtype = self.gguf.tensors[name].ggml_type
+        if gtype in (GGMLType.Q4_1, GGMLType.Q5_1):
+            return self._linear_with_mins(x, name, bias)
+        to_partner = _VEC_DOT[gtype]
         if to_partner is not None:
             x = to_partner(x)
         w = self.weight(name)
@@ -190,6 +206,22 @@ class ReferenceEngine:
         if w.dtype == np.float32 and n == 1:
             x = np.vstack([x, x])  # BLAS sums a lone row (gemv) in another order than gemm
         y = (x.astype(w.dtype) @ w.T).astype(np.float32)[:n]
+        return y + self.weight(bias) if bias else y
+
+    def _linear_with_mins(self, x: np.ndarray, name: str, bias: str | None) -> np.ndarray:
+        """Q4_1/Q5_1: scaled quants against the activations, plus block minimum x block sum."""
+        key = name + "#split"
+        parts = self._weights.get(key)
+        if parts is None:
+            info = self.gguf.tensors[name]
+            rows, cols = info.shape[1], info.shape[0]
+            raw = self.gguf.tensor_data(name).reshape(rows, cols // 32, -1)
+            mins = raw[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)  # (rows, nb)
+            scaled = self.weight(name) - np.repeat(mins, 32, axis=1)
+            parts = self._weights[key] = (scaled, mins)
+        scaled, mins = parts
+        xq = act_q8_0(x).astype(np.float64)
+        y = (xq @ scaled.T + act_q8_1_sums(x).astype(np.float64) @ mins.T).astype(np.float32)
         return y + self.weight(bias) if bias else y
 
     # --- forward ---------------------------------------------------------------------------
