@@ -25,6 +25,7 @@ from edgeinfer.system import physical_cores
 from edgeinfer.tokenizer import Tokenizer
 
 DEFAULT_N_CTX = 4096
+MAX_N_CTX = 1 << 20  # unless the model was trained for more
 _SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 
 
@@ -52,10 +53,11 @@ class Model:
         kv_type: str = "f16",
     ) -> None:
         t0 = time.perf_counter()
-        if n_threads is not None and n_threads < 1:
-            raise errors.InvalidOptionError(f"n_threads must be >= 1, got {n_threads}")
-        if n_batch < 1:
-            raise errors.InvalidOptionError(f"n_batch must be >= 1, got {n_batch}")
+        if n_threads is not None:
+            n_threads = _int_option("n_threads", n_threads, 1)
+        n_batch = _int_option("n_batch", n_batch, 1)
+        if n_ctx is not None:
+            n_ctx = _int_option("n_ctx", n_ctx, 1)
         self.path = os.fspath(path)
         self.gguf = GGUFFile(self.path)
         try:
@@ -68,8 +70,9 @@ class Model:
                 )
             if n_ctx is None:
                 n_ctx = min(self.config.n_ctx_train, DEFAULT_N_CTX)
-            if not 1 <= n_ctx <= max(self.config.n_ctx_train, 1 << 20):
-                raise errors.InvalidOptionError(f"n_ctx must lie in [1, 2**20], got {n_ctx}")
+            n_ctx_max = max(self.config.n_ctx_train, MAX_N_CTX)
+            if n_ctx > n_ctx_max:
+                raise errors.InvalidOptionError(f"n_ctx must lie in [1, {n_ctx_max}], got {n_ctx}")
             self.n_ctx = n_ctx
             self.n_threads = n_threads or physical_cores()
             self._engine = self._make_engine(engine, kv_type)
@@ -77,6 +80,7 @@ class Model:
             self.gguf.close()
             raise
         self._session = KVSession(self._engine, n_batch)
+        self._closing = False
         self._cancel = threading.Event()
         self._busy = threading.Condition()
         self._active: TextStream | None = None
@@ -84,10 +88,17 @@ class Model:
         self.load_s = time.perf_counter() - t0
 
     def _make_engine(self, name: str, kv_type: str) -> Any:
+        from edgeinfer import _native
         from edgeinfer.models.reference import ReferenceEngine
 
-        if name not in ("auto", "reference"):
-            raise errors.InvalidOptionError(f"unknown engine {name!r} (auto, reference)")
+        if name not in ("auto", "native", "reference"):
+            raise errors.InvalidOptionError(f"unknown engine {name!r} (auto, native, reference)")
+        if name == "auto":
+            name = "native" if _native.available()[0] else "reference"
+        if name == "native":
+            return _native.NativeEngine(
+                self.gguf, self.config, self.n_ctx, n_threads=self.n_threads, kv_type=kv_type
+            )
         return ReferenceEngine(self.gguf, self.config, self.n_ctx, kv_type=kv_type)
 
     # --- properties ------------------------------------------------------------------------
@@ -105,17 +116,19 @@ class Model:
         return self.config.n_vocab
 
     def _check_open(self) -> None:
-        if self._engine is None:
+        if self._engine is None or self._closing:
             raise errors.ModelClosedError("the model is closed")
 
     # --- tokens ----------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of ``text``, with llama.cpp's meaning of the two flags."""
+        self._check_open()
         return self.tokenizer.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, tokens: Sequence[int], remove_special: bool = False) -> str:
-        return self.tokenizer.detokenize(list(tokens), remove_special=remove_special)
+        """The text of ``tokens`` (control tokens render as nothing)."""
+        return self.tokenizer.detokenize(self._check_tokens(tokens, allow_empty=True), remove_special=remove_special)
 
     # --- scoring ---------------------------------------------------------------------------
 
@@ -136,14 +149,21 @@ class Model:
                 self._session.tokens.extend(chunk)
             return out
 
-    def _check_tokens(self, tokens: Sequence[int]) -> list[int]:
+    def _check_tokens(self, tokens: Sequence[int], allow_empty: bool = False) -> list[int]:
         self._check_open()
-        ids = [int(t) for t in tokens]
-        if not ids:
+        if isinstance(tokens, (str, bytes, bytearray)) or not hasattr(tokens, "__iter__"):
+            raise errors.InvalidOptionError(
+                f"expected text or a sequence of token ids, got {type(tokens).__name__}"
+            )
+        ids = []
+        for t in tokens:
+            if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+                raise errors.InvalidOptionError(f"token ids must be integers, got {t!r}")
+            if not 0 <= t < self.n_vocab:
+                raise errors.InvalidOptionError(f"token id {t} is outside [0, {self.n_vocab})")
+            ids.append(int(t))
+        if not ids and not allow_empty:
             raise errors.InvalidOptionError("no tokens given")
-        bad = [t for t in ids if not 0 <= t < self.n_vocab]
-        if bad:
-            raise errors.InvalidOptionError(f"token id {bad[0]} is outside [0, {self.n_vocab})")
         return ids
 
     # --- generation ------------------------------------------------------------------------
@@ -177,19 +197,25 @@ class Model:
             sampler = Sampler(SamplingParams(**sampling))
         elif sampling:
             raise errors.InvalidOptionError("pass either a sampler or sampling options, not both")
-        if max_tokens == -1:
+        elif not callable(sampler):
+            raise errors.InvalidOptionError("sampler must be a callable (logits, history) -> token id")
+        if isinstance(max_tokens, (int, np.integer)) and max_tokens == -1:
             max_tokens = self.n_ctx
-        if max_tokens < 0:
+        elif isinstance(max_tokens, (int, np.integer)) and max_tokens < 0:
             raise errors.InvalidOptionError(f"max_tokens must be >= 0 or -1, got {max_tokens}")
-        stops = [stop] if isinstance(stop, str) else list(stop)
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise errors.InvalidOptionError("stop strings must be non-empty strings")
+        max_tokens = _int_option("max_tokens", max_tokens, 0)
+        stops = _stop_strings(stop)
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_special=add_special, parse_special=parse_special)
         else:
-            ids = self._check_tokens(prompt)
+            ids = self._check_tokens(prompt, allow_empty=True)
         if not ids:
             raise errors.InvalidOptionError("the prompt is empty: no tokens to start from")
+        if len(ids) >= self.n_ctx:
+            raise errors.ContextOverflowError(
+                f"the prompt has {len(ids)} tokens; the context holds {self.n_ctx} "
+                "(room is needed for at least one generated token)"
+            )
         self._acquire()
         return TextStream(self, ids, sampler, max_tokens, stops)
 
@@ -206,6 +232,8 @@ class Model:
 
     @property
     def chat_template(self) -> ChatTemplate:
+        """The model's own template (``tokenizer.chat_template``) or the built-in that fits."""
+        self._check_open()
         if self._template is None:
             tok = self.tokenizer
             bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
@@ -261,18 +289,40 @@ class Model:
         return _Exclusive(self)
 
     def close(self) -> None:
-        """Frees the engine and unmaps the file; the model cannot be used afterwards."""
-        if self._engine is None:
-            return
+        """Frees the engine and unmaps the file; the model cannot be used afterwards.
+
+        Any thread may call it: a generation running in another thread is cancelled and
+        finishes its current step before the engine goes away."""
+        with self._busy:
+            if self._engine is None or self._closing:
+                return
+            self._closing = True  # no new request starts from now on
         self.cancel()
-        active = self._active
-        if active is not None and active is not _RESERVED:
-            active.close()
+        self._stop_active()
         engine, self._engine = self._engine, None
         if hasattr(engine, "close"):
             engine.close()
         self._session = None  # type: ignore[assignment]
         self.gguf.close()
+
+    def _stop_active(self) -> None:
+        """Ends the request in progress, waiting for one that runs in another thread."""
+        while True:
+            with self._busy:
+                active = self._active
+                if active is None:
+                    return
+                if active is _RESERVED:  # logits() or reset() elsewhere: wait for its end
+                    self._busy.wait(0.05)
+                    continue
+            active.close()
+            if not active._done:  # its generator is running right now
+                if active._thread == threading.get_ident():
+                    raise errors.InvalidOptionError(
+                        "close() was called from inside the model's own generation"
+                    )
+                with self._busy:
+                    self._busy.wait(0.01)  # it sees the cancellation after this step
 
     def __enter__(self) -> Model:
         return self
@@ -370,16 +420,22 @@ class TextStream:
         self._model.cancel()
 
     def close(self) -> None:
-        """Stops the generation now; the model is free for the next request."""
+        """Stops the generation; the model is free for the next request. From a thread other
+        than the one iterating, it cancels: the stream ends after its current step."""
         if not self._done:
-            self._pieces.close()
+            try:
+                self._pieces.close()
+            except ValueError:  # running in another thread right now
+                self._model.cancel()
+                return
             self._finish()
 
     def _finish(self) -> None:
-        if not self._done:
-            self._done = True
-            if self._model._active is self:
-                self._model._release()
+        with self._model._busy:  # the consumer and a closing thread may both get here
+            if not self._done:
+                self._done = True
+                if self._model._active is self:
+                    self._model._release()
 
     def __enter__(self) -> TextStream:
         return self
@@ -389,6 +445,13 @@ class TextStream:
 
 
 _RESERVED: Any = object()  # marks the model busy with a request that is not a stream
+
+
+def _stop_strings(stop: Any) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
+        raise errors.InvalidOptionError("stop must be a non-empty string or a list of them")
+    return list(stops)
 
 
 def _find_stop(text: str, stops: list[str], start: int) -> int:
@@ -411,5 +474,23 @@ def load(
     n_ctx: int | None = None,
     **options: Any,
 ) -> Model:
-    """Opens a GGUF model file (memory-mapped) and returns a ready :class:`Model`."""
+    """Opens a GGUF model file (memory-mapped) and returns a ready :class:`Model`.
+
+    Further options: ``n_batch`` (prompt tokens per engine call), ``engine`` and ``kv_type``.
+    """
+    unknown = set(options) - _LOAD_OPTIONS
+    if unknown:
+        raise errors.InvalidOptionError(f"unknown load option(s): {', '.join(sorted(unknown))}")
     return Model(path, n_threads=n_threads, n_ctx=n_ctx, **options)
+
+
+_LOAD_OPTIONS = frozenset({"n_batch", "engine", "kv_type"})
+
+
+def _int_option(name: str, value: Any, lo: int) -> int:
+    """``value`` as an int >= ``lo``; bools, floats and strings are refused, not converted."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise errors.InvalidOptionError(f"{name} must be an integer, got {value!r}")
+    if value < lo:
+        raise errors.InvalidOptionError(f"{name} must be >= {lo}, got {value}")
+    return int(value)

@@ -1,17 +1,20 @@
 """The numpy reference engine: the forward pass written once, plainly.
 
 It is the oracle that every faster engine is tested against, and the portable fallback where
-no native engine runs. Weights are dequantized the first time a layer needs them and kept:
-as float64 inside the layers (matrix products summed in float64 and rounded once give every
-token the same result whatever batch it came in; BLAS in float32 sums a row differently
-for different batch shapes), as float32 for the output projection (the largest matrix,
-whose rounding feeds nothing downstream). The KV cache holds float16 like llama.cpp's.
+no native engine runs. It defines the numbers edgeinfer computes:
 
-It rounds where llama.cpp's CPU backend rounds, so that both compute the same function:
-activations are quantized to each weight type's dot-product partner (int8 blocks for the
-quantized types, float16 or bfloat16 for the half types) before every matrix product;
-queries and attention probabilities are rounded to float16 before they meet the float16 KV
-cache; GELU goes through a float16 table. Only the order of float additions differs.
+* it rounds where llama.cpp's CPU backend rounds: activations are quantized to each weight
+  type's dot-product partner (int8 blocks for the quantized types, float16 or bfloat16 for
+  the half types) before every matrix product; queries and attention probabilities are
+  rounded to the KV cache's type before they meet it; GELU reads a float16 table;
+* every reduction (matrix products, sums of squares, softmax sums) and every transcendental
+  function is computed in float64 from exact operands and rounded once to float32;
+  elementwise steps are single float32 operations in a fixed order.
+
+So a token's result does not depend on the batch it came in, nor on summation order, and
+the native engine (simd/) computes the same floats on every instruction set. Weights are
+dequantized exactly (float64) the first time a layer needs them and kept; the output
+projection, the largest matrix, is kept as float32 where that is exact.
 """
 
 from __future__ import annotations
@@ -22,63 +25,71 @@ from edgeinfer import errors, quants
 from edgeinfer.gguf import GGMLType, GGUFFile
 from edgeinfer.models.base import DecoderConfig
 
-SQRT_2_OVER_PI = np.float32(0.7978845608028654)
-GELU_COEF_A = np.float32(0.044715)
+F32, F64 = np.float32, np.float64
+SQRT_2_OVER_PI = F32(0.7978845608028654)
+GELU_COEF_A = F32(0.044715)
+KV_TYPES = {"f16": np.float16, "f32": np.float32}
+OUTPUT_CHUNK = 16384  # rows of the output matrix converted to float64 at a time
+
+# weight types whose dequantized value is a sum of two terms (scale x quant, block minimum):
+# byte offsets of the scale and of the minimum field in one block
+_TWO_TERM = {
+    GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2),
+    GGMLType.Q2_K: (80, 82), GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2),
+}  # fmt: skip
 
 
 def _round_f16(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).astype(np.float32)
+    return x.astype(np.float16).astype(F32)
 
 
 def _round_bf16(x: np.ndarray) -> np.ndarray:
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = np.ascontiguousarray(x, dtype=F32).view(np.uint32).astype(np.uint64)
     r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32)
     r = np.where(np.isnan(x), (u.astype(np.uint32) | 0x400000) & 0xFFFF0000, r).astype(np.uint32)
-    return r.view(np.float32).reshape(x.shape)
+    return r.view(F32).reshape(x.shape)
+
+
+def _q8_0_quants(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GGML's x86 q8_0 quantizer: (quants, scale as stored, amax), blocks of 32 last."""
+    b = x.reshape(x.shape[:-1] + (-1, 32))
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, F32(127.0) / amax, F32(0.0)).astype(F32)
+    return np.rint(b * inv), _round_f16(amax / F32(127.0)), amax
 
 
 def act_q8_0(x: np.ndarray) -> np.ndarray:
-    """Activations through GGML's x86 q8_0 quantizer (scale 127/amax, round half to even)."""
-    b = x.reshape(x.shape[:-1] + (-1, 32))
-    amax = np.abs(b).max(axis=-1, keepdims=True)
-    d = _round_f16(amax / np.float32(127.0))
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
-    return (np.rint(b * inv) * d).reshape(x.shape)
+    """Activations as GGML's q8_0 blocks hold them (exact, float64)."""
+    q, d, _ = _q8_0_quants(x)
+    return (q.astype(F64) * d).reshape(x.shape)
+
+
+def act_q8_1_sums(x: np.ndarray) -> np.ndarray:
+    """The ``s`` field of GGML's q8_1 blocks: float16(amax/127 * sum(q)), (..., n_blocks)."""
+    q, _, amax = _q8_0_quants(x)
+    return _round_f16((amax[..., 0] / F32(127.0)) * q.sum(axis=-1).astype(F32)).astype(F64)
 
 
 def act_q8_K(x: np.ndarray) -> np.ndarray:
-    """Activations through GGML's q8_K quantizer (signed extreme -> -127, float32 scale)."""
+    """Activations as GGML's q8_K blocks hold them (signed extreme -> -127, float32 scale)."""
     b = x.reshape(x.shape[:-1] + (-1, 256))
     first = np.argmax(np.abs(b), axis=-1)[..., None]
     extreme = np.take_along_axis(b, first, axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        iscale = np.where(extreme != 0, np.float32(-127.0) / extreme, np.float32(0.0)).astype(np.float32)
-        d = np.where(extreme != 0, np.float32(1.0) / iscale, np.float32(0.0)).astype(np.float32)
+        iscale = np.where(extreme != 0, F32(-127.0) / extreme, F32(0.0)).astype(F32)
+        d = np.where(extreme != 0, F32(1.0) / iscale, F32(0.0)).astype(F32)
     q = np.minimum(np.rint(b * iscale), 127.0)
-    return (q * d).reshape(x.shape)
+    return (q.astype(F64) * d).reshape(x.shape)
 
 
-def act_q8_1_sums(x: np.ndarray) -> np.ndarray:
-    """The ``s`` field of GGML's x86 q8_1 blocks: float16(amax/127 * sum(q)), (..., n_blocks).
-
-    Q4_1 and Q5_1 products add ``min * s`` per block, with this rounding rather than the
-    exact sum of the dequantized activations."""
-    b = x.reshape(x.shape[:-1] + (-1, 32))
-    amax = np.abs(b).max(axis=-1)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
-    q_sum = np.rint(b * inv[..., None]).sum(axis=-1)
-    return _round_f16((amax / np.float32(127.0)) * q_sum.astype(np.float32))
-
-
-# what GGML's CPU backend turns activations into before a dot product with each weight type
-_VEC_DOT = {
-    GGMLType.F32: None,
-    GGMLType.F16: _round_f16,
-    GGMLType.BF16: _round_bf16,
+# what GGML's CPU backend turns activations into before a product with each weight type
+_PARTNER = {
+    GGMLType.F32: lambda x: x.astype(F64),
+    GGMLType.F16: lambda x: _round_f16(x).astype(F64),
+    GGMLType.BF16: lambda x: _round_bf16(x).astype(F64),
     GGMLType.Q4_0: act_q8_0, GGMLType.Q5_0: act_q8_0, GGMLType.Q8_0: act_q8_0,
-    GGMLType.Q4_1: act_q8_0, GGMLType.Q5_1: act_q8_0,  # q8_1 has q8_0's values (and sums)
+    GGMLType.Q4_1: act_q8_0, GGMLType.Q5_1: act_q8_0,  # q8_1 holds q8_0's values, plus sums
     GGMLType.Q2_K: act_q8_K, GGMLType.Q3_K: act_q8_K, GGMLType.Q4_K: act_q8_K,
     GGMLType.Q5_K: act_q8_K, GGMLType.Q6_K: act_q8_K,
 }  # fmt: skip
@@ -86,9 +97,9 @@ _VEC_DOT = {
 
 def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
     # x: (..., n). Squares in float32, summed in float64, the scale in float32: as GGML does
-    total = np.sum(np.square(x).astype(np.float64), axis=-1, keepdims=True)
-    mean = (total / x.shape[-1]).astype(np.float32)
-    return x * (np.float32(1.0) / np.sqrt(mean + np.float32(eps)))
+    total = np.sum(np.square(x).astype(F64), axis=-1, keepdims=True)
+    mean = (total / x.shape[-1]).astype(F32)
+    return x * (F32(1.0) / np.sqrt(mean + F32(eps)))
 
 
 def _gelu_table() -> np.ndarray:
@@ -97,41 +108,41 @@ def _gelu_table() -> np.ndarray:
     Its entries come from float32 arithmetic with the inner multiply-add fused (as compilers
     contract it) and a correctly rounded tanh, which is what GGML builds get from libm.
     """
-    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(F32)
     with np.errstate(over="ignore", invalid="ignore"):
-        a_x = (GELU_COEF_A * x).astype(np.float64)
-        inner = (a_x * x.astype(np.float64) + 1.0).astype(np.float32)  # fma(A*x, x, 1)
+        inner = ((GELU_COEF_A * x).astype(F64) * x.astype(F64) + 1.0).astype(F32)  # fma(A*x, x, 1)
         arg = (SQRT_2_OVER_PI * x) * inner
-        t = np.tanh(arg.astype(np.float64)).astype(np.float32)
-        return ((np.float32(0.5) * x) * (np.float32(1.0) + t)).astype(np.float16).astype(np.float32)
+        t = np.tanh(arg.astype(F64)).astype(F32)
+        return ((F32(0.5) * x) * (F32(1.0) + t)).astype(np.float16).astype(F32)
 
 
 _GELU_F16 = _gelu_table()
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    idx = gate.astype(np.float16).view(np.uint16)
-    g = _GELU_F16[idx]
-    g = np.where(gate <= -10.0, 0.0, np.where(gate >= 10.0, gate, g)).astype(np.float32)
+    g = _GELU_F16[gate.astype(np.float16).view(np.uint16)]
+    g = np.where(gate <= -10.0, F32(0.0), np.where(gate >= 10.0, gate, g)).astype(F32)
     return g * up
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    return gate / (1.0 + np.exp(-gate)) * up
+    g = gate.astype(F64)
+    return (g / (1.0 + np.exp(-g))).astype(F32) * up
 
 
 def rope_cos_sin(
     positions: np.ndarray, n_rot: int, base: float, freq_scale: float, freq_factors: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(n_tokens, n_rot/2) cosines and sines, with GGML's float32 recurrence for the angles."""
-    theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
-    steps = np.full((len(positions), n_rot // 2), theta_scale, dtype=np.float32)
-    steps[:, 0] = positions.astype(np.float32)
-    theta = np.cumprod(steps, axis=1, dtype=np.float32)  # p, p*s, (p*s)*s, ...
+    theta_scale = F32(np.power(F64(F32(base)), F64(F32(-2.0) / F32(n_rot))))
+    steps = np.full((len(positions), n_rot // 2), theta_scale, dtype=F32)
+    steps[:, 0] = positions.astype(F32)
+    theta = np.cumprod(steps, axis=1, dtype=F32)  # p, p*s, (p*s)*s, ...
     if freq_factors is not None:
-        theta = theta / freq_factors.astype(np.float32)
-    theta = theta * np.float32(freq_scale)
-    return np.cos(theta), np.sin(theta)
+        theta = theta / freq_factors.astype(F32)
+    theta = F32(freq_scale) * theta
+    t64 = theta.astype(F64)
+    return np.cos(t64).astype(F32), np.sin(t64).astype(F32)
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool) -> np.ndarray:
@@ -150,9 +161,6 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox
     return out
 
 
-KV_TYPES = {"f16": np.float16, "f32": np.float32}
-
-
 class ReferenceEngine:
     """Runs one sequence; ``forward`` appends tokens to the KV cache and returns logits."""
 
@@ -160,7 +168,7 @@ class ReferenceEngine:
 
     def __init__(self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, kv_type: str = "f16") -> None:
         self.gguf, self.cfg, self.n_ctx = gguf, cfg, n_ctx
-        self._weights: dict[str, np.ndarray] = {}
+        self._weights: dict[str, object] = {}
         if kv_type not in KV_TYPES:
             raise errors.InvalidOptionError(f"kv_type must be one of {', '.join(KV_TYPES)}")
         dtype = KV_TYPES[kv_type]
@@ -172,57 +180,77 @@ class ReferenceEngine:
         self.v_cache = [np.zeros(kv + (cfg.head_dim_v,), dtype) for _ in range(cfg.n_layer)]
         self.n_past = 0
         ff = cfg.rope_freqs_tensor
-        self._freq_factors = self.weight(ff) if ff else None
+        self._freq_factors = self._dequantize(ff) if ff else None
 
     # --- weights ---------------------------------------------------------------------------
 
-    def weight(self, name: str) -> np.ndarray:
-        """Dequantized float32 weight, numpy order (rows = GGUF ne1, columns = ne0)."""
+    def _dequantize(self, name: str, raw: np.ndarray | None = None) -> np.ndarray:
+        info = self.gguf.tensors[name]
+        data = self.gguf.tensor_data(name) if raw is None else raw
+        return quants.dequantize(data, info.ggml_type, info.shape[::-1])
+
+    def vector(self, name: str) -> np.ndarray:
+        """A norm weight or bias, float32."""
         w = self._weights.get(name)
         if w is None:
-            info = self.gguf.tensors[name]
-            w = quants.dequantize(self.gguf.tensor_data(name), info.ggml_type, info.shape[::-1])
-            if len(info.shape) > 1 and name != self.cfg.output_tensor:
-                w = w.astype(np.float64)
-            self._weights[name] = w
-        return w
+            w = self._weights[name] = self._dequantize(name)
+        return w  # type: ignore[return-value]
+
+    def matrix(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """(weights, block minimums) with weights exactly dequantized.
+
+        For the types whose values are scale x quant + minimum, the two terms are rounded
+        separately by float32 dequantization, so they are decoded apart (zeroing the other
+        field) and added in float64. Q4_1 and Q5_1 keep them apart: GGML multiplies their
+        minimums by the activations' own block sums.
+        """
+        cached = self._weights.get(name)
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        info = self.gguf.tensors[name]
+        two_term = _TWO_TERM.get(info.ggml_type)
+        if two_term is None:
+            w = self._dequantize(name)
+            big = name == self.cfg.output_tensor
+            parts: tuple[np.ndarray, np.ndarray | None] = (w if big else w.astype(F64), None)
+        else:
+            d_at, m_at = two_term
+            block = quants.quant_type(info.ggml_type).type_size
+            raw = self.gguf.tensor_data(name).reshape(-1, block)
+            no_min, no_scale = raw.copy(), raw.copy()
+            no_min[:, m_at : m_at + 2] = 0
+            no_scale[:, d_at : d_at + 2] = 0
+            scaled = self._dequantize(name, no_min.reshape(-1)).astype(F64)
+            mins = self._dequantize(name, no_scale.reshape(-1)).astype(F64)
+            if info.ggml_type in (GGMLType.Q4_1, GGMLType.Q5_1):
+                parts = (scaled, mins[:, ::32].copy())  # one minimum per block of 32
+            else:
+                parts = (scaled + mins, None)
+        self._weights[name] = parts
+        return parts
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         info = self.gguf.tensors["token_embd.weight"]
         row_bytes = info.nbytes // info.shape[1]
         raw = self.gguf.tensor_data("token_embd.weight").reshape(info.shape[1], row_bytes)
         x = quants.dequantize(raw[tokens], info.ggml_type, (len(tokens), info.shape[0]))
-        return x * np.float32(self.cfg.embed_scale) if self.cfg.embed_scale != 1.0 else x
+        return x * F32(self.cfg.embed_scale) if self.cfg.embed_scale != 1.0 else x
 
     def linear(self, x: np.ndarray, name: str, bias: str | None = None) -> np.ndarray:
+        """x (n, cols) float32 -> (n, rows): exact products of the partner activations."""
         gtype = self.gguf.tensors[name].ggml_type
-        if gtype in (GGMLType.Q4_1, GGMLType.Q5_1):
-            return self._linear_with_mins(x, name, bias)
-        to_partner = _VEC_DOT[gtype]
-        if to_partner is not None:
-            x = to_partner(x)
-        w = self.weight(name)
-        n = len(x)
-        if w.dtype == np.float32 and n == 1:
-            x = np.vstack([x, x])  # BLAS sums a lone row (gemv) in another order than gemm
-        y = (x.astype(w.dtype) @ w.T).astype(np.float32)[:n]
-        return y + self.weight(bias) if bias else y
-
-    def _linear_with_mins(self, x: np.ndarray, name: str, bias: str | None) -> np.ndarray:
-        """Q4_1/Q5_1: scaled quants against the activations, plus block minimum x block sum."""
-        key = name + "#split"
-        parts = self._weights.get(key)
-        if parts is None:
-            info = self.gguf.tensors[name]
-            rows, cols = info.shape[1], info.shape[0]
-            raw = self.gguf.tensor_data(name).reshape(rows, cols // 32, -1)
-            mins = raw[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)  # (rows, nb)
-            scaled = self.weight(name) - np.repeat(mins, 32, axis=1)
-            parts = self._weights[key] = (scaled, mins)
-        scaled, mins = parts
-        xq = act_q8_0(x).astype(np.float64)
-        y = (xq @ scaled.T + act_q8_1_sums(x).astype(np.float64) @ mins.T).astype(np.float32)
-        return y + self.weight(bias) if bias else y
+        xp = _PARTNER[gtype](x)
+        w, mins = self.matrix(name)
+        if w.dtype == F64:
+            y = xp @ w.T
+        else:
+            y = np.empty((len(x), w.shape[0]), dtype=F64)
+            for i in range(0, w.shape[0], OUTPUT_CHUNK):
+                y[:, i : i + OUTPUT_CHUNK] = xp @ w[i : i + OUTPUT_CHUNK].astype(F64).T
+        if mins is not None:
+            y += act_q8_1_sums(x) @ mins.T
+        y = y.astype(F32)
+        return y + self.vector(bias) if bias else y
 
     # --- forward ---------------------------------------------------------------------------
 
@@ -250,25 +278,25 @@ class ReferenceEngine:
         self.n_past += n
         if not all_logits:
             x = x[-1:]
-        x = rms_norm(x, cfg.norm_eps) * self.weight("output_norm.weight")
+        x = rms_norm(x, cfg.norm_eps) * self.vector("output_norm.weight")
         logits = self.linear(x, cfg.output_tensor)
         if cfg.final_logit_softcap:
-            cap = np.float32(cfg.final_logit_softcap)
-            logits = np.tanh(logits / cap) * cap
+            cap = F32(cfg.final_logit_softcap)
+            logits = np.tanh((logits / cap).astype(F64)).astype(F32) * cap
         return logits if all_logits else logits[0]
 
     def _layer(self, il: int, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cfg, lt = self.cfg, self.cfg.layers[il]
-        h = rms_norm(x, cfg.norm_eps) * self.weight(lt.attn_norm)
+        h = rms_norm(x, cfg.norm_eps) * self.vector(lt.attn_norm)
         attn = self._attention(il, h, pos)
         if lt.attn_post_norm:
-            attn = rms_norm(attn, cfg.norm_eps) * self.weight(lt.attn_post_norm)
+            attn = rms_norm(attn, cfg.norm_eps) * self.vector(lt.attn_post_norm)
         x = x + attn
-        h = rms_norm(x, cfg.norm_eps) * self.weight(lt.ffn_norm)
+        h = rms_norm(x, cfg.norm_eps) * self.vector(lt.ffn_norm)
         gate, up = self.linear(h, lt.ffn_gate), self.linear(h, lt.ffn_up)
         ffn = self.linear(geglu(gate, up) if cfg.activation == "gelu" else swiglu(gate, up), lt.ffn_down)
         if lt.ffn_post_norm:
-            ffn = rms_norm(ffn, cfg.norm_eps) * self.weight(lt.ffn_post_norm)
+            ffn = rms_norm(ffn, cfg.norm_eps) * self.vector(lt.ffn_post_norm)
         return x + ffn
 
     def _attention(self, il: int, h: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -278,8 +306,8 @@ class ReferenceEngine:
         k = self.linear(h, lt.wk, lt.bk).reshape(n, cfg.n_head_kv, hd)
         v = self.linear(h, lt.wv, lt.bv).reshape(n, cfg.n_head_kv, cfg.head_dim_v)
         if lt.q_norm:
-            q = rms_norm(q, cfg.norm_eps) * self.weight(lt.q_norm)
-            k = rms_norm(k, cfg.norm_eps) * self.weight(lt.k_norm)
+            q = rms_norm(q, cfg.norm_eps) * self.vector(lt.q_norm)
+            k = rms_norm(k, cfg.norm_eps) * self.vector(lt.k_norm)
         cos, sin = rope_cos_sin(
             pos, cfg.n_rot, cfg.layer_rope_base(il), cfg.rope_freq_scale, self._freq_factors
         )
@@ -288,26 +316,23 @@ class ReferenceEngine:
         p0, p1 = pos[0], pos[-1] + 1
         self.k_cache[il][p0:p1] = k
         self.v_cache[il][p0:p1] = v
-        keys = self.k_cache[il][:p1].astype(np.float32)  # (T, n_head_kv, hd)
-        vals = self.v_cache[il][:p1].astype(np.float32)
-        group = cfg.n_head // cfg.n_head_kv
+        keys = self.k_cache[il][:p1].astype(F64)  # (T, n_head_kv, hd)
+        vals = self.v_cache[il][:p1].astype(F64)
         if cfg.scale_q:
-            q = q * np.float32(cfg.kq_scale)
-        qg = self._to_kv(q).reshape(n, cfg.n_head_kv, group, hd)
-        scores = np.einsum("ngrd,tgd->grnt", qg, keys)
+            q = q * F32(cfg.kq_scale)
+        group = cfg.n_head // cfg.n_head_kv
+        qg = self._to_kv(q).astype(F64).reshape(n, cfg.n_head_kv, group, hd)
+        scores = np.einsum("ngrd,tgd->grnt", qg, keys).astype(F32)
         if not cfg.scale_q:
-            scores *= np.float32(cfg.kq_scale)
+            scores *= F32(cfg.kq_scale)
         kpos = np.arange(p1)
         masked = kpos[None, :] > pos[:, None]  # (n, T): causal
         window = cfg.layer_window(il)
         if window:
             masked |= pos[:, None] - kpos[None, :] >= window
-        scores = np.where(masked, -np.inf, scores)
-        # softmax and the weighted sum in float64: a query's result must not depend on how
-        # many masked keys its batch carries (float32 sums would group the terms differently)
-        scores = (scores - scores.max(axis=-1, keepdims=True)).astype(np.float64)
-        probs = np.exp(scores)
-        probs = (probs / probs.sum(axis=-1, keepdims=True)).astype(np.float32)
-        out = np.einsum("grnt,tgd->ngrd", self._to_kv(probs).astype(np.float64), vals)
-        out = out.astype(np.float32)  # (n, n_head_kv, group, hd_v)
+        scores = np.where(masked, -np.inf, scores).astype(F32)
+        weights = np.exp((scores - scores.max(axis=-1, keepdims=True)).astype(F64))
+        probs = (weights / weights.sum(axis=-1, keepdims=True)).astype(F32)
+        out = np.einsum("grnt,tgd->ngrd", self._to_kv(probs).astype(F64), vals)
+        out = out.astype(F32)  # (n, n_head_kv, group, hd_v)
         return self.linear(out.reshape(n, cfg.n_head * cfg.head_dim_v), lt.wo)

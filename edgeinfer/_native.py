@@ -1,0 +1,336 @@
+"""The one place where Python meets the native core (simd/, built into _edgeinfer_native).
+
+Every C signature is declared once in ``_SIGNATURES``; native status codes become typed
+exceptions here; pointers never leave this module. The library reads the weights in place
+from the memory map, which this module keeps alive for as long as an engine uses it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer import errors
+from edgeinfer.gguf import GGUFFile, TensorInfo
+from edgeinfer.models.base import DecoderConfig
+
+ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
+API_VERSION = 1
+
+c_int, c_int32, c_int64, c_float, c_size_t = ctypes.c_int, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_size_t
+c_void_p, c_char_p = ctypes.c_void_p, ctypes.c_char_p
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", c_void_p), ("type", c_int32), ("reserved", c_int32), ("ne0", c_int64), ("ne1", c_int64)]
+
+
+_LAYER_TENSORS = (
+    "attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "q_norm", "k_norm", "attn_post_norm",
+    "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "ffn_post_norm",
+)  # fmt: skip
+
+
+class LayerDesc(ctypes.Structure):
+    _fields_ = [(name, Tensor) for name in _LAYER_TENSORS] + [("window", c_int32), ("rope_base", c_float)]
+
+
+class ModelDesc(ctypes.Structure):
+    _fields_ = [
+        *[(n, c_int32) for n in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim",
+                                 "head_dim_v", "n_ff", "n_rot", "rope_neox", "act_gelu", "scale_q")],
+        *[(n, c_float) for n in ("norm_eps", "embed_scale", "kq_scale", "rope_freq_scale", "final_softcap")],
+        *[(n, Tensor) for n in ("tok_embd", "output_norm", "output", "rope_freqs")],
+        ("layers", ctypes.POINTER(LayerDesc)),
+    ]  # fmt: skip
+
+
+class EngineParams(ctypes.Structure):
+    _fields_ = [(n, c_int32) for n in ("n_ctx", "n_threads", "n_seq_max", "n_batch", "kv_f32", "isa")]
+
+
+_P = ctypes.POINTER
+_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "ei_api_version": (c_int, []),
+    "ei_last_error": (c_char_p, []),
+    "ei_isa_name": (c_char_p, [c_int]),
+    "ei_isa_supported": (c_int, [c_int]),
+    "ei_isa_reason": (c_char_p, [c_int]),
+    "ei_isa_best": (c_int, []),
+    "ei_cpu_features": (c_char_p, []),
+    "ei_engine_create": (c_int, [_P(ModelDesc), _P(EngineParams), _P(c_void_p)]),
+    "ei_engine_decode": (c_int, [c_void_p, c_int32, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
+    "ei_engine_seq_clear": (c_int, [c_void_p, c_int32]),
+    "ei_engine_isa": (c_int, [c_void_p]),
+    "ei_engine_memory": (c_size_t, [c_void_p]),
+    "ei_engine_free": (None, [c_void_p]),
+    "ei_kernel_from_float": (c_int, [c_int, c_int, c_void_p, c_void_p, c_int64]),
+    "ei_kernel_to_float": (c_int, [c_int, c_int, c_void_p, c_void_p, c_int64]),
+    "ei_kernel_vec_dot": (c_int, [c_int, c_int, c_int, c_void_p, c_void_p, c_void_p]),
+    "ei_kernel_rms_norm": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p, c_float]),
+    "ei_kernel_rope": (c_int, [c_int, c_int, c_void_p, c_void_p, c_int]),
+    "ei_kernel_glu": (c_int, [c_int, c_int, c_int, c_void_p, c_void_p, c_void_p]),
+    "ei_kernel_attn": (c_int, [c_int, c_int, c_int, c_int, c_int, c_int, c_size_t, c_size_t, c_float, c_float,
+                               c_void_p, c_void_p, c_void_p, c_void_p]),
+    "ei_partner_type_of": (c_int, [c_int]),
+}
+
+_STATUS = {
+    1: errors.InvalidOptionError,
+    2: MemoryError,
+    3: errors.UnsupportedModelError,
+    4: errors.ContextOverflowError,
+    5: errors.BackendError,
+    6: errors.BackendError,
+}
+
+_lib: ctypes.CDLL | None = None
+_load_error: str | None = None
+
+
+def _library_path() -> Path | None:
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = here / f"_edgeinfer_native{suffix}"
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _load_error
+    if _lib is not None or _load_error is not None:
+        return _lib
+    path = _library_path()
+    if path is None:
+        _load_error = "the native library was not built (pip install rebuilds it)"
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        _load_error = f"the native library does not load: {e}"
+        return None
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    if lib.ei_api_version() != API_VERSION:
+        _load_error = "the native library is from another version of edgeinfer"
+        return None
+    _lib = lib
+    return lib
+
+
+def available() -> tuple[bool, str]:
+    lib = _load()
+    return (lib is not None, _load_error or "loaded")
+
+
+def library() -> ctypes.CDLL:
+    lib = _load()
+    if lib is None:
+        raise errors.BackendError(f"native engine unavailable: {_load_error}")
+    return lib
+
+
+def check(status: int) -> None:
+    if status != 0:
+        message = library().ei_last_error().decode(errors="replace")
+        raise _STATUS.get(status, errors.BackendError)(message)
+
+
+def isa_report() -> list[dict[str, Any]]:
+    """Every instruction-set variant: supported here or not, and why."""
+    lib = library()
+    best = lib.ei_isa_best()
+    return [
+        {
+            "name": ISA_NAMES[i],
+            "supported": bool(lib.ei_isa_supported(i)),
+            "chosen": i == best,
+            "reason": lib.ei_isa_reason(i).decode(),
+        }
+        for i in range(len(ISA_NAMES))
+    ]
+
+
+def cpu_features() -> str:
+    return library().ei_cpu_features().decode()
+
+
+def resolve_isa(name: str | None = None) -> int:
+    """The variant to run: ``name``, else EDGEINFER_ISA, else the best one supported."""
+    lib = library()
+    name = name or os.environ.get("EDGEINFER_ISA") or None
+    if name is None:
+        return lib.ei_isa_best()
+    if name not in ISA_NAMES:
+        raise errors.InvalidOptionError(f"unknown instruction set {name!r} (one of {', '.join(ISA_NAMES)})")
+    isa = ISA_NAMES.index(name)
+    if not lib.ei_isa_supported(isa):
+        raise errors.BackendError(f"instruction set {name} is not available here: {lib.ei_isa_reason(isa).decode()}")
+    return isa
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+class NativeEngine:
+    """One sequence on the native engine: the interface edgeinfer.generation expects."""
+
+    name = "native"
+
+    def __init__(
+        self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, *, n_threads: int,
+        kv_type: str = "f16", isa: str | None = None, n_batch: int = 512,
+    ) -> None:  # fmt: skip
+        lib = library()
+        if kv_type not in ("f16", "f32"):
+            raise errors.InvalidOptionError(f"kv_type must be f16 or f32 for the native engine, not {kv_type!r}")
+        self.cfg, self.n_ctx, self.n_past = cfg, n_ctx, 0
+        self._map = np.frombuffer(gguf.buffer(), dtype=np.uint8)  # keeps the map alive
+        base = _ptr(self._map)
+
+        def tensor(name: str | None) -> Tensor:
+            if not name:
+                return Tensor()
+            info: TensorInfo = gguf.tensors[name]
+            ne1 = info.shape[1] if len(info.shape) > 1 else 1
+            return Tensor(base + info.offset, int(info.ggml_type), 0, info.shape[0], ne1)
+
+        self._layers = (LayerDesc * cfg.n_layer)()
+        for il, lt in enumerate(cfg.layers):
+            desc = self._layers[il]
+            for field in _LAYER_TENSORS:
+                setattr(desc, field, tensor(getattr(lt, field)))
+            desc.window = cfg.layer_window(il)
+            desc.rope_base = cfg.layer_rope_base(il)
+        m = ModelDesc(
+            n_vocab=cfg.n_vocab, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head,
+            n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, head_dim_v=cfg.head_dim_v, n_ff=cfg.n_ff,
+            n_rot=cfg.n_rot, rope_neox=int(cfg.rope_neox), act_gelu=int(cfg.activation == "gelu"),
+            scale_q=int(cfg.scale_q), norm_eps=cfg.norm_eps, embed_scale=cfg.embed_scale,
+            kq_scale=cfg.kq_scale, rope_freq_scale=cfg.rope_freq_scale,
+            final_softcap=cfg.final_logit_softcap, tok_embd=tensor("token_embd.weight"),
+            output_norm=tensor("output_norm.weight"), output=tensor(cfg.output_tensor),
+            rope_freqs=tensor(cfg.rope_freqs_tensor), layers=self._layers,
+        )  # fmt: skip
+        params = EngineParams(
+            n_ctx=n_ctx, n_threads=n_threads, n_seq_max=1, n_batch=n_batch,
+            kv_f32=int(kv_type == "f32"), isa=resolve_isa(isa),
+        )  # fmt: skip
+        handle = c_void_p()
+        check(lib.ei_engine_create(ctypes.byref(m), ctypes.byref(params), ctypes.byref(handle)))
+        self._handle = handle
+        self.isa = ISA_NAMES[lib.ei_engine_isa(handle)]
+        self.n_batch = n_batch
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the engine allocated (buffers and the KV cache reserved so far)."""
+        return int(library().ei_engine_memory(self._handle)) if self._handle else 0
+
+    def truncate(self, n_keep: int) -> None:
+        self.n_past = min(self.n_past, max(0, n_keep))
+
+    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
+        if not self._handle:
+            raise errors.ModelClosedError("the engine is closed")
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        n = len(tokens)
+        if n == 0:
+            raise errors.InvalidOptionError("forward needs at least one token")
+        if self.n_past + n > self.n_ctx:
+            raise errors.ContextOverflowError(
+                f"{self.n_past} cached + {n} new tokens exceed the context of {self.n_ctx}"
+            )
+        pos = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
+        seq = np.zeros(n, dtype=np.int32)
+        mask = np.ones(n, dtype=np.int8) if all_logits else np.zeros(n, dtype=np.int8)
+        mask[-1] = 1
+        logits = np.empty((int(mask.sum()), self.cfg.n_vocab), dtype=np.float32)
+        check(library().ei_engine_decode(
+            self._handle, n, _ptr(tokens), _ptr(pos), _ptr(seq), _ptr(mask), _ptr(logits)
+        ))  # fmt: skip
+        self.n_past += n
+        return logits if all_logits else logits[0]
+
+    def close(self) -> None:
+        if self._handle:
+            library().ei_engine_free(self._handle)
+            self._handle = None
+            self._map = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Kernels:
+    """Single kernels of one instruction set, for tests and benchmarks."""
+
+    def __init__(self, isa: str) -> None:
+        self.lib = library()
+        self.isa = ISA_NAMES.index(isa)
+        if not self.lib.ei_isa_supported(self.isa):
+            raise errors.BackendError(f"{isa} is not available: {self.lib.ei_isa_reason(self.isa).decode()}")
+
+    def partner_type(self, weight_type: int) -> int:
+        return self.lib.ei_partner_type_of(weight_type)
+
+    def from_float(self, partner_type: int, x: np.ndarray, nbytes: int) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.zeros(nbytes, dtype=np.uint8)
+        check(self.lib.ei_kernel_from_float(self.isa, partner_type, _ptr(x), _ptr(out), x.size))
+        return out
+
+    def to_float(self, ggml_type: int, raw: np.ndarray, n: int) -> np.ndarray:
+        raw = np.ascontiguousarray(raw, dtype=np.uint8)
+        out = np.zeros(n, dtype=np.float32)
+        check(self.lib.ei_kernel_to_float(self.isa, ggml_type, _ptr(raw), _ptr(out), n))
+        return out
+
+    def vec_dot(self, weight_type: int, n: int, x: np.ndarray, y: np.ndarray) -> float:
+        x, y = np.ascontiguousarray(x, dtype=np.uint8), np.ascontiguousarray(y, dtype=np.uint8)
+        out = np.zeros(1, dtype=np.float32)
+        check(self.lib.ei_kernel_vec_dot(self.isa, weight_type, n, _ptr(x), _ptr(y), _ptr(out)))
+        return float(out[0])
+
+    def rms_norm(self, x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        y = np.empty_like(x)
+        wp = _ptr(np.ascontiguousarray(w, dtype=np.float32)) if w is not None else None
+        check(self.lib.ei_kernel_rms_norm(self.isa, x.size, _ptr(y), _ptr(x), wp, eps))
+        return y
+
+    def rope(self, x: np.ndarray, cs: np.ndarray, neox: bool) -> np.ndarray:
+        y = np.array(x, dtype=np.float32, copy=True)
+        cs = np.ascontiguousarray(cs, dtype=np.float32)
+        check(self.lib.ei_kernel_rope(self.isa, 2 * (cs.size // 2), _ptr(y), _ptr(cs), int(neox)))
+        return y
+
+    def glu(self, gelu: bool, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+        g, u = np.ascontiguousarray(g, dtype=np.float32), np.ascontiguousarray(u, dtype=np.float32)
+        y = np.empty_like(g)
+        check(self.lib.ei_kernel_glu(self.isa, int(gelu), g.size, _ptr(y), _ptr(g), _ptr(u)))
+        return y
+
+    def attention(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, t0: int, t1: int, scale: float, softcap: float = 0.0
+    ) -> np.ndarray:
+        """q (head_dim,), k (T, head_dim), v (T, head_dim_v) in float16 or float32."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
+        out = np.zeros(v.shape[1], dtype=np.float32)
+        check(self.lib.ei_kernel_attn(
+            self.isa, k.shape[1], v.shape[1], t0, t1, int(k.dtype == np.float32), k.shape[1], v.shape[1],
+            scale, softcap, _ptr(q), _ptr(k), _ptr(v), _ptr(out),
+        ))  # fmt: skip
+        return out

@@ -1,0 +1,95 @@
+"""Builds the native core (simd/) into one shared library that edgeinfer/_native.py loads.
+
+Every instruction-set variant is compiled separately with its own flags, never
+-march=native, so one build runs on any CPU of its architecture and picks the best variant
+at run time. The library is declared as an extension module only so that setuptools builds
+and installs it next to the package; it is loaded with ctypes, never imported.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).parent
+SIMD = ROOT / "simd"
+
+GCC_BASE = ["-O2", "-std=c11", "-ffp-contract=off", "-fvisibility=hidden", "-fno-math-errno", "-Wall"]
+MSVC_BASE = ["/O2", "/std:c11", "/experimental:c11atomics", "/fp:precise"]
+
+# directory -> (gcc/clang flags, msvc flags, extra defines)
+X86_VARIANTS = {
+    "x86_avx2": (["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
+    "x86_avx512": (
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-mf16c"],
+        ["/arch:AVX512"],
+    ),
+}
+NEON_LEVELS = {  # the arm_neon sources are compiled once per level
+    0: (["-march=armv8-a"], []),
+    1: (["-march=armv8.2-a+dotprod"], []),
+    2: (["-march=armv8.2-a+dotprod+i8mm"], []),
+}
+
+
+def _arch() -> str:
+    machine = os.environ.get("EDGEINFER_TARGET_ARCH") or platform.machine()
+    machine = machine.lower()
+    if machine in ("x86_64", "amd64", "x64"):
+        return "x86_64"
+    if machine in ("aarch64", "arm64"):
+        return "aarch64"
+    return machine
+
+
+class BuildNative(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        cc = self.compiler
+        msvc = cc.compiler_type == "msvc"
+        base = MSVC_BASE if msvc else GCC_BASE
+        arch = _arch()
+        defines: list[tuple[str, str | None]] = []
+        groups: list[tuple[list[str], list[str], list[tuple[str, str | None]], str]] = []
+        if arch == "x86_64":
+            defines += [("EI_HAVE_AVX2", None), ("EI_HAVE_AVX512", None)]
+            for folder, (gnu, ms) in X86_VARIANTS.items():
+                groups.append((_sources(folder), ms if msvc else gnu, [], folder))
+        elif arch == "aarch64":
+            defines.append(("EI_HAVE_NEON", None))
+            for level, (gnu, ms) in NEON_LEVELS.items():
+                groups.append((_sources("arm_neon"), ms if msvc else gnu, [("EI_NEON_LEVEL", str(level))], f"neon{level}"))
+        groups.insert(0, (_sources("common") + _sources("ref"), [], defines, "base"))
+
+        objects: list[str] = []
+        for sources, flags, macros, tag in groups:
+            out_dir = os.path.join(self.build_temp, tag)
+            objects += cc.compile(
+                sources, output_dir=out_dir, macros=macros, include_dirs=[str(SIMD / "include")],
+                extra_postargs=base + flags, depends=_headers(),
+            )  # fmt: skip
+        libraries = [] if msvc or sys.platform == "darwin" else ["m", "pthread"]
+        cc.link_shared_object(
+            objects, self.get_ext_fullpath(ext.name), libraries=libraries,
+            export_symbols=self.get_export_symbols(ext), build_temp=self.build_temp,
+            target_lang="c",
+        )  # fmt: skip
+
+
+def _sources(folder: str) -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (SIMD / folder).glob("*.c"))
+
+
+def _headers() -> list[str]:
+    return sorted(str(p) for p in SIMD.rglob("*.h"))
+
+
+ext_modules = []
+if not os.environ.get("EDGEINFER_NO_NATIVE"):
+    ext_modules.append(Extension("edgeinfer._edgeinfer_native", sources=_sources("common")))
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": BuildNative})

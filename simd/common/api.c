@@ -1,0 +1,152 @@
+/* Exported helpers: error messages, type tables, and single-kernel entry points for tests. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ei_internal.h"
+
+#if defined(_MSC_VER)
+#define EI_THREAD_LOCAL __declspec(thread)
+#else
+#define EI_THREAD_LOCAL _Thread_local
+#endif
+
+static EI_THREAD_LOCAL char g_error[256];
+
+int ei_api_version(void) { return EI_API_VERSION; }
+const char *ei_last_error(void) { return g_error; }
+
+ei_status ei_fail(ei_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_error, sizeof(g_error), fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+typedef struct { int block, bytes, partner; } type_info;
+
+static type_info info_of(int type) {
+    switch (type) {
+    case EI_TYPE_F32: return (type_info){1, 4, EI_TYPE_F32};
+    case EI_TYPE_F16: return (type_info){1, 2, EI_TYPE_F16};
+    case EI_TYPE_BF16: return (type_info){1, 2, EI_TYPE_BF16};
+    case EI_TYPE_Q4_0: return (type_info){QK4_0, sizeof(block_q4_0), EI_TYPE_Q8_0};
+    case EI_TYPE_Q4_1: return (type_info){QK4_1, sizeof(block_q4_1), EI_TYPE_Q8_1};
+    case EI_TYPE_Q5_0: return (type_info){QK5_0, sizeof(block_q5_0), EI_TYPE_Q8_0};
+    case EI_TYPE_Q5_1: return (type_info){QK5_1, sizeof(block_q5_1), EI_TYPE_Q8_1};
+    case EI_TYPE_Q8_0: return (type_info){QK8_0, sizeof(block_q8_0), EI_TYPE_Q8_0};
+    case EI_TYPE_Q8_1: return (type_info){QK8_1, sizeof(block_q8_1), -1};
+    case EI_TYPE_Q2_K: return (type_info){QK_K, sizeof(block_q2_K), EI_TYPE_Q8_K};
+    case EI_TYPE_Q3_K: return (type_info){QK_K, sizeof(block_q3_K), EI_TYPE_Q8_K};
+    case EI_TYPE_Q4_K: return (type_info){QK_K, sizeof(block_q4_K), EI_TYPE_Q8_K};
+    case EI_TYPE_Q5_K: return (type_info){QK_K, sizeof(block_q5_K), EI_TYPE_Q8_K};
+    case EI_TYPE_Q6_K: return (type_info){QK_K, sizeof(block_q6_K), EI_TYPE_Q8_K};
+    case EI_TYPE_Q8_K: return (type_info){QK_K, sizeof(block_q8_K), -1};
+    default: return (type_info){0, 0, -1};
+    }
+}
+
+int ei_partner_type(int t) { return info_of(t).partner; }
+int ei_partner_type_of(int t) { return info_of(t).partner; }
+int ei_block_size(int t) { return info_of(t).block; }
+
+size_t ei_row_size(int t, int64_t n) {
+    const type_info ti = info_of(t);
+    if (!ti.block || n < 0 || n % ti.block) return 0;
+    return (size_t)(n / ti.block) * (size_t)ti.bytes;
+}
+
+static const ei_kernels *kernels(int isa, ei_status *st) {
+    const ei_kernels *k = ei_kernels_for(isa);
+    *st = k ? EI_OK : ei_fail(EI_ERR_ISA, "instruction set %s is not available: %s", ei_isa_name(isa), ei_isa_reason(isa));
+    return k;
+}
+
+ei_status ei_kernel_from_float(int isa, int pt, const float *x, void *y, int64_t n) {
+    ei_status st;
+    const ei_kernels *k = kernels(isa, &st);
+    if (!k) return st;
+    if (pt < 0 || pt >= EI_TYPE_COUNT || !k->from_float[pt] || !ei_row_size(pt, n))
+        return ei_fail(EI_ERR_UNSUPPORTED, "no quantizer to type %d for %lld values", pt, (long long)n);
+    k->from_float[pt](x, y, n);
+    return EI_OK;
+}
+
+ei_status ei_kernel_to_float(int isa, int t, const void *x, float *y, int64_t n) {
+    ei_status st;
+    const ei_kernels *k = kernels(isa, &st);
+    if (!k) return st;
+    if (t < 0 || t >= EI_TYPE_COUNT || !k->to_float[t] || !ei_row_size(t, n))
+        return ei_fail(EI_ERR_UNSUPPORTED, "no decoder for type %d and %lld values", t, (long long)n);
+    k->to_float[t](x, y, n);
+    return EI_OK;
+}
+
+ei_status ei_kernel_vec_dot(int isa, int t, int n, const void *x, const void *y, float *s) {
+    ei_status st;
+    const ei_kernels *k = kernels(isa, &st);
+    if (!k) return st;
+    if (t < 0 || t >= EI_TYPE_COUNT || !k->vec_dot[t] || !ei_row_size(t, n))
+        return ei_fail(EI_ERR_UNSUPPORTED, "no dot product for type %d and %d values", t, n);
+    k->vec_dot[t](n, s, x, y);
+    return EI_OK;
+}
+
+ei_status ei_kernel_rms_norm(int isa, int n, float *y, const float *x, const float *w, float eps) {
+    ei_status st;
+    const ei_kernels *k = kernels(isa, &st);
+    if (!k) return st;
+    k->rms_norm(n, y, x, w, eps);
+    return EI_OK;
+}
+
+ei_status ei_kernel_rope(int isa, int n_rot, float *x, const float *cs, int neox) {
+    ei_status st;
+    const ei_kernels *k = kernels(isa, &st);
+    if (!k) return st;
+    if (n_rot <= 0 || n_rot % 2) return ei_fail(EI_ERR_INVALID, "n_rot must be positive and even");
+    k->rope(n_rot, x, cs, neox);
+    return EI_OK;
+}
+
+static ei_f16 *g_gelu_table;
+
+ei_status ei_kernel_glu(int isa, int gelu, int n, float *y, const float *g, const float *u) {
+    ei_status st;
+    const ei_kernels *k = kernels(isa, &st);
+    if (!k) return st;
+    if (gelu) {
+        if (!g_gelu_table) {
+            ei_f16 *tab = malloc(65536 * sizeof(ei_f16));
+            if (!tab) return ei_fail(EI_ERR_NOMEM, "out of memory");
+            ei_gelu_table(tab);
+            g_gelu_table = tab;
+        }
+        k->geglu(n, y, g, u, g_gelu_table);
+    } else {
+        k->swiglu(n, y, g, u);
+    }
+    return EI_OK;
+}
+
+ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int t0, int t1, int kv_f32, size_t k_stride,
+                         size_t v_stride, float scale, float softcap, const float *q, const void *kc,
+                         const void *vc, float *out) {
+    ei_status st;
+    const ei_kernels *k = kernels(isa, &st);
+    if (!k) return st;
+    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM || head_dim_v <= 0 || head_dim_v > EI_MAX_HEAD_DIM || t0 < 0 || t1 <= t0)
+        return ei_fail(EI_ERR_INVALID, "bad attention shape");
+    double *scratch = malloc(sizeof(double) * 2 * (size_t)(t1 - t0));
+    if (!scratch) return ei_fail(EI_ERR_NOMEM, "out of memory");
+    ei_attn_params p = {head_dim, head_dim_v, t0, t1, kv_f32, k_stride, v_stride, scale, softcap};
+    k->attn(&p, q, kc, vc, out, scratch);
+    free(scratch);
+    return EI_OK;
+}
+
+/* setuptools builds this library as an extension module; it is loaded with ctypes, never
+ * imported, but Windows links an export of this name */
+EI_EXPORT void *PyInit__edgeinfer_native(void) { return NULL; }

@@ -1,0 +1,94 @@
+/* GGML block layouts, byte for byte, with their sizes checked at compile time.
+ * edgeinfer/gguf/constants.py states the same sizes; tests compare the two. */
+#ifndef EI_BLOCKS_H
+#define EI_BLOCKS_H
+
+#include <assert.h>
+#include <stdint.h>
+
+typedef uint16_t ei_f16;  /* IEEE half, stored as bits */
+typedef uint16_t ei_bf16; /* bfloat16, stored as bits */
+
+#define QK4_0 32
+#define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
+#define QK8_0 32
+#define QK8_1 32
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+typedef struct { ei_f16 d; uint8_t qs[QK4_0 / 2]; } block_q4_0;
+static_assert(sizeof(block_q4_0) == 2 + QK4_0 / 2, "block_q4_0 size");
+
+typedef struct { ei_f16 d, m; uint8_t qs[QK4_1 / 2]; } block_q4_1;
+static_assert(sizeof(block_q4_1) == 2 + 2 + QK4_1 / 2, "block_q4_1 size");
+
+typedef struct { ei_f16 d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
+static_assert(sizeof(block_q5_0) == 2 + 4 + QK5_0 / 2, "block_q5_0 size");
+
+typedef struct { ei_f16 d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;
+static_assert(sizeof(block_q5_1) == 2 + 2 + 4 + QK5_1 / 2, "block_q5_1 size");
+
+typedef struct { ei_f16 d; int8_t qs[QK8_0]; } block_q8_0;
+static_assert(sizeof(block_q8_0) == 2 + QK8_0, "block_q8_0 size");
+
+/* s = d * sum(qs): lets q4_1/q5_1 dots fold in their minimum */
+typedef struct { ei_f16 d, s; int8_t qs[QK8_1]; } block_q8_1;
+static_assert(sizeof(block_q8_1) == 2 + 2 + QK8_1, "block_q8_1 size");
+
+typedef struct {
+    uint8_t scales[QK_K / 16]; /* 4-bit scale, 4-bit min per 16 values */
+    uint8_t qs[QK_K / 4];      /* 2-bit quants */
+    ei_f16 d, dmin;
+} block_q2_K;
+static_assert(sizeof(block_q2_K) == QK_K / 16 + QK_K / 4 + 2 + 2, "block_q2_K size");
+
+typedef struct {
+    uint8_t hmask[QK_K / 8]; /* high bit */
+    uint8_t qs[QK_K / 4];    /* low 2 bits */
+    uint8_t scales[12];      /* 16 x 6-bit scales */
+    ei_f16 d;
+} block_q3_K;
+static_assert(sizeof(block_q3_K) == QK_K / 8 + QK_K / 4 + 12 + 2, "block_q3_K size");
+
+typedef struct {
+    ei_f16 d, dmin;
+    uint8_t scales[K_SCALE_SIZE]; /* 8 x (6-bit scale, 6-bit min) */
+    uint8_t qs[QK_K / 2];
+} block_q4_K;
+static_assert(sizeof(block_q4_K) == 2 + 2 + K_SCALE_SIZE + QK_K / 2, "block_q4_K size");
+
+typedef struct {
+    ei_f16 d, dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+} block_q5_K;
+static_assert(sizeof(block_q5_K) == 2 + 2 + K_SCALE_SIZE + QK_K / 8 + QK_K / 2, "block_q5_K size");
+
+typedef struct {
+    uint8_t ql[QK_K / 2];     /* low 4 bits */
+    uint8_t qh[QK_K / 4];     /* high 2 bits */
+    int8_t scales[QK_K / 16]; /* 8-bit scales */
+    ei_f16 d;
+} block_q6_K;
+static_assert(sizeof(block_q6_K) == QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, "block_q6_K size");
+
+/* activations for K-quant dots: float scale, int8 values, sums of each 16 */
+typedef struct {
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+} block_q8_K;
+static_assert(sizeof(block_q8_K) == 4 + QK_K + QK_K / 16 * 2, "block_q8_K size");
+
+/* GGML type codes (the GGUF tensor type field) */
+enum ei_type {
+    EI_TYPE_F32 = 0, EI_TYPE_F16 = 1, EI_TYPE_Q4_0 = 2, EI_TYPE_Q4_1 = 3,
+    EI_TYPE_Q5_0 = 6, EI_TYPE_Q5_1 = 7, EI_TYPE_Q8_0 = 8, EI_TYPE_Q8_1 = 9,
+    EI_TYPE_Q2_K = 10, EI_TYPE_Q3_K = 11, EI_TYPE_Q4_K = 12, EI_TYPE_Q5_K = 13,
+    EI_TYPE_Q6_K = 14, EI_TYPE_Q8_K = 15, EI_TYPE_BF16 = 30, EI_TYPE_COUNT = 31
+};
+
+#endif

@@ -1,0 +1,92 @@
+/* The kernel table: every operation of a decoder step that has an instruction-set variant.
+ *
+ * Each instruction set fills one table (ref/, x86_avx2/, x86_avx512/, arm_neon/); a variant
+ * starts from the scalar reference table and overrides what it implements, so a missing
+ * kernel falls back to the reference rather than to nothing. Every variant of a kernel
+ * computes the same function: integer results bit for bit, floating point within a stated
+ * tolerance (tests/simd). */
+#ifndef EI_KERNELS_H
+#define EI_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ei_blocks.h"
+
+/* s[0] = dot(n values of weight row x, n activations y in the weight type's partner type) */
+typedef void (*ei_vec_dot_fn)(int n, float *s, const void *x, const void *y);
+/* s[c * s_stride + r] = dot(row r of x, activation row c of y) for r < nr, c < nc, with
+ * nr, nc <= EI_TILE: one tile of a matrix product, each dot exactly as vec_dot computes it */
+typedef void (*ei_gemm_fn)(int n, int nr, int nc, float *s, size_t s_stride, const void *x, size_t x_stride,
+                           const void *y, size_t y_stride);
+#define EI_TILE 4
+
+/* y = n activations x converted to a partner type (q8_0, q8_1, q8_K, f16, bf16 blocks) */
+typedef void (*ei_from_float_fn)(const float *x, void *y, int64_t n);
+/* y = n floats decoded from a row of blocks x */
+typedef void (*ei_to_float_fn)(const void *x, float *y, int64_t n);
+
+#define EI_MAX_HEAD_DIM 512
+
+/* One query head against the cache of one KV head, as llama.cpp's unfused attention rounds:
+ * the query is rounded to the cache type; scores[t] = dot(q, k[t]) for t in [t0, t1) (in
+ * double, rounded to float), times scale, optionally soft-capped; softmax weights
+ * exp(s - max) / sum in double, rounded to float and then to the cache type;
+ * out = sum_t p[t] * v[t] in double, rounded to float. K and V rows are fp16 (kv_f32 = 0)
+ * or f32 (kv_f32 = 1); row t of K starts at k + t * k_stride elements. scratch holds
+ * 1.5 * (t1 - t0) doubles. */
+typedef struct {
+    int head_dim, head_dim_v;
+    int t0, t1;           /* the keys this query sees */
+    int kv_f32;           /* cache element type: 0 fp16, 1 f32 */
+    size_t k_stride, v_stride; /* elements between consecutive positions */
+    float scale;          /* applied to the scores (1 when the queries are pre-scaled) */
+    float softcap;        /* 0: none; else scores = softcap * tanh(scores / softcap) */
+} ei_attn_params;
+
+typedef void (*ei_attn_fn)(const ei_attn_params *p, const float *q, const void *k, const void *v,
+                           float *out, double *scratch);
+
+typedef struct ei_kernels {
+    const char *name;
+    ei_from_float_fn from_float[EI_TYPE_COUNT]; /* indexed by partner type */
+    ei_vec_dot_fn vec_dot[EI_TYPE_COUNT];       /* indexed by weight type */
+    ei_gemm_fn gemm[EI_TYPE_COUNT];             /* indexed by weight type; NULL: loop vec_dot */
+    ei_to_float_fn to_float[EI_TYPE_COUNT];     /* indexed by storage type */
+
+    /* y[i] = x[i] * (1/sqrt(mean(x^2) + eps)) * w[i]  (w may be NULL) */
+    void (*rms_norm)(int n, float *y, const float *x, const float *w, float eps);
+    /* rotary embedding of one head in place; cs holds (cos, sin) pairs, n_rot/2 of them;
+     * x0' = x0*c - x1*s, x1' = x0*s + x1*c in float, unfused */
+    void (*rope)(int n_rot, float *x, const float *cs, int neox);
+    /* y = gelu(g) * u with GGML's fp16 GELU table (gelu_tab has 65536 fp16 entries) */
+    void (*geglu)(int n, float *y, const float *g, const float *u, const ei_f16 *gelu_tab);
+    /* y = (float)(g / (1 + exp(-g))) * u, the fraction in double */
+    void (*swiglu)(int n, float *y, const float *g, const float *u);
+    /* y += x */
+    void (*add)(int n, float *y, const float *x);
+    /* y *= s */
+    void (*scale)(int n, float *y, float s);
+    ei_attn_fn attn;
+} ei_kernels;
+
+/* the partner (vec-dot activation) type of each weight type, as in GGML's CPU backend */
+int ei_partner_type(int weight_type);
+/* bytes of one row of n values of a type; 0 when the type is unknown or n does not fit */
+size_t ei_row_size(int type, int64_t n);
+int ei_block_size(int type);
+
+void ei_kernels_init_ref(ei_kernels *k);
+void ei_kernels_init_avx2(ei_kernels *k);
+void ei_kernels_init_avx512(ei_kernels *k);
+void ei_kernels_init_neon(ei_kernels *k);
+void ei_kernels_init_neon_dotprod(ei_kernels *k);
+void ei_kernels_init_neon_i8mm(ei_kernels *k);
+
+/* fp16 <-> fp32, portable and exact (round to nearest even) */
+float ei_fp16_to_fp32(ei_f16 h);
+ei_f16 ei_fp32_to_fp16(float f);
+float ei_bf16_to_fp32(ei_bf16 h);
+ei_bf16 ei_fp32_to_bf16(float f);
+
+#endif

@@ -1,0 +1,500 @@
+/* The native forward pass: one call per batch of tokens (prompt chunk, one decoded token,
+ * or tokens of several sequences), all threads running it together between barriers.
+ *
+ * Buffers carry their shapes in comments; "n" is the number of tokens in the step. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ei_internal.h"
+#include "threadpool.h"
+
+#define MAX_BASES 4     /* distinct rope bases among the layers */
+#define ROW_BLOCK 16    /* weight rows one thread takes at a time (kept in L1 across tokens) */
+#define MAX_BATCH 4096  /* tokens per internal step */
+
+struct ei_engine {
+    ei_model_desc m;
+    ei_layer_desc *layers;
+    ei_engine_params p;
+    int isa;
+    const ei_kernels *k;
+    ei_pool *pool;
+    size_t kv_elem;          /* bytes per cache element: 2 (f16) or 4 (f32) */
+    size_t k_layer, v_layer; /* elements per layer of one sequence: n_ctx * n_head_kv * head_dim(_v) */
+    void **k_cache, **v_cache; /* (n_seq_max) x (n_layer, n_ctx, n_head_kv, head_dim(_v)), lazily */
+    int q_dim, kv_dim, v_dim, att_dim, max_cols;
+    float *x;        /* (n_batch, n_embd) residual stream */
+    float *h;        /* (n_batch, max(n_embd, n_ff)) normalised input of a matmul group */
+    float *q, *kk, *vv; /* (n_batch, q_dim), (n_batch, kv_dim), (n_batch, v_dim) */
+    float *att;      /* (n_batch, att_dim) attention output per head */
+    float *t;        /* (n_batch, n_embd) output of wo and ffn_down */
+    float *gate, *up; /* (n_batch, n_ff) */
+    uint8_t *act[EI_TYPE_COUNT]; /* (n_batch, row bytes of max_cols) activations per partner type */
+    size_t act_row[EI_TYPE_COUNT];
+    double *scratch; /* (n_threads, 2 * n_ctx) attention weights and scores */
+    float *rope;     /* (MAX_BASES, n_batch, n_rot) cos/sin pairs per token */
+    float bases[MAX_BASES];
+    int n_bases, *layer_base; /* (n_layer) index into bases */
+    float *freq_factors; /* (n_rot / 2) or NULL */
+    ei_f16 *gelu;    /* (65536) GELU of every fp16 value, as fp16 */
+    size_t bytes;
+};
+
+/* ---- allocation ------------------------------------------------------------------------ */
+
+static void *alloc(ei_engine *e, size_t n) {
+    void *ptr = calloc(1, n ? n : 1);
+    if (ptr) e->bytes += n;
+    return ptr;
+}
+
+void ei_gelu_table(ei_f16 *tab) {
+    /* GGML's table: float32 arithmetic with the inner multiply-add fused, a correctly
+     * rounded tanh, the result rounded to fp16 (the numpy engine builds the same table) */
+    for (int i = 0; i < 65536; i++) {
+        const float x = ei_fp16_to_fp32((ei_f16)i);
+        const float inner = fmaf(0.044715f * x, x, 1.0f);
+        const float arg = (0.7978845608028654f * x) * inner;
+        const float t = (float)tanh((double)arg);
+        tab[i] = ei_fp32_to_fp16((0.5f * x) * (1.0f + t));
+    }
+}
+
+static int tensor_ok(const ei_tensor *t, int64_t ne0, int64_t ne1, const ei_kernels *k, int matmul) {
+    if (!t->data || t->ne0 != ne0 || t->ne1 != ne1) return 0;
+    if (t->type < 0 || t->type >= EI_TYPE_COUNT || ei_block_size(t->type) == 0) return 0;
+    if (ne0 % ei_block_size(t->type)) return 0;
+    if (matmul) return k->vec_dot[t->type] != NULL;
+    return k->to_float[t->type] != NULL;
+}
+
+static int vector_ok(const ei_tensor *t, int64_t n) {
+    return t->data && t->type == EI_TYPE_F32 && t->ne0 == n && t->ne1 == 1;
+}
+
+static ei_status check_model(const ei_model_desc *m, const ei_kernels *k) {
+    if (m->n_embd <= 0 || m->n_layer <= 0 || m->n_head <= 0 || m->n_head_kv <= 0 || m->n_vocab <= 0 ||
+        m->n_head % m->n_head_kv || m->head_dim <= 0 || m->head_dim > EI_MAX_HEAD_DIM ||
+        m->head_dim_v <= 0 || m->head_dim_v > EI_MAX_HEAD_DIM || m->n_rot <= 0 ||
+        m->n_rot > m->head_dim || m->n_rot % 2 || m->n_ff <= 0 || !m->layers)
+        return ei_fail(EI_ERR_INVALID, "inconsistent hyper-parameters");
+    const int64_t e = m->n_embd, q = (int64_t)m->n_head * m->head_dim;
+    const int64_t kv = (int64_t)m->n_head_kv * m->head_dim, v = (int64_t)m->n_head_kv * m->head_dim_v;
+    if (!tensor_ok(&m->tok_embd, e, m->n_vocab, k, 0)) return ei_fail(EI_ERR_UNSUPPORTED, "token_embd: bad shape or type");
+    if (!tensor_ok(&m->output, e, m->n_vocab, k, 1)) return ei_fail(EI_ERR_UNSUPPORTED, "output: bad shape or type");
+    if (!vector_ok(&m->output_norm, e)) return ei_fail(EI_ERR_UNSUPPORTED, "output_norm: bad shape or type");
+    if (m->rope_freqs.data && !vector_ok(&m->rope_freqs, m->n_rot / 2)) return ei_fail(EI_ERR_UNSUPPORTED, "rope_freqs: bad shape");
+    for (int il = 0; il < m->n_layer; il++) {
+        const ei_layer_desc *l = &m->layers[il];
+        const int ok = vector_ok(&l->attn_norm, e) && vector_ok(&l->ffn_norm, e) &&
+            tensor_ok(&l->wq, e, q, k, 1) && tensor_ok(&l->wk, e, kv, k, 1) && tensor_ok(&l->wv, e, v, k, 1) &&
+            tensor_ok(&l->wo, (int64_t)m->n_head * m->head_dim_v, e, k, 1) &&
+            tensor_ok(&l->ffn_gate, e, m->n_ff, k, 1) && tensor_ok(&l->ffn_up, e, m->n_ff, k, 1) &&
+            tensor_ok(&l->ffn_down, m->n_ff, e, k, 1) &&
+            (!l->bq.data || vector_ok(&l->bq, q)) && (!l->bk.data || vector_ok(&l->bk, kv)) &&
+            (!l->bv.data || vector_ok(&l->bv, v)) &&
+            (!l->q_norm.data || vector_ok(&l->q_norm, m->head_dim)) &&
+            (!l->k_norm.data || vector_ok(&l->k_norm, m->head_dim)) &&
+            (!l->attn_post_norm.data || vector_ok(&l->attn_post_norm, e)) &&
+            (!l->ffn_post_norm.data || vector_ok(&l->ffn_post_norm, e)) && l->window >= 0 && l->rope_base > 0;
+        if (!ok) return ei_fail(EI_ERR_UNSUPPORTED, "layer %d: a tensor has a bad shape or an unsupported type", il);
+    }
+    return EI_OK;
+}
+
+static void note_partner(ei_engine *e, const ei_tensor *t) {
+    const int pt = ei_partner_type(t->type);
+    e->act_row[pt] = ei_row_size(pt, e->max_cols);
+}
+
+ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *params, ei_engine **out) {
+    *out = NULL;
+    if (!m || !params) return ei_fail(EI_ERR_INVALID, "no model or parameters");
+    ei_engine_params p = *params;
+    if (p.n_ctx <= 0 || p.n_threads <= 0 || p.n_threads > 512 || p.n_seq_max <= 0 || p.n_batch <= 0 ||
+        p.n_batch > MAX_BATCH)
+        return ei_fail(EI_ERR_INVALID, "n_ctx, n_threads, n_seq_max and n_batch (<= %d) must be positive", MAX_BATCH);
+    const int isa = p.isa < 0 ? ei_isa_best() : p.isa;
+    const ei_kernels *k = ei_kernels_for(isa);
+    if (!k) return ei_fail(EI_ERR_ISA, "instruction set %s is not available: %s", ei_isa_name(isa), ei_isa_reason(isa));
+    ei_status st = check_model(m, k);
+    if (st != EI_OK) return st;
+
+    ei_engine *e = calloc(1, sizeof(*e));
+    if (!e) return ei_fail(EI_ERR_NOMEM, "out of memory");
+    e->m = *m;
+    e->p = p;
+    e->isa = isa;
+    e->k = k;
+    e->layers = alloc(e, sizeof(ei_layer_desc) * (size_t)m->n_layer);
+    if (!e->layers) goto nomem;
+    memcpy(e->layers, m->layers, sizeof(ei_layer_desc) * (size_t)m->n_layer);
+    e->m.layers = e->layers;
+
+    e->q_dim = m->n_head * m->head_dim;
+    e->kv_dim = m->n_head_kv * m->head_dim;
+    e->v_dim = m->n_head_kv * m->head_dim_v;
+    e->att_dim = m->n_head * m->head_dim_v;
+    e->max_cols = m->n_embd;
+    if (m->n_ff > e->max_cols) e->max_cols = m->n_ff;
+    if (e->att_dim > e->max_cols) e->max_cols = e->att_dim;
+    e->kv_elem = p.kv_f32 ? 4 : 2;
+    e->k_layer = (size_t)p.n_ctx * (size_t)e->kv_dim;
+    e->v_layer = (size_t)p.n_ctx * (size_t)e->v_dim;
+
+    const size_t nb = (size_t)p.n_batch;
+    e->x = alloc(e, nb * m->n_embd * 4);
+    e->h = alloc(e, nb * e->max_cols * 4);
+    e->q = alloc(e, nb * e->q_dim * 4);
+    e->kk = alloc(e, nb * e->kv_dim * 4);
+    e->vv = alloc(e, nb * e->v_dim * 4);
+    e->att = alloc(e, nb * e->att_dim * 4);
+    e->t = alloc(e, nb * m->n_embd * 4);
+    e->gate = alloc(e, nb * m->n_ff * 4);
+    e->up = alloc(e, nb * m->n_ff * 4);
+    e->scratch = alloc(e, (size_t)p.n_threads * 2 * (size_t)p.n_ctx * sizeof(double));
+    e->rope = alloc(e, MAX_BASES * nb * m->n_rot * 4);
+    e->gelu = alloc(e, 65536 * sizeof(ei_f16));
+    e->layer_base = alloc(e, sizeof(int) * (size_t)m->n_layer);
+    e->k_cache = alloc(e, sizeof(void *) * (size_t)p.n_seq_max);
+    e->v_cache = alloc(e, sizeof(void *) * (size_t)p.n_seq_max);
+    if (!e->x || !e->h || !e->q || !e->kk || !e->vv || !e->att || !e->t || !e->gate || !e->up ||
+        !e->scratch || !e->rope || !e->gelu || !e->layer_base || !e->k_cache || !e->v_cache)
+        goto nomem;
+    ei_gelu_table(e->gelu);
+
+    for (int il = 0; il < m->n_layer; il++) {
+        const ei_layer_desc *l = &e->layers[il];
+        int b = 0;
+        while (b < e->n_bases && e->bases[b] != l->rope_base) b++;
+        if (b == e->n_bases) {
+            if (e->n_bases == MAX_BASES) { ei_engine_free(e); return ei_fail(EI_ERR_UNSUPPORTED, "more than %d rope bases", MAX_BASES); }
+            e->bases[e->n_bases++] = l->rope_base;
+        }
+        e->layer_base[il] = b;
+        note_partner(e, &l->wq); note_partner(e, &l->wk); note_partner(e, &l->wv); note_partner(e, &l->wo);
+        note_partner(e, &l->ffn_gate); note_partner(e, &l->ffn_up); note_partner(e, &l->ffn_down);
+    }
+    note_partner(e, &m->output);
+    for (int t = 0; t < EI_TYPE_COUNT; t++) {
+        if (e->act_row[t] && !(e->act[t] = alloc(e, nb * e->act_row[t]))) goto nomem;
+    }
+    if (m->rope_freqs.data) e->freq_factors = (float *)m->rope_freqs.data;
+
+    e->pool = ei_pool_create(p.n_threads);
+    if (!e->pool) goto nomem;
+    *out = e;
+    return EI_OK;
+nomem:
+    ei_engine_free(e);
+    return ei_fail(EI_ERR_NOMEM, "out of memory allocating the engine's buffers");
+}
+
+static ei_status ensure_cache(ei_engine *e, int s) {
+    if (e->k_cache[s]) return EI_OK;
+    /* calloc'd pages cost memory only once written: the cache grows with the context used */
+    e->k_cache[s] = alloc(e, e->k_layer * (size_t)e->m.n_layer * e->kv_elem);
+    e->v_cache[s] = alloc(e, e->v_layer * (size_t)e->m.n_layer * e->kv_elem);
+    if (!e->k_cache[s] || !e->v_cache[s]) return ei_fail(EI_ERR_NOMEM, "out of memory for the KV cache");
+    return EI_OK;
+}
+
+ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq) {
+    if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
+    return EI_OK; /* positions are overwritten as they are decoded again; nothing to free */
+}
+
+int ei_engine_isa(const ei_engine *e) { return e ? e->isa : -1; }
+size_t ei_engine_memory(const ei_engine *e) { return e ? e->bytes : 0; }
+
+void ei_engine_free(ei_engine *e) {
+    if (!e) return;
+    ei_pool_free(e->pool);
+    if (e->k_cache)
+        for (int s = 0; s < e->p.n_seq_max; s++) { free(e->k_cache[s]); free(e->v_cache[s]); }
+    free(e->k_cache); free(e->v_cache);
+    for (int t = 0; t < EI_TYPE_COUNT; t++) free(e->act[t]);
+    free(e->x); free(e->h); free(e->q); free(e->kk); free(e->vv); free(e->att); free(e->t);
+    free(e->gate); free(e->up); free(e->scratch); free(e->rope); free(e->gelu);
+    free(e->layer_base); free(e->layers);
+    free(e);
+}
+
+/* ---- the forward task ------------------------------------------------------------------ */
+
+typedef struct {
+    ei_engine *e;
+    int n;                     /* tokens in this step */
+    const int32_t *tok, *pos, *seq;
+    int n_out;                 /* tokens whose logits are wanted */
+    const int32_t *out_rows;   /* (n_out) their indices in the step */
+    float *logits;             /* (n_out, n_vocab) */
+} step;
+
+static void split(int n, int ith, int nth, int *a, int *b) {
+    *a = (int)((int64_t)n * ith / nth);
+    *b = (int)((int64_t)n * (ith + 1) / nth);
+}
+
+typedef struct {
+    const ei_tensor *w;
+    float *out;       /* (n, out_stride) */
+    int out_stride;
+} mm_job;
+
+/* out_j[t, r] = dot(row r of w_j, in[t]) for every job j: all jobs read the same input;
+ * its activations are quantized once per partner type, then the rows of all jobs are
+ * shared out among the threads in blocks. */
+static void matmul_group(ei_engine *e, const mm_job *jobs, int n_jobs, const float *in, int in_stride,
+                         int n, int ith, int nth) {
+    const int cols = (int)jobs[0].w->ne0;
+    int done[EI_TYPE_COUNT] = {0};
+    for (int j = 0; j < n_jobs; j++) {
+        const int pt = ei_partner_type(jobs[j].w->type);
+        if (done[pt]) continue;
+        done[pt] = 1;
+        int a, b;
+        split(n, ith, nth, &a, &b);
+        for (int t = a; t < b; t++)
+            e->k->from_float[pt](in + (size_t)t * in_stride, e->act[pt] + (size_t)t * e->act_row[pt], cols);
+    }
+    ei_pool_barrier(e->pool);
+
+    int total = 0;
+    for (int j = 0; j < n_jobs; j++) total += (int)((jobs[j].w->ne1 + ROW_BLOCK - 1) / ROW_BLOCK);
+    int a, b;
+    split(total, ith, nth, &a, &b);
+    int base = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        const ei_tensor *w = jobs[j].w;
+        const int blocks = (int)((w->ne1 + ROW_BLOCK - 1) / ROW_BLOCK);
+        const int lo = a > base ? a - base : 0, hi = b - base < blocks ? b - base : blocks;
+        base += blocks;
+        if (lo >= hi) continue;
+        const int pt = ei_partner_type(w->type);
+        const size_t wrow = ei_row_size(w->type, cols), arow = e->act_row[pt];
+        const ei_vec_dot_fn dot = e->k->vec_dot[w->type];
+        const ei_gemm_fn gemm = e->k->gemm[w->type];
+        const int r_end = hi * ROW_BLOCK < w->ne1 ? hi * ROW_BLOCK : (int)w->ne1;
+        float *out = jobs[j].out;
+        const size_t os = (size_t)jobs[j].out_stride;
+        for (int r0 = lo * ROW_BLOCK; r0 < r_end; r0 += ROW_BLOCK) {
+            const int r1 = r0 + ROW_BLOCK < r_end ? r0 + ROW_BLOCK : r_end;
+            for (int t0 = 0; t0 < n; t0 += EI_TILE) {
+                const int nc = n - t0 < EI_TILE ? n - t0 : EI_TILE;
+                const uint8_t *act = e->act[pt] + (size_t)t0 * arow;
+                for (int r = r0; r < r1; r += EI_TILE) {
+                    const int nr = r1 - r < EI_TILE ? r1 - r : EI_TILE;
+                    const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * wrow;
+                    float *s = out + (size_t)t0 * os + r;
+                    if (gemm) {
+                        gemm(cols, nr, nc, s, os, wr, wrow, act, arow);
+                        continue;
+                    }
+                    for (int c = 0; c < nc; c++)
+                        for (int i = 0; i < nr; i++) dot(cols, &s[c * os + i], wr + i * wrow, act + c * arow);
+                }
+            }
+        }
+    }
+    ei_pool_barrier(e->pool);
+}
+
+static void add_bias(const ei_tensor *b, float *x, int n) {
+    if (!b->data) return;
+    const float *v = b->data;
+    for (int i = 0; i < n; i++) x[i] += v[i];
+}
+
+static void *cache_row(ei_engine *e, void **cache, size_t per_layer, int dim, int s, int il, int pos) {
+    return (uint8_t *)cache[s] + (((size_t)il * per_layer) + (size_t)pos * dim) * e->kv_elem;
+}
+
+static void store_kv(ei_engine *e, void *dst, const float *src, int n) {
+    if (e->kv_elem == 4) memcpy(dst, src, (size_t)n * 4);
+    else e->k->from_float[EI_TYPE_F16](src, dst, n);
+}
+
+/* token-wise work after the QKV products: biases, q/k norms, rope, cache writes */
+static void qkv_post(ei_engine *e, const step *st, int il, int ith, int nth) {
+    const ei_model_desc *m = &e->m;
+    const ei_layer_desc *l = &e->layers[il];
+    int a, b;
+    split(st->n, ith, nth, &a, &b);
+    const float *rope = e->rope + (size_t)e->layer_base[il] * e->p.n_batch * m->n_rot;
+    for (int i = a; i < b; i++) {
+        float *q = e->q + (size_t)i * e->q_dim, *k = e->kk + (size_t)i * e->kv_dim, *v = e->vv + (size_t)i * e->v_dim;
+        add_bias(&l->bq, q, e->q_dim);
+        add_bias(&l->bk, k, e->kv_dim);
+        add_bias(&l->bv, v, e->v_dim);
+        const float *cs = rope + (size_t)i * m->n_rot;
+        for (int h = 0; h < m->n_head; h++) {
+            float *qh = q + (size_t)h * m->head_dim;
+            if (l->q_norm.data) e->k->rms_norm(m->head_dim, qh, qh, l->q_norm.data, m->norm_eps);
+            e->k->rope(m->n_rot, qh, cs, m->rope_neox);
+            if (m->scale_q) e->k->scale(m->head_dim, qh, m->kq_scale);
+        }
+        for (int h = 0; h < m->n_head_kv; h++) {
+            float *kh = k + (size_t)h * m->head_dim;
+            if (l->k_norm.data) e->k->rms_norm(m->head_dim, kh, kh, l->k_norm.data, m->norm_eps);
+            e->k->rope(m->n_rot, kh, cs, m->rope_neox);
+        }
+        store_kv(e, cache_row(e, e->k_cache, e->k_layer, e->kv_dim, st->seq[i], il, st->pos[i]), k, e->kv_dim);
+        store_kv(e, cache_row(e, e->v_cache, e->v_layer, e->v_dim, st->seq[i], il, st->pos[i]), v, e->v_dim);
+    }
+    ei_pool_barrier(e->pool);
+}
+
+static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
+    const ei_model_desc *m = &e->m;
+    const int window = e->layers[il].window, group = m->n_head / m->n_head_kv;
+    double *scratch = e->scratch + (size_t)ith * 2 * e->p.n_ctx;
+    int a, b;
+    split(st->n * m->n_head, ith, nth, &a, &b);
+    ei_attn_params ap = {0};
+    ap.head_dim = m->head_dim;
+    ap.head_dim_v = m->head_dim_v;
+    ap.kv_f32 = e->kv_elem == 4;
+    ap.k_stride = (size_t)e->kv_dim;
+    ap.v_stride = (size_t)e->v_dim;
+    ap.scale = m->scale_q ? 1.0f : m->kq_scale;
+    for (int w = a; w < b; w++) {
+        const int i = w / m->n_head, h = w % m->n_head, g = h / group, pos = st->pos[i];
+        ap.t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        ap.t1 = pos + 1;
+        const void *kbase = cache_row(e, e->k_cache, e->k_layer, e->kv_dim, st->seq[i], il, 0);
+        const void *vbase = cache_row(e, e->v_cache, e->v_layer, e->v_dim, st->seq[i], il, 0);
+        e->k->attn(&ap, e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim,
+                   (const uint8_t *)kbase + (size_t)g * m->head_dim * e->kv_elem,
+                   (const uint8_t *)vbase + (size_t)g * m->head_dim_v * e->kv_elem,
+                   e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v, scratch);
+    }
+    ei_pool_barrier(e->pool);
+}
+
+static void norm_rows(ei_engine *e, float *dst, int dst_stride, const float *src, int src_stride,
+                      const ei_tensor *w, int n, int ith, int nth) {
+    int a, b;
+    split(n, ith, nth, &a, &b);
+    for (int i = a; i < b; i++)
+        e->k->rms_norm(e->m.n_embd, dst + (size_t)i * dst_stride, src + (size_t)i * src_stride, w->data, e->m.norm_eps);
+}
+
+static void rope_tables(ei_engine *e, const step *st, int ith, int nth) {
+    const ei_model_desc *m = &e->m;
+    const int half = m->n_rot / 2;
+    int a, b;
+    split(st->n * e->n_bases, ith, nth, &a, &b);
+    for (int w = a; w < b; w++) {
+        const int bi = w / st->n, i = w % st->n;
+        float *cs = e->rope + ((size_t)bi * e->p.n_batch + i) * m->n_rot;
+        /* powf(base, -2/n_rot), correctly rounded (the numpy engine computes the same) */
+        const float theta_scale = (float)pow((double)e->bases[bi], (double)(-2.0f / (float)m->n_rot));
+        float theta = (float)st->pos[i]; /* GGML's float recurrence: p, p*s, (p*s)*s, ... */
+        for (int j = 0; j < half; j++) {
+            float th = theta;
+            if (e->freq_factors) th = th / e->freq_factors[j];
+            th = m->rope_freq_scale * th;
+            cs[2 * j] = (float)cos((double)th);
+            cs[2 * j + 1] = (float)sin((double)th);
+            theta *= theta_scale;
+        }
+    }
+}
+
+static void forward_task(void *raw, int ith, int nth) {
+    step *st = raw;
+    ei_engine *e = st->e;
+    const ei_model_desc *m = &e->m;
+    const int n = st->n, E = m->n_embd;
+    int a, b;
+
+    /* embeddings and rope tables */
+    split(n, ith, nth, &a, &b);
+    const size_t erow = ei_row_size(m->tok_embd.type, E);
+    for (int i = a; i < b; i++) {
+        float *x = e->x + (size_t)i * E;
+        e->k->to_float[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)st->tok[i] * erow, x, E);
+        if (m->embed_scale != 1.0f) e->k->scale(E, x, m->embed_scale);
+    }
+    rope_tables(e, st, ith, nth);
+    ei_pool_barrier(e->pool);
+
+    for (int il = 0; il < m->n_layer; il++) {
+        const ei_layer_desc *l = &e->layers[il];
+        norm_rows(e, e->h, E, e->x, E, &l->attn_norm, n, ith, nth);
+        ei_pool_barrier(e->pool);
+        const mm_job qkv[3] = {{&l->wq, e->q, e->q_dim}, {&l->wk, e->kk, e->kv_dim}, {&l->wv, e->vv, e->v_dim}};
+        matmul_group(e, qkv, 3, e->h, E, n, ith, nth);
+        qkv_post(e, st, il, ith, nth);
+        attention(e, st, il, ith, nth);
+        const mm_job wo = {&l->wo, e->t, E};
+        matmul_group(e, &wo, 1, e->att, e->att_dim, n, ith, nth);
+
+        split(n, ith, nth, &a, &b);
+        for (int i = a; i < b; i++) {
+            float *t = e->t + (size_t)i * E, *x = e->x + (size_t)i * E;
+            if (l->attn_post_norm.data) e->k->rms_norm(E, t, t, l->attn_post_norm.data, m->norm_eps);
+            e->k->add(E, x, t);
+            e->k->rms_norm(E, e->h + (size_t)i * E, x, l->ffn_norm.data, m->norm_eps);
+        }
+        ei_pool_barrier(e->pool);
+        const mm_job gu[2] = {{&l->ffn_gate, e->gate, m->n_ff}, {&l->ffn_up, e->up, m->n_ff}};
+        matmul_group(e, gu, 2, e->h, E, n, ith, nth);
+        for (int i = a; i < b; i++) {
+            float *g = e->gate + (size_t)i * m->n_ff;
+            if (m->act_gelu) e->k->geglu(m->n_ff, g, g, e->up + (size_t)i * m->n_ff, e->gelu);
+            else e->k->swiglu(m->n_ff, g, g, e->up + (size_t)i * m->n_ff);
+        }
+        ei_pool_barrier(e->pool);
+        const mm_job down = {&l->ffn_down, e->t, E};
+        matmul_group(e, &down, 1, e->gate, m->n_ff, n, ith, nth);
+        for (int i = a; i < b; i++) {
+            float *t = e->t + (size_t)i * E;
+            if (l->ffn_post_norm.data) e->k->rms_norm(E, t, t, l->ffn_post_norm.data, m->norm_eps);
+            e->k->add(E, e->x + (size_t)i * E, t);
+        }
+        ei_pool_barrier(e->pool);
+    }
+
+    if (st->n_out == 0) return;
+    split(st->n_out, ith, nth, &a, &b);
+    for (int j = a; j < b; j++)
+        e->k->rms_norm(E, e->h + (size_t)j * E, e->x + (size_t)st->out_rows[j] * E, m->output_norm.data, m->norm_eps);
+    ei_pool_barrier(e->pool);
+    const mm_job out = {&m->output, st->logits, m->n_vocab};
+    matmul_group(e, &out, 1, e->h, E, st->n_out, ith, nth);
+    if (m->final_softcap != 0.0f) {
+        const float cap = m->final_softcap;
+        split(st->n_out, ith, nth, &a, &b);
+        for (int j = a; j < b; j++) {
+            float *row = st->logits + (size_t)j * m->n_vocab;
+            for (int v = 0; v < m->n_vocab; v++) row[v] = (float)tanh((double)(row[v] / cap)) * cap;
+        }
+    }
+}
+
+ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const int32_t *pos,
+                           const int32_t *seq, const int8_t *out_mask, float *logits) {
+    if (!e || n < 0 || (n && (!tokens || !pos || !seq))) return ei_fail(EI_ERR_INVALID, "bad arguments");
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= e->m.n_vocab) return ei_fail(EI_ERR_INVALID, "token id %d is out of range", tokens[i]);
+        if (seq[i] < 0 || seq[i] >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "sequence %d is out of range", seq[i]);
+        if (pos[i] < 0 || pos[i] >= e->p.n_ctx) return ei_fail(EI_ERR_CONTEXT, "position %d is outside the context of %d", pos[i], e->p.n_ctx);
+        ei_status st = ensure_cache(e, seq[i]);
+        if (st != EI_OK) return st;
+    }
+    int32_t rows[MAX_BATCH];
+    float *out = logits;
+    for (int start = 0; start < n; start += e->p.n_batch) {
+        const int len = n - start < e->p.n_batch ? n - start : e->p.n_batch;
+        step st = {e, len, tokens + start, pos + start, seq + start, 0, rows, out};
+        for (int i = 0; i < len; i++)
+            if (out_mask && out_mask[start + i]) rows[st.n_out++] = i;
+        if (st.n_out > 0 && !logits) return ei_fail(EI_ERR_INVALID, "logits requested without an output buffer");
+        ei_pool_run(e->pool, forward_task, &st);
+        out += (size_t)st.n_out * e->m.n_vocab;
+    }
+    return EI_OK;
+}

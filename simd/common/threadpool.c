@@ -1,0 +1,181 @@
+/* Workers spin briefly on a generation counter after each task (token-by-token decoding
+ * calls back within microseconds) and then sleep on a condition variable. */
+#include "threadpool.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#if defined(_WIN32)
+#include <windows.h>
+typedef HANDLE ei_thread;
+typedef SRWLOCK ei_mutex;
+typedef CONDITION_VARIABLE ei_cond;
+#define mutex_init(m) InitializeSRWLock(m)
+#define mutex_lock(m) AcquireSRWLockExclusive(m)
+#define mutex_unlock(m) ReleaseSRWLockExclusive(m)
+#define mutex_destroy(m) ((void)0)
+#define cond_init(c) InitializeConditionVariable(c)
+#define cond_wait(c, m) SleepConditionVariableSRW(c, m, INFINITE, 0)
+#define cond_broadcast(c) WakeAllConditionVariable(c)
+#define cond_destroy(c) ((void)0)
+#define cpu_relax() YieldProcessor()
+#else
+#include <pthread.h>
+typedef pthread_t ei_thread;
+typedef pthread_mutex_t ei_mutex;
+typedef pthread_cond_t ei_cond;
+#define mutex_init(m) pthread_mutex_init(m, NULL)
+#define mutex_lock(m) pthread_mutex_lock(m)
+#define mutex_unlock(m) pthread_mutex_unlock(m)
+#define mutex_destroy(m) pthread_mutex_destroy(m)
+#define cond_init(c) pthread_cond_init(c, NULL)
+#define cond_wait(c, m) pthread_cond_wait(c, m)
+#define cond_broadcast(c) pthread_cond_broadcast(c)
+#define cond_destroy(c) pthread_cond_destroy(c)
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ volatile("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+#endif
+
+#define SPIN_ROUNDS 200000 /* about a millisecond of polling before a worker sleeps */
+
+struct ei_pool {
+    int n;
+    ei_thread *threads;
+    ei_mutex lock;
+    ei_cond wake;
+    atomic_int generation; /* bumped for each task */
+    atomic_int finished;   /* workers done with the current task */
+    atomic_int sleeping;
+    atomic_int quit;
+    ei_task_fn fn;
+    void *ctx;
+    /* sense-reversing barrier */
+    atomic_int barrier_count;
+    atomic_int barrier_sense;
+};
+
+typedef struct {
+    ei_pool *pool;
+    int ith;
+} worker_arg;
+
+static void wait_for_task(ei_pool *p, int seen) {
+    for (int i = 0; i < SPIN_ROUNDS; i++) {
+        if (atomic_load_explicit(&p->generation, memory_order_acquire) != seen || atomic_load(&p->quit)) return;
+        cpu_relax();
+    }
+    mutex_lock(&p->lock);
+    atomic_fetch_add(&p->sleeping, 1);
+    while (atomic_load(&p->generation) == seen && !atomic_load(&p->quit)) cond_wait(&p->wake, &p->lock);
+    atomic_fetch_sub(&p->sleeping, 1);
+    mutex_unlock(&p->lock);
+}
+
+#if defined(_WIN32)
+static DWORD WINAPI worker_main(LPVOID raw)
+#else
+static void *worker_main(void *raw)
+#endif
+{
+    worker_arg *arg = raw;
+    ei_pool *p = arg->pool;
+    const int ith = arg->ith;
+    free(arg);
+    int seen = 0;
+    for (;;) {
+        wait_for_task(p, seen);
+        if (atomic_load(&p->quit)) break;
+        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
+        p->fn(p->ctx, ith, p->n);
+        atomic_fetch_add_explicit(&p->finished, 1, memory_order_release);
+    }
+    return 0;
+}
+
+ei_pool *ei_pool_create(int n_threads) {
+    if (n_threads < 1) n_threads = 1;
+    ei_pool *p = calloc(1, sizeof(*p));
+    if (!p) return NULL;
+    p->n = n_threads;
+    p->threads = calloc((size_t)n_threads, sizeof(ei_thread));
+    if (!p->threads) { free(p); return NULL; }
+    mutex_init(&p->lock);
+    cond_init(&p->wake);
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg *arg = malloc(sizeof(*arg));
+        int ok = arg != NULL;
+        if (ok) {
+            arg->pool = p;
+            arg->ith = i;
+#if defined(_WIN32)
+            p->threads[i] = CreateThread(NULL, 0, worker_main, arg, 0, NULL);
+            ok = p->threads[i] != NULL;
+#else
+            ok = pthread_create(&p->threads[i], NULL, worker_main, arg) == 0;
+#endif
+        }
+        if (!ok) {
+            free(arg);
+            p->n = i; /* the threads started so far */
+            ei_pool_free(p);
+            return NULL;
+        }
+    }
+    return p;
+}
+
+int ei_pool_size(const ei_pool *p) { return p->n; }
+
+void ei_pool_run(ei_pool *p, ei_task_fn fn, void *ctx) {
+    if (p->n == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store(&p->finished, 0);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    if (atomic_load(&p->sleeping) > 0) {
+        mutex_lock(&p->lock);
+        cond_broadcast(&p->wake);
+        mutex_unlock(&p->lock);
+    }
+    fn(ctx, 0, p->n);
+    while (atomic_load_explicit(&p->finished, memory_order_acquire) != p->n - 1) cpu_relax();
+}
+
+void ei_pool_barrier(ei_pool *p) {
+    if (p->n == 1) return;
+    const int sense = atomic_load_explicit(&p->barrier_sense, memory_order_relaxed);
+    if (atomic_fetch_add_explicit(&p->barrier_count, 1, memory_order_acq_rel) == p->n - 1) {
+        atomic_store_explicit(&p->barrier_count, 0, memory_order_relaxed);
+        atomic_store_explicit(&p->barrier_sense, !sense, memory_order_release);
+    } else {
+        while (atomic_load_explicit(&p->barrier_sense, memory_order_acquire) == sense) cpu_relax();
+    }
+}
+
+void ei_pool_free(ei_pool *p) {
+    if (!p) return;
+    mutex_lock(&p->lock);
+    atomic_store(&p->quit, 1);
+    cond_broadcast(&p->wake);
+    mutex_unlock(&p->lock);
+    for (int i = 1; i < p->n; i++) {
+#if defined(_WIN32)
+        WaitForSingleObject(p->threads[i], INFINITE);
+        CloseHandle(p->threads[i]);
+#else
+        pthread_join(p->threads[i], NULL);
+#endif
+    }
+    cond_destroy(&p->wake);
+    mutex_destroy(&p->lock);
+    free(p->threads);
+    free(p);
+}

@@ -1,0 +1,104 @@
+/* edgeinfer native core: the C API that edgeinfer/_native.py binds (and nothing else does).
+ *
+ * Every function returns a status; none aborts the process. On failure, ei_last_error()
+ * describes the problem in one line. Weights are read in place through the pointers in the
+ * model description, which must stay valid (memory-mapped) for the engine's lifetime. */
+#ifndef EDGEINFER_H
+#define EDGEINFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define EI_EXPORT __declspec(dllexport)
+#else
+#define EI_EXPORT __attribute__((visibility("default")))
+#endif
+
+#define EI_API_VERSION 1
+
+typedef enum {
+    EI_OK = 0,
+    EI_ERR_INVALID = 1,     /* an argument or the model description is inconsistent */
+    EI_ERR_NOMEM = 2,       /* an allocation failed */
+    EI_ERR_UNSUPPORTED = 3, /* a type or feature this build cannot compute */
+    EI_ERR_CONTEXT = 4,     /* a position lies outside the context */
+    EI_ERR_ISA = 5,         /* the instruction set is not available here */
+    EI_ERR_CANCELLED = 6
+} ei_status;
+
+/* instruction-set variants, in the order ei_isa_name() reports them */
+enum { EI_ISA_SCALAR = 0, EI_ISA_AVX2, EI_ISA_AVX512, EI_ISA_NEON, EI_ISA_NEON_DOTPROD, EI_ISA_NEON_I8MM, EI_ISA_COUNT };
+
+/* a weight tensor: ne0 values per row, ne1 rows; data == NULL means absent */
+typedef struct {
+    const void *data;
+    int32_t type;
+    int32_t reserved;
+    int64_t ne0, ne1;
+} ei_tensor;
+
+typedef struct {
+    ei_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, attn_post_norm;
+    ei_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, ffn_post_norm;
+    int32_t window;  /* keys within this many positions are seen; 0: all */
+    float rope_base; /* rotary frequency base of this layer */
+} ei_layer_desc;
+
+typedef struct {
+    int32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot;
+    int32_t rope_neox; /* rotate (x[i], x[i + n_rot/2]) instead of (x[2i], x[2i+1]) */
+    int32_t act_gelu;  /* gated FFN activation: 1 GELU (tanh form), 0 SiLU */
+    int32_t scale_q;   /* multiply queries by kq_scale (else the scores) */
+    float norm_eps, embed_scale, kq_scale, rope_freq_scale, final_softcap;
+    ei_tensor tok_embd, output_norm, output, rope_freqs;
+    const ei_layer_desc *layers; /* n_layer of them */
+} ei_model_desc;
+
+typedef struct {
+    int32_t n_ctx;     /* positions per sequence */
+    int32_t n_threads; /* worker threads including the caller's */
+    int32_t n_seq_max; /* sequences that may hold cache at once */
+    int32_t n_batch;   /* most tokens per internal step; longer calls are split */
+    int32_t kv_f32;    /* 0: float16 KV cache (default), 1: float32 */
+    int32_t isa;       /* EI_ISA_* to use, or -1 for the best supported */
+} ei_engine_params;
+
+typedef struct ei_engine ei_engine;
+
+EI_EXPORT int ei_api_version(void);
+EI_EXPORT const char *ei_last_error(void);
+
+/* instruction sets: built into this library, supported by this CPU and OS, and why (not) */
+EI_EXPORT const char *ei_isa_name(int isa);
+EI_EXPORT int ei_isa_supported(int isa);
+EI_EXPORT const char *ei_isa_reason(int isa);
+EI_EXPORT int ei_isa_best(void);
+EI_EXPORT const char *ei_cpu_features(void); /* space-separated feature names found */
+
+EI_EXPORT ei_status ei_engine_create(const ei_model_desc *model, const ei_engine_params *params,
+                                     ei_engine **out);
+/* Runs n tokens (token id, position and sequence of each) through the model, appending
+ * their keys and values to the sequences' caches. For every token with out_mask[i] != 0,
+ * one row of n_vocab logits is written to logits, in token order. Thread-safe per engine
+ * only when calls do not overlap. */
+EI_EXPORT ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const int32_t *pos,
+                                     const int32_t *seq, const int8_t *out_mask, float *logits);
+EI_EXPORT ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq);
+EI_EXPORT int ei_engine_isa(const ei_engine *e);
+EI_EXPORT size_t ei_engine_memory(const ei_engine *e); /* bytes this engine allocated */
+EI_EXPORT void ei_engine_free(ei_engine *e);
+
+/* kernel entry points for the tests: run one kernel of one instruction set */
+EI_EXPORT ei_status ei_kernel_from_float(int isa, int partner_type, const float *x, void *y, int64_t n);
+EI_EXPORT ei_status ei_kernel_to_float(int isa, int type, const void *x, float *y, int64_t n);
+EI_EXPORT ei_status ei_kernel_vec_dot(int isa, int weight_type, int n, const void *x, const void *y, float *s);
+EI_EXPORT ei_status ei_kernel_rms_norm(int isa, int n, float *y, const float *x, const float *w, float eps);
+EI_EXPORT ei_status ei_kernel_rope(int isa, int n_rot, float *x, const float *cs, int neox);
+EI_EXPORT ei_status ei_kernel_glu(int isa, int gelu, int n, float *y, const float *g, const float *u);
+EI_EXPORT ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int t0, int t1, int kv_f32,
+                                   size_t k_stride, size_t v_stride, float scale, float softcap,
+                                   const float *q, const void *k, const void *v, float *out);
+EI_EXPORT int ei_partner_type_of(int weight_type);
+
+#endif
