@@ -25,38 +25,7 @@ ei_status ei_fail(ei_status status, const char *fmt, ...) {
     return status;
 }
 
-typedef struct { int block, bytes, partner; } type_info;
-
-static type_info info_of(int type) {
-    switch (type) {
-    case EI_TYPE_F32: return (type_info){1, 4, EI_TYPE_F32};
-    case EI_TYPE_F16: return (type_info){1, 2, EI_TYPE_F16};
-    case EI_TYPE_BF16: return (type_info){1, 2, EI_TYPE_BF16};
-    case EI_TYPE_Q4_0: return (type_info){QK4_0, sizeof(block_q4_0), EI_TYPE_Q8_0};
-    case EI_TYPE_Q4_1: return (type_info){QK4_1, sizeof(block_q4_1), EI_TYPE_Q8_1};
-    case EI_TYPE_Q5_0: return (type_info){QK5_0, sizeof(block_q5_0), EI_TYPE_Q8_0};
-    case EI_TYPE_Q5_1: return (type_info){QK5_1, sizeof(block_q5_1), EI_TYPE_Q8_1};
-    case EI_TYPE_Q8_0: return (type_info){QK8_0, sizeof(block_q8_0), EI_TYPE_Q8_0};
-    case EI_TYPE_Q8_1: return (type_info){QK8_1, sizeof(block_q8_1), -1};
-    case EI_TYPE_Q2_K: return (type_info){QK_K, sizeof(block_q2_K), EI_TYPE_Q8_K};
-    case EI_TYPE_Q3_K: return (type_info){QK_K, sizeof(block_q3_K), EI_TYPE_Q8_K};
-    case EI_TYPE_Q4_K: return (type_info){QK_K, sizeof(block_q4_K), EI_TYPE_Q8_K};
-    case EI_TYPE_Q5_K: return (type_info){QK_K, sizeof(block_q5_K), EI_TYPE_Q8_K};
-    case EI_TYPE_Q6_K: return (type_info){QK_K, sizeof(block_q6_K), EI_TYPE_Q8_K};
-    case EI_TYPE_Q8_K: return (type_info){QK_K, sizeof(block_q8_K), -1};
-    default: return (type_info){0, 0, -1};
-    }
-}
-
-int ei_partner_type(int t) { return info_of(t).partner; }
-int ei_partner_type_of(int t) { return info_of(t).partner; }
-int ei_block_size(int t) { return info_of(t).block; }
-
-size_t ei_row_size(int t, int64_t n) {
-    const type_info ti = info_of(t);
-    if (!ti.block || n < 0 || n % ti.block) return 0;
-    return (size_t)(n / ti.block) * (size_t)ti.bytes;
-}
+int ei_partner_type_of(int t) { return ei_partner_type(t); }
 
 static const ei_kernels *kernels(int isa, ei_status *st) {
     const ei_kernels *k = ei_kernels_for(isa);

@@ -1,0 +1,195 @@
+/* Standalone kernel check: one instruction-set variant against the scalar reference.
+ *
+ * Built by tests/simd for targets Python cannot load directly: cross-compiled for aarch64
+ * and run under qemu, or built against SIMDe to run AVX-512 code on CPUs without it.
+ * Compile with the variant's sources and -DEI_CHECK_INIT=<its init function>. Prints one
+ * line per failing case and "N passed, M failed"; exits non-zero on any failure.
+ *
+ * Every kernel must equal the reference exactly: integer results by construction, float
+ * results because both round the same exact (double) value once. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/ei_kernels.h"
+
+#ifndef EI_CHECK_INIT
+#error "define EI_CHECK_INIT as the variant's init function, e.g. ei_kernels_init_neon"
+#endif
+void EI_CHECK_INIT(ei_kernels *k);
+
+static int passed, failed;
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t next_u32(void) {
+    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+static float uniform(void) { return (next_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
+static float gaussian(void) { float s = 0; for (int i = 0; i < 4; i++) s += uniform(); return s; }
+
+/* inputs of several shapes: plain, with an outlier, tiny, constant, all zero */
+static void fill(float *x, int n, int kind) {
+    for (int i = 0; i < n; i++) {
+        switch (kind) {
+        case 0: x[i] = gaussian(); break;
+        case 1: x[i] = gaussian() * (i % 37 == 0 ? 40.0f : 1.0f); break;
+        case 2: x[i] = gaussian() * 1e-6f; break;
+        case 3: x[i] = 0.5f; break;
+        default: x[i] = 0.0f; break;
+        }
+    }
+}
+
+static void check_bytes(const char *what, const void *a, const void *b, size_t n) {
+    if (memcmp(a, b, n) == 0) { passed++; return; }
+    failed++;
+    printf("FAIL %s: bytes differ\n", what);
+}
+
+static void check_floats(const char *what, const float *a, const float *b, int n) {
+    for (int i = 0; i < n; i++) {
+        if (memcmp(&a[i], &b[i], 4) != 0 && !(isnan(a[i]) && isnan(b[i]))) {
+            failed++;
+            printf("FAIL %s: [%d] variant %.9g reference %.9g\n", what, i, a[i], b[i]);
+            return;
+        }
+    }
+    passed++;
+}
+
+static const int WEIGHT_TYPES[] = {EI_TYPE_F32, EI_TYPE_F16, EI_TYPE_BF16, EI_TYPE_Q4_0, EI_TYPE_Q4_1,
+                                   EI_TYPE_Q5_0, EI_TYPE_Q5_1, EI_TYPE_Q8_0, EI_TYPE_Q2_K, EI_TYPE_Q3_K,
+                                   EI_TYPE_Q4_K, EI_TYPE_Q5_K, EI_TYPE_Q6_K};
+
+/* random weight bytes with sane scales: a block's fp16 fields are drawn as small floats */
+static void random_weights(int type, uint8_t *w, size_t bytes) {
+    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)next_u32();
+    if (type == EI_TYPE_F32) {
+        float *f = (float *)w;
+        for (size_t i = 0; i < bytes / 4; i++) f[i] = gaussian();
+        return;
+    }
+    if (type == EI_TYPE_F16 || type == EI_TYPE_BF16) {
+        ei_f16 *h = (ei_f16 *)w;
+        for (size_t i = 0; i < bytes / 2; i++)
+            h[i] = type == EI_TYPE_F16 ? ei_fp32_to_fp16(gaussian()) : ei_fp32_to_bf16(gaussian());
+        return;
+    }
+    /* scale fields: where they sit in each block */
+    const size_t block = ei_row_size(type, ei_block_size(type));
+    int offs[2] = {0, -1};
+    if (type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1 || type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K) offs[1] = 2;
+    if (type == EI_TYPE_Q2_K) { offs[0] = 80; offs[1] = 82; }
+    if (type == EI_TYPE_Q3_K) offs[0] = 108;
+    if (type == EI_TYPE_Q6_K) offs[0] = 208;
+    for (size_t b = 0; b + block <= bytes; b += block)
+        for (int j = 0; j < 2; j++)
+            if (offs[j] >= 0) {
+                const ei_f16 h = ei_fp32_to_fp16(uniform() * 0.01f);
+                memcpy(w + b + offs[j], &h, 2);
+            }
+}
+
+int main(void) {
+    ei_kernels ref, var;
+    ei_kernels_init_ref(&ref);
+    EI_CHECK_INIT(&var);
+    printf("checking %s against %s\n", var.name, ref.name);
+    enum { N = 1024, ROWS = 5, COLS = 6 };
+    static float x[COLS][N], fa[N], fb[N];
+    static uint8_t wa[ROWS][N * 4], acta[COLS][N * 4], actb[COLS][N * 4];
+    char what[128];
+
+    for (int kind = 0; kind < 5; kind++) {
+        for (int c = 0; c < COLS; c++) fill(x[c], N, kind);
+        /* activation quantizers */
+        const int partners[] = {EI_TYPE_Q8_0, EI_TYPE_Q8_1, EI_TYPE_Q8_K, EI_TYPE_F16, EI_TYPE_BF16, EI_TYPE_F32};
+        for (size_t p = 0; p < sizeof(partners) / sizeof(partners[0]); p++) {
+            const int pt = partners[p];
+            const size_t bytes = ei_row_size(pt, N);
+            ref.from_float[pt](x[0], acta[0], N);
+            var.from_float[pt](x[0], actb[0], N);
+            snprintf(what, sizeof(what), "from_float type %d input %d", pt, kind);
+            check_bytes(what, acta[0], actb[0], bytes);
+        }
+        /* decoders, dots and tiles */
+        for (size_t t = 0; t < sizeof(WEIGHT_TYPES) / sizeof(WEIGHT_TYPES[0]); t++) {
+            const int type = WEIGHT_TYPES[t], pt = ei_partner_type(type);
+            const size_t wbytes = ei_row_size(type, N), abytes = ei_row_size(pt, N);
+            for (int r = 0; r < ROWS; r++) random_weights(type, wa[r], wbytes);
+            for (int c = 0; c < COLS; c++) ref.from_float[pt](x[c], acta[c], N);
+            ref.to_float[type](wa[0], fa, N);
+            var.to_float[type](wa[0], fb, N);
+            snprintf(what, sizeof(what), "to_float type %d", type);
+            check_floats(what, fb, fa, N);
+            for (int len = ei_block_size(type) == 1 ? 7 : ei_block_size(type); len <= N; len *= 2) {
+                float sa, sb;
+                ref.vec_dot[type](len, &sa, wa[0], acta[0]);
+                var.vec_dot[type](len, &sb, wa[0], acta[0]);
+                snprintf(what, sizeof(what), "vec_dot type %d n %d input %d", type, len, kind);
+                check_floats(what, &sb, &sa, 1);
+            }
+            if (var.gemm[type]) {
+                for (int nr = 1; nr <= EI_TILE && nr <= ROWS; nr++)
+                    for (int nc = 1; nc <= EI_TILE && nc <= COLS; nc++) {
+                        float sa[EI_TILE * EI_TILE], sb[EI_TILE * EI_TILE];
+                        var.gemm[type](N, nr, nc, sb, EI_TILE, wa[0], sizeof(wa[0]), acta[0], sizeof(acta[0]));
+                        for (int c = 0; c < nc; c++)
+                            for (int r = 0; r < nr; r++) ref.vec_dot[type](N, &sa[c * EI_TILE + r], wa[r], acta[c]);
+                        for (int c = 0; c < nc; c++) {
+                            snprintf(what, sizeof(what), "gemm type %d tile %dx%d input %d", type, nr, nc, kind);
+                            check_floats(what, sb + c * EI_TILE, sa + c * EI_TILE, nr);
+                        }
+                    }
+            }
+            (void)abytes;
+        }
+        /* float operations */
+        float w[N], cs[N], ya[N], yb[N];
+        fill(w, N, 0);
+        for (int i = 0; i < N / 2; i++) { cs[2 * i] = cosf(0.37f * i); cs[2 * i + 1] = sinf(0.37f * i); }
+        ref.rms_norm(N, ya, x[0], w, 1e-6f);
+        var.rms_norm(N, yb, x[0], w, 1e-6f);
+        check_floats("rms_norm", yb, ya, N);
+        for (int neox = 0; neox < 2; neox++) {
+            memcpy(ya, x[0], sizeof(ya)); memcpy(yb, x[0], sizeof(yb));
+            ref.rope(256, ya, cs, neox);
+            var.rope(256, yb, cs, neox);
+            check_floats(neox ? "rope neox" : "rope", yb, ya, 256);
+        }
+        static ei_f16 table[65536];
+        for (int i = 0; i < 65536; i++) table[i] = ei_fp32_to_fp16(ei_fp16_to_fp32((ei_f16)i) * 0.5f);
+        ref.geglu(N, ya, x[0], x[1], table);
+        var.geglu(N, yb, x[0], x[1], table);
+        check_floats("geglu", yb, ya, N);
+        ref.swiglu(N, ya, x[0], x[1]);
+        var.swiglu(N, yb, x[0], x[1]);
+        check_floats("swiglu", yb, ya, N);
+        memcpy(ya, x[0], sizeof(ya)); memcpy(yb, x[0], sizeof(yb));
+        ref.add(N, ya, x[1]); var.add(N, yb, x[1]);
+        check_floats("add", yb, ya, N);
+        ref.scale(N, ya, 0.3f); var.scale(N, yb, 0.3f);
+        check_floats("scale", yb, ya, N);
+        /* attention over both cache types and a window */
+        static ei_f16 k16[64 * 256], v16[64 * 256];
+        static float k32[64 * 256], v32[64 * 256];
+        static double scratch[2 * 64];
+        for (int i = 0; i < 64 * 256; i++) {
+            k32[i] = gaussian(); v32[i] = gaussian();
+            k16[i] = ei_fp32_to_fp16(k32[i]); v16[i] = ei_fp32_to_fp16(v32[i]);
+        }
+        for (int f32 = 0; f32 < 2; f32++)
+            for (int t0 = 0; t0 < 20; t0 += 19) {
+                ei_attn_params ap = {256, 256, t0, 64, f32, 256, 256, 0.0625f, 0.0f};
+                ref.attn(&ap, x[2], f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16, ya, scratch);
+                var.attn(&ap, x[2], f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16, yb, scratch);
+                snprintf(what, sizeof(what), "attn kv_f32 %d t0 %d", f32, t0);
+                check_floats(what, yb, ya, 256);
+            }
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
