@@ -51,6 +51,7 @@ class Model:
         n_batch: int = 512,
         engine: str = "auto",
         kv_type: str = "f16",
+        isa: str | None = None,
     ) -> None:
         t0 = time.perf_counter()
         if n_threads is not None:
@@ -75,7 +76,7 @@ class Model:
                 raise errors.InvalidOptionError(f"n_ctx must lie in [1, {n_ctx_max}], got {n_ctx}")
             self.n_ctx = n_ctx
             self.n_threads = n_threads or physical_cores()
-            self._engine = self._make_engine(engine, kv_type)
+            self._engine = self._make_engine(engine, kv_type, isa, n_batch)
         except BaseException:
             self.gguf.close()
             raise
@@ -87,7 +88,7 @@ class Model:
         self._template: ChatTemplate | None = None
         self.load_s = time.perf_counter() - t0
 
-    def _make_engine(self, name: str, kv_type: str) -> Any:
+    def _make_engine(self, name: str, kv_type: str, isa: str | None, n_batch: int) -> Any:
         from edgeinfer import _native
         from edgeinfer.models.reference import ReferenceEngine
 
@@ -97,7 +98,8 @@ class Model:
             name = "native" if _native.available()[0] else "reference"
         if name == "native":
             return _native.NativeEngine(
-                self.gguf, self.config, self.n_ctx, n_threads=self.n_threads, kv_type=kv_type
+                self.gguf, self.config, self.n_ctx, n_threads=self.n_threads, kv_type=kv_type,
+                isa=isa, n_batch=n_batch,
             )
         return ReferenceEngine(self.gguf, self.config, self.n_ctx, kv_type=kv_type)
 

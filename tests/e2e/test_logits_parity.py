@@ -35,7 +35,7 @@ def _exact_regime(path) -> list[tuple[float, float, float]]:
 
     llm = llama_cpp_model(path, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
     results = []
-    with edgeinfer.load(path, n_ctx=1024, kv_type="f32") as model:
+    with edgeinfer.load(path, n_ctx=1024, kv_type="f32", engine="reference") as model:
         for text in PROMPTS:
             tokens = _tokens(llm, text)
             results.append(compare(llama_cpp_logits(llm, tokens), model.logits(tokens)))
@@ -48,7 +48,7 @@ def _shipped_regime(path) -> tuple[list[tuple[float, float, float]], float]:
     batched = llama_cpp_model(path)
     one_by_one = llama_cpp_model(path, n_batch=1, n_ubatch=1)
     results, self_top1 = [], []
-    with edgeinfer.load(path, n_ctx=1024) as model:
+    with edgeinfer.load(path, n_ctx=1024, engine="reference") as model:
         for text in PROMPTS:
             tokens = _tokens(batched, text)
             assert len(tokens) >= 128
