@@ -1,0 +1,76 @@
+"""edgeinfer against llama.cpp on the same GGUF file with the same threads, in one run.
+
+Each engine runs in its own process (so peak RSS is its own), alternating, `--rounds` times;
+every figure is printed with the ratio edgeinfer / llama.cpp (for load time and memory,
+llama.cpp / edgeinfer: above 1 means edgeinfer is better everywhere).
+
+    python benchmarks/compare_llamacpp.py MODEL.gguf [-t 2] [-p 512] [-n 128] [--rounds 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FIGURES = [  # key, label, higher is better
+    ("pp_tok_s", "prompt tok/s", True),
+    ("tg_tok_s", "generation tok/s", True),
+    ("ttft_s", "time to first token (s)", False),
+    ("load_s", "load (s)", False),
+    ("peak_rss_mb", "peak RSS (MB)", False),
+]
+
+
+def _run(cmd: list[str]) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout[out.stdout.index("{"):])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-r", "--repetitions", type=int, default=3, help="measurements per process")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating process pairs")
+    ap.add_argument("--isa", default=None, help="force edgeinfer's instruction-set variant")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    common = ["-t", str(args.threads), "-p", str(args.n_prompt), "-n", str(args.n_gen), "-r", str(args.repetitions)]
+    ours_cmd = [sys.executable, "-m", "edgeinfer.apps.cli", "bench", args.model, "--json", *common]
+    if args.isa:
+        ours_cmd += ["--isa", args.isa]
+    theirs_cmd = [sys.executable, str(HERE / "llamacpp_bench.py"), args.model, *common]
+    ours, theirs = [], []
+    for _ in range(args.rounds):
+        ours.append(_run(ours_cmd))
+        theirs.append(_run(theirs_cmd))
+    result = {"model": args.model, "threads": args.threads, "isa": ours[0]["isa"], "figures": {}}
+    for key, label, higher_better in FIGURES:
+        a = statistics.mean(r[key] for r in ours)
+        b = statistics.mean(r[key] for r in theirs)
+        ratio = (a / b if higher_better else b / a) if a and b else float("nan")
+        result["figures"][key] = {"edgeinfer": a, "llama.cpp": b, "ratio": ratio}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{Path(args.model).name}: {args.threads} threads, edgeinfer {ours[0]['engine']}/{ours[0]['isa']}, "
+          f"llama.cpp {theirs[0]['version']}; pp{args.n_prompt} tg{args.n_gen}, {args.rounds} rounds")  # fmt: skip
+    print(f"{'':28} {'edgeinfer':>12} {'llama.cpp':>12} {'ratio':>8}")
+    for key, label, _ in FIGURES:
+        f = result["figures"][key]
+        print(f"{label:28} {f['edgeinfer']:12.3f} {f['llama.cpp']:12.3f} {f['ratio']:7.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

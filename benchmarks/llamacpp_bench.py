@@ -1,0 +1,66 @@
+"""llama.cpp (through llama-cpp-python) measured the way `edgeinfer bench` measures edgeinfer:
+load, pp (one batch of random prompt tokens), tg (one token per step from an empty
+context), peak RSS. Run as a script; prints one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("-t", "--threads", type=int, required=True)
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    args = ap.parse_args()
+    import llama_cpp
+
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(
+        model_path=args.model, n_ctx=args.n_prompt + args.n_gen, n_batch=min(512, args.n_prompt),
+        n_ubatch=min(512, args.n_prompt), n_threads=args.threads, n_threads_batch=args.threads, verbose=False,
+    )  # fmt: skip
+    load_s = time.perf_counter() - t0
+    n_vocab = llm.n_vocab()
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(min(1000, n_vocab // 2), n_vocab, size=args.n_prompt).tolist()
+    llm.reset()
+    llm.eval(prompt[:16])  # warm-up, as edgeinfer's
+    pp, tg, ttft = [], [], []
+    for _ in range(args.repetitions):
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(prompt)
+        token = int(np.argmax(llm.scores[len(prompt) - 1]))
+        dt = time.perf_counter() - t
+        pp.append(args.n_prompt / dt)
+        ttft.append(dt)
+        llm.reset()
+        t = time.perf_counter()
+        for _ in range(args.n_gen):
+            llm.eval([token])
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tg.append(args.n_gen / (time.perf_counter() - t))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({
+        "engine": "llama.cpp", "version": llama_cpp.__version__, "threads": args.threads,
+        "n_prompt": args.n_prompt, "n_gen": args.n_gen, "repetitions": args.repetitions,
+        "pp_tok_s": statistics.mean(pp), "pp_tok_s_sd": statistics.pstdev(pp),
+        "tg_tok_s": statistics.mean(tg), "tg_tok_s_sd": statistics.pstdev(tg),
+        "ttft_s": statistics.mean(ttft), "load_s": load_s,
+        "peak_rss_mb": rss / (1 << 20) if sys.platform == "darwin" else rss / 1024,
+    }))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

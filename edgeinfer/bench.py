@@ -1,0 +1,83 @@
+"""Throughput measurements in llama-bench's terms: pp (prompt tokens per second, one batch),
+tg (generated tokens per second, one token per step from an empty context), plus load time,
+time to first token and peak resident memory."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from edgeinfer import errors
+
+
+def peak_rss_mb() -> float:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB elsewhere
+
+
+def run(
+    path: str,
+    *,
+    n_prompt: int = 512,
+    n_gen: int = 128,
+    n_threads: int | None = None,
+    repetitions: int = 3,
+    engine: str = "auto",
+    isa: str | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Loads ``path`` and measures it; returns one dict of figures (means over repetitions)."""
+    import edgeinfer
+
+    if n_prompt < 1 or n_gen < 1 or repetitions < 1:
+        raise errors.InvalidOptionError("prompt, generation and repetition counts must be >= 1")
+    t0 = time.perf_counter()
+    model = edgeinfer.load(path, n_threads=n_threads, n_ctx=n_prompt + n_gen, n_batch=min(512, n_prompt),
+                           engine=engine, isa=isa)  # fmt: skip
+    load_s = time.perf_counter() - t0
+    try:
+        rng = np.random.default_rng(seed)
+        # ids away from the specials at the start of every vocabulary
+        prompt = rng.integers(min(1000, model.n_vocab // 2), model.n_vocab, size=n_prompt).tolist()
+        eng = model._engine
+        eng.truncate(0)
+        eng.forward(prompt[: min(16, n_prompt)])  # warm-up: page in the weights, spin up the threads
+        pp, tg, ttft = [], [], []
+        for _ in range(repetitions):
+            eng.truncate(0)
+            t = time.perf_counter()
+            logits = eng.forward(prompt)
+            first = int(np.argmax(logits))
+            dt = time.perf_counter() - t
+            pp.append(n_prompt / dt)
+            ttft.append(dt)
+            eng.truncate(0)
+            token = first
+            t = time.perf_counter()
+            for _ in range(n_gen):
+                token = int(np.argmax(eng.forward([token])))
+            tg.append(n_gen / (time.perf_counter() - t))
+        return {
+            "model": path,
+            "engine": model.engine,
+            "isa": getattr(eng, "isa", "numpy"),
+            "threads": model.n_threads,
+            "n_prompt": n_prompt,
+            "n_gen": n_gen,
+            "repetitions": repetitions,
+            "pp_tok_s": statistics.mean(pp),
+            "pp_tok_s_sd": statistics.pstdev(pp),
+            "tg_tok_s": statistics.mean(tg),
+            "tg_tok_s_sd": statistics.pstdev(tg),
+            "ttft_s": statistics.mean(ttft),
+            "load_s": load_s,
+            "peak_rss_mb": peak_rss_mb(),
+            "engine_memory_mb": getattr(eng, "memory_bytes", 0) / (1 << 20),
+        }
+    finally:
+        model.close()
