@@ -29,6 +29,18 @@ class SamplingParams:
     seed: int | None = None  # None: a fresh random seed
 
     def __post_init__(self) -> None:
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise errors.InvalidOptionError(f"{name} must be a number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is None and name == "seed":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise errors.InvalidOptionError(f"{name} must be an integer, got {value!r}")
+            object.__setattr__(self, name, int(value))
         checks = (
             (math.isfinite(self.temperature), "temperature must be a finite number"),
             (self.top_k >= 0, "top_k must be >= 0 (0 turns it off)"),
@@ -47,6 +59,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
+_INT_FIELDS = ("top_k", "repeat_last_n", "seed")
 
 
 class Sampler:
