@@ -73,10 +73,18 @@ class Sampler:
         self.rng = np.random.default_rng(self.params.seed)
 
     def __call__(self, logits: np.ndarray, history: list[int]) -> int:
+        ids, probs = self.distribution(logits, history)
+        if self.params.greedy:
+            return int(ids[0])
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def distribution(self, logits: np.ndarray, history: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens the chain keeps, by descending logit, and the probabilities it draws
+        them with: what llama.cpp's penalties, top-k, top-p, min-p and temp leave."""
         p = self.params
         logits = self._penalize(np.asarray(logits, dtype=np.float32), history)
         if p.greedy:
-            return int(np.argmax(logits))
+            return np.array([int(np.argmax(logits))]), np.array([1.0])
         ids, values = self._top_k(logits, p.top_k)  # candidates sorted by logit, descending
         probs = _softmax(values)
         keep = len(ids)
@@ -86,8 +94,10 @@ class Sampler:
         if p.min_p > 0.0:
             keep = min(keep, max(1, int(np.sum(probs[:keep] >= p.min_p * probs[0]))))
         ids, values = ids[:keep], values[:keep]
-        probs = _softmax(values / np.float32(p.temperature))
-        return int(ids[self.rng.choice(len(ids), p=probs)])
+        # in float64 and relative to the best: a tiny temperature must not overflow to inf
+        scaled = (values.astype(np.float64) - np.float64(values[0])) / p.temperature
+        probs = np.exp(scaled)
+        return ids, probs / probs.sum()
 
     def _penalize(self, logits: np.ndarray, history: list[int]) -> np.ndarray:
         p = self.params
@@ -99,7 +109,7 @@ class Sampler:
         if not recent:
             return logits
         ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
-        ids_ok = ids < len(logits)
+        ids_ok = (ids >= 0) & (ids < len(logits))
         ids, counts = ids[ids_ok], counts[ids_ok]
         logits = logits.copy()
         v = logits[ids]
