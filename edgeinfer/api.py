@@ -252,6 +252,9 @@ class Model:
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
 
     def chat_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The prompt tokens of a conversation: its template rendering, special tokens parsed."""
+        if isinstance(messages, Sequence) and not isinstance(messages, (str, bytes)) and not messages:
+            raise errors.InvalidOptionError("the conversation has no messages")
         text = self.render_chat(messages)
         bos = self.chat_template.bos_token
         # templates usually write the BOS text themselves; do not add a second one
