@@ -1,7 +1,13 @@
-/* avx2 variant: starts from the scalar reference; kernels are overridden as they land. */
-#include "../common/ei_kernels.h"
+/* The AVX2+FMA+F16C variant: the scalar reference table with every kernel overridden by
+ * this folder's versions (converters, dot products, tiles, float operations, attention). */
+#include "avx2.h"
 
 void ei_kernels_init_avx2(ei_kernels *k) {
     ei_kernels_init_ref(k);
     k->name = "avx2";
+    ei_avx2_convert_kernels(k);
+    ei_avx2_dot_kernels(k);
+    ei_avx2_gemm_kernels(k);
+    ei_avx2_op_kernels(k);
+    ei_avx2_attn_kernels(k);
 }

@@ -1,0 +1,134 @@
+/* AVX2 tiles of a matrix product: up to 4 weight rows against up to 4 activation rows.
+ *
+ * Each weight block is unpacked once per tile and used for every activation row. The four
+ * rows' integer sums of one block land in the four lanes of one vector, and each lane adds
+ * its row's block terms in block order: every output is the reference's vec_dot, bit for
+ * bit. Missing rows (nr < 4) repeat row 0 and are not stored. */
+#include "kblock.h"
+#include "legacy.h"
+
+/* four lanes of acc as floats: s[r] for r < nr */
+EI_AVX2_INLINE void store_rows(float *s, __m256d acc, int nr) {
+    const __m128 v = _mm256_cvtpd_ps(acc);
+    if (nr == 4) {
+        _mm_storeu_ps(s, v);
+        return;
+    }
+    float t[4];
+    _mm_storeu_ps(t, v);
+    for (int r = 0; r < nr; r++) s[r] = t[r];
+}
+
+EI_AVX2_INLINE void tile_rows(const uint8_t *x, size_t xs, int nr, const uint8_t *row[4]) {
+    for (int r = 0; r < 4; r++) row[r] = x + (size_t)(r < nr ? r : 0) * xs;
+}
+
+/* ---- legacy blocks ----------------------------------------------------------------- */
+
+EI_AVX2_INLINE void tile_legacy(const int type, const int nc, int n, int nr, float *s, size_t ss,
+                                const uint8_t *x, size_t xs, const uint8_t *y, size_t ys) {
+    const legacy_info L = legacy_of(type);
+    const uint8_t *row[4];
+    tile_rows(x, xs, nr, row);
+    __m256d acc[EI_TILE];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_pd();
+    for (int i = 0; i < n / 32; i++) {
+        const size_t ox = (size_t)i * L.xb, oy = (size_t)i * L.yb;
+        __m256i w[4], aw[4];
+        for (int r = 0; r < 4; r++) {
+            w[r] = unpack_legacy(type, row[r] + ox);
+            aw[r] = L.w_signed ? _mm256_abs_epi8(w[r]) : w[r];
+        }
+        const __m256d dx = _mm256_cvtps_pd(avx2_f16x4(row[0] + ox, row[1] + ox, row[2] + ox, row[3] + ox));
+        __m256d mx = _mm256_setzero_pd();
+        if (L.with_min)
+            mx = _mm256_cvtps_pd(avx2_f16x4(row[0] + ox + 2, row[1] + ox + 2, row[2] + ox + 2, row[3] + ox + 2));
+        for (int c = 0; c < nc; c++) {
+            const uint8_t *yb = y + (size_t)c * ys + oy;
+            const __m256i yv = _mm256_loadu_si256((const __m256i *)(yb + L.yqs));
+            __m256i p[4];
+            for (int r = 0; r < 4; r++) p[r] = pair_products(w[r], aw[r], yv, L.w_signed);
+            const __m256d isum = _mm256_cvtepi32_pd(block_sums4(p[0], p[1], p[2], p[3], L.wide));
+            ei_f16 hy;
+            memcpy(&hy, yb, 2);
+            /* d_x * isum and d_w * (d_x * isum) are exact: one rounding, where the reference adds */
+            const __m256d prod = _mm256_mul_pd(isum, _mm256_set1_pd(avx2_f16(hy)));
+            if (L.with_min) {
+                ei_f16 hs;
+                memcpy(&hs, yb + 2, 2);
+                const __m256d term = _mm256_fmadd_pd(dx, prod, _mm256_mul_pd(mx, _mm256_set1_pd(avx2_f16(hs))));
+                acc[c] = _mm256_add_pd(acc[c], term);
+            } else {
+                acc[c] = _mm256_fmadd_pd(dx, prod, acc[c]);
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++) store_rows(s + (size_t)c * ss, acc[c], nr);
+}
+
+/* ---- K blocks ---------------------------------------------------------------------- */
+
+EI_AVX2_INLINE void tile_k(const int type, const int nc, int n, int nr, float *s, size_t ss,
+                           const uint8_t *x, size_t xs, const uint8_t *y, size_t ys) {
+    const size_t xb = avx2_kblock_bytes(type);
+    const int has_min = avx2_kblock_has_min(type);
+    const uint8_t *row[4];
+    tile_rows(x, xs, nr, row);
+    __m256d acc[EI_TILE];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_pd();
+    for (int i = 0; i < n / QK_K; i++) {
+        avx2_kblock w[4];
+        double d[4], dm[4];
+        for (int r = 0; r < 4; r++) avx2_kblock_unpack(type, row[r] + (size_t)i * xb, &w[r], &d[r], &dm[r]);
+        const __m256d dx = _mm256_setr_pd(d[0], d[1], d[2], d[3]);
+        const __m256d dmx = _mm256_setr_pd(dm[0], dm[1], dm[2], dm[3]);
+        for (int c = 0; c < nc; c++) {
+            const block_q8_K *yb = (const block_q8_K *)(y + (size_t)c * ys) + i;
+            __m256i is[4], im[4];
+            for (int r = 0; r < 4; r++) avx2_kblock_pair(type, &w[r], yb, &is[r], &im[r]);
+            const __m256d yd = _mm256_set1_pd((double)yb->d);
+            /* (d_x * d_w) * isum [- (d_x * dmin_w) * imin], each product rounded as the reference */
+            __m256d term = _mm256_mul_pd(_mm256_mul_pd(yd, dx), _mm256_cvtepi32_pd(avx2_sum4_i32(is[0], is[1], is[2], is[3])));
+            if (has_min)
+                term = _mm256_sub_pd(term, _mm256_mul_pd(_mm256_mul_pd(yd, dmx),
+                                                         _mm256_cvtepi32_pd(avx2_sum4_i32(im[0], im[1], im[2], im[3]))));
+            acc[c] = _mm256_add_pd(acc[c], term);
+        }
+    }
+    for (int c = 0; c < nc; c++) store_rows(s + (size_t)c * ss, acc[c], nr);
+}
+
+/* one function per type; the column count is a constant inside each inlined tile */
+#define GEMM(T, TILE, TYPE)                                                                     \
+    static void avx2_gemm_##T(int n, int nr, int nc, float *s, size_t ss, const void *x, size_t xs, \
+                              const void *y, size_t ys) {                                      \
+        switch (nc) {                                                                          \
+        case 1: TILE(TYPE, 1, n, nr, s, ss, x, xs, y, ys); break;                              \
+        case 2: TILE(TYPE, 2, n, nr, s, ss, x, xs, y, ys); break;                              \
+        case 3: TILE(TYPE, 3, n, nr, s, ss, x, xs, y, ys); break;                              \
+        default: TILE(TYPE, 4, n, nr, s, ss, x, xs, y, ys); break;                             \
+        }                                                                                      \
+    }
+GEMM(q4_0, tile_legacy, EI_TYPE_Q4_0)
+GEMM(q4_1, tile_legacy, EI_TYPE_Q4_1)
+GEMM(q5_0, tile_legacy, EI_TYPE_Q5_0)
+GEMM(q5_1, tile_legacy, EI_TYPE_Q5_1)
+GEMM(q8_0, tile_legacy, EI_TYPE_Q8_0)
+GEMM(q2_K, tile_k, EI_TYPE_Q2_K)
+GEMM(q3_K, tile_k, EI_TYPE_Q3_K)
+GEMM(q4_K, tile_k, EI_TYPE_Q4_K)
+GEMM(q5_K, tile_k, EI_TYPE_Q5_K)
+GEMM(q6_K, tile_k, EI_TYPE_Q6_K)
+
+void ei_avx2_gemm_kernels(ei_kernels *k) {
+    k->gemm[EI_TYPE_Q4_0] = avx2_gemm_q4_0;
+    k->gemm[EI_TYPE_Q4_1] = avx2_gemm_q4_1;
+    k->gemm[EI_TYPE_Q5_0] = avx2_gemm_q5_0;
+    k->gemm[EI_TYPE_Q5_1] = avx2_gemm_q5_1;
+    k->gemm[EI_TYPE_Q8_0] = avx2_gemm_q8_0;
+    k->gemm[EI_TYPE_Q2_K] = avx2_gemm_q2_K;
+    k->gemm[EI_TYPE_Q3_K] = avx2_gemm_q3_K;
+    k->gemm[EI_TYPE_Q4_K] = avx2_gemm_q4_K;
+    k->gemm[EI_TYPE_Q5_K] = avx2_gemm_q5_K;
+    k->gemm[EI_TYPE_Q6_K] = avx2_gemm_q6_K;
+}
