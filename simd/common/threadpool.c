@@ -19,8 +19,11 @@ typedef CONDITION_VARIABLE ei_cond;
 #define cond_broadcast(c) WakeAllConditionVariable(c)
 #define cond_destroy(c) ((void)0)
 #define cpu_relax() YieldProcessor()
+#define yield_thread() SwitchToThread()
 #else
 #include <pthread.h>
+#include <sched.h>
+#define yield_thread() sched_yield()
 typedef pthread_t ei_thread;
 typedef pthread_mutex_t ei_mutex;
 typedef pthread_cond_t ei_cond;
@@ -41,7 +44,14 @@ typedef pthread_cond_t ei_cond;
 #endif
 #endif
 
-#define SPIN_ROUNDS 200000 /* about a millisecond of polling before a worker sleeps */
+#define SPIN_ROUNDS 200000 /* about a millisecond of polling before an idle worker sleeps */
+#define PAUSE_ROUNDS 256   /* inside a task, pause this often before yielding the core: when
+                              the machine is busy, the thread we wait for may need it */
+
+static inline void backoff(int *spins) {
+    if (++*spins < PAUSE_ROUNDS) cpu_relax();
+    else { *spins = 0; yield_thread(); }
+}
 
 struct ei_pool {
     int n;
@@ -146,7 +156,8 @@ void ei_pool_run(ei_pool *p, ei_task_fn fn, void *ctx) {
         mutex_unlock(&p->lock);
     }
     fn(ctx, 0, p->n);
-    while (atomic_load_explicit(&p->finished, memory_order_acquire) != p->n - 1) cpu_relax();
+    int spins = 0;
+    while (atomic_load_explicit(&p->finished, memory_order_acquire) != p->n - 1) backoff(&spins);
 }
 
 void ei_pool_barrier(ei_pool *p) {
@@ -156,7 +167,8 @@ void ei_pool_barrier(ei_pool *p) {
         atomic_store_explicit(&p->barrier_count, 0, memory_order_relaxed);
         atomic_store_explicit(&p->barrier_sense, !sense, memory_order_release);
     } else {
-        while (atomic_load_explicit(&p->barrier_sense, memory_order_acquire) == sense) cpu_relax();
+        int spins = 0;
+        while (atomic_load_explicit(&p->barrier_sense, memory_order_acquire) == sense) backoff(&spins);
     }
 }
 
