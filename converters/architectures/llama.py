@@ -1,0 +1,69 @@
+"""LlamaForCausalLM (Llama 2, Llama 3.x, SmolLM and other Llama-shaped models) -> GGUF ``llama``.
+
+GGML's ``llama`` graph uses "normal" rotary embedding (adjacent values form a pair), while
+Hugging Face pairs the two halves of each head: the query and key rows are permuted back.
+Llama 3.1's rotary scaling becomes the ``rope_freqs.weight`` tensor of per-frequency divisors.
+"""
+
+from __future__ import annotations
+
+from edgeinfer.converters.architectures.base import (
+    ArchConverter,
+    ConfigReader,
+    HParams,
+    MetadataItem,
+    SourceTensor,
+    check_activation,
+    check_rope,
+    common_metadata,
+    kv,
+    llama3_rope_factors,
+    refuse,
+    rope_parameters,
+)
+from edgeinfer.converters.hf_folder import HFCheckpoint
+from edgeinfer.gguf.constants import ValueType
+
+DEFAULTS = {
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False,
+    "hidden_act": "silu",
+}  # fmt: skip
+
+
+class LlamaConverter(ArchConverter):
+    hf_architectures = ("LlamaForCausalLM",)
+    gguf_arch = "llama"
+    defaults = DEFAULTS
+
+    def __init__(self, ckpt: HFCheckpoint) -> None:
+        super().__init__(ckpt)
+        cfg = ConfigReader(ckpt.config, self.where, self.defaults)
+        self.hp = HParams.read(cfg, rope_parameters(ckpt.config, self.where, 10000.0))
+        check_activation(self.hp, self.where, ("silu",))
+        check_rope(self.hp, self.where, ("default", "linear", "llama3"))
+        for key in ("attention_bias", "mlp_bias"):
+            if cfg.get(key, False):
+                raise refuse(self.where, f"{key} = true is not supported for {self.gguf_arch}")
+
+    def metadata(self) -> list[MetadataItem]:
+        hp, arch = self.hp, self.gguf_arch
+        return common_metadata(arch, hp, head_dims=hp.head_dim_explicit) + [
+            kv(f"{arch}.rope.dimension_count", ValueType.UINT32, hp.head_dim),
+            kv(f"{arch}.vocab_size", ValueType.UINT32, hp.vocab_size),
+        ]
+
+    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.hp.standard_shapes()
+
+    def rotary_heads(self, suffix: str) -> int:
+        if suffix == "attn_q.weight":
+            return self.hp.n_head
+        if suffix == "attn_k.weight":
+            return self.hp.n_head_kv
+        return 0
+
+    def extra_tensors(self) -> list[SourceTensor]:
+        if self.hp.rope.kind != "llama3":
+            return []
+        factors = llama3_rope_factors(self.hp.rope, self.hp.head_dim)
+        return [SourceTensor("rope_freqs.weight", factors.shape, values=factors)]

@@ -1,0 +1,118 @@
+"""Device profiles: small declarative TOML files in ``profiles/`` naming a device's
+instruction set, its memory and the share of it a model may take, a default context, and
+the weight types (and block sizes) that run well on it.
+
+A profile only proposes; ``--max-memory`` and ``--ctx`` override its numbers.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeinfer._native import ISA_NAMES
+from edgeinfer.converters import errors
+from edgeinfer.converters.recipes import type_by_name
+from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
+          "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}  # fmt: skip
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from "8GiB", "1.5 GB", "512M" or a plain number of bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise errors.InvalidSizeError(f"memory size must be positive, not {text}")
+        return text
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise errors.InvalidSizeError(f"cannot read {text!r} as a memory size (e.g. 4GiB, 1.5GB, 800MB)")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise errors.InvalidSizeError(f"memory size {text!r} must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    isa: str
+    memory: int
+    model_share: float
+    ctx: int
+    types: tuple[GGMLType, ...]
+    block_sizes: tuple[int, ...]
+
+    @property
+    def budget(self) -> int:
+        return int(self.memory * self.model_share)
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A profile by name (``rpi5``) or by the path of a TOML file."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = PROFILE_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise errors.ProfileError(
+            f"unknown target {name_or_path!r}; profiles: {', '.join(available_profiles())}"
+        )
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise errors.ProfileError(f"{path}: not valid TOML ({e})") from None
+    return _profile(data, path)
+
+
+def _profile(data: dict[str, Any], path: Path) -> Profile:
+    def need(key: str, kind: type | tuple[type, ...]) -> Any:
+        value = data.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise errors.ProfileError(f"{path}: {key!r} is missing or has the wrong type")
+        return value
+
+    isa = need("isa", str)
+    if isa not in ISA_NAMES:
+        raise errors.ProfileError(f"{path}: isa {isa!r} is not one of {', '.join(ISA_NAMES)}")
+    share = float(need("model_share", (int, float)))
+    if not 0 < share <= 1:
+        raise errors.ProfileError(f"{path}: model_share must lie in (0, 1]")
+    types = need("types", list)
+    if not types:
+        raise errors.ProfileError(f"{path}: 'types' must name at least one type")
+    try:
+        parsed = tuple(type_by_name(str(t)) for t in types)
+    except errors.UnknownTypeError as e:
+        raise errors.ProfileError(f"{path}: {e}") from None
+    blocks = tuple(int(b) for b in data.get("block_sizes", [BLOCK_LAYOUTS[t].block_size for t in parsed]))
+    kept = tuple(t for t in parsed if BLOCK_LAYOUTS[t].block_size in blocks)
+    if not kept:
+        raise errors.ProfileError(f"{path}: no type in 'types' has one of the block sizes {list(blocks)}")
+    try:
+        memory = parse_size(need("memory", (str, int)))
+    except errors.InvalidSizeError as e:
+        raise errors.ProfileError(f"{path}: {e}") from None
+    ctx = need("ctx", int)
+    if ctx < 1:
+        raise errors.ProfileError(f"{path}: ctx must be positive")
+    return Profile(
+        name=str(data.get("name", path.stem)), description=str(data.get("description", "")),
+        isa=isa, memory=memory, model_share=share, ctx=ctx, types=kept, block_sizes=blocks,
+    )  # fmt: skip

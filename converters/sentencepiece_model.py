@@ -1,0 +1,158 @@
+"""The parts of a SentencePiece ``tokenizer.model`` (a ModelProto protobuf) that GGUF needs,
+parsed without the sentencepiece or protobuf packages.
+
+Field numbers are those of sentencepiece_model.proto: ModelProto.pieces = 1 (piece = 1,
+score = 2, type = 3), trainer_spec = 2 (model_type = 3, byte_fallback = 35, unk_id = 40,
+bos_id = 41, eos_id = 42, pad_id = 43), normalizer_spec = 3 (add_dummy_prefix = 3). Unknown
+fields are skipped, as protobuf readers do.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgeinfer.converters import errors
+
+MAX_MODEL_BYTES = 64 * 1024 * 1024
+
+# SentencePiece.Type; llama.cpp's token types use the same numbers
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
+
+
+@dataclass
+class SentencePieceModel:
+    pieces: list[str] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    types: list[int] = field(default_factory=list)
+    model_type: str = "unigram"
+    byte_fallback: bool = False
+    unk_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    pad_id: int = -1
+    add_dummy_prefix: bool = True
+
+
+class _Reader:
+    def __init__(self, buf: bytes, path: Path) -> None:
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def fail(self, why: str) -> errors.TokenizerConversionError:
+        return errors.TokenizerConversionError(f"{self.path}: not a SentencePiece model ({why})")
+
+    def varint(self) -> int:
+        out, shift = 0, 0
+        while True:
+            if self.pos >= len(self.buf):
+                raise self.fail("truncated varint")
+            b = self.buf[self.pos]
+            self.pos += 1
+            out |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return out
+            shift += 7
+            if shift > 63:
+                raise self.fail("varint longer than 10 bytes")
+
+    def fields(self, end: int):  # noqa: ANN201 - yields (field number, wire type, value)
+        while self.pos < end:
+            key = self.varint()
+            number, wire = key >> 3, key & 7
+            if number == 0:
+                raise self.fail("field number 0")
+            if wire == 0:
+                yield number, wire, self.varint()
+            elif wire == 1:
+                yield number, wire, self.take(8, end)
+            elif wire == 2:
+                n = self.varint()
+                yield number, wire, self.take(n, end)
+            elif wire == 5:
+                yield number, wire, self.take(4, end)
+            else:
+                raise self.fail(f"wire type {wire}")
+        if self.pos != end:
+            raise self.fail("a field runs past its message")
+
+    def take(self, n: int, end: int) -> bytes:
+        if n > end - self.pos:
+            raise self.fail("truncated field")
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def parse_sentencepiece(path: Path) -> SentencePieceModel:
+    try:
+        size = path.stat().st_size
+        if size > MAX_MODEL_BYTES:
+            raise errors.TokenizerConversionError(f"{path}: {size} bytes is too large for a tokenizer")
+        buf = path.read_bytes()
+    except FileNotFoundError:
+        raise errors.MissingSourceFileError(f"{path}: no such file") from None
+    except OSError as e:
+        raise errors.SourceError(f"{path}: cannot read ({e.strerror})") from None
+    model = SentencePieceModel()
+    top = _Reader(buf, path)
+    for number, wire, value in top.fields(len(buf)):
+        if number == 1 and wire == 2:
+            _piece(model, _Reader(value, path))
+        elif number == 2 and wire == 2:
+            _trainer_spec(model, _Reader(value, path))
+        elif number == 3 and wire == 2:
+            _normalizer_spec(model, _Reader(value, path))
+    if not model.pieces:
+        raise top.fail("no pieces")
+    return model
+
+
+def _piece(model: SentencePieceModel, r: _Reader) -> None:
+    piece, score, kind = None, 0.0, NORMAL
+    for number, wire, value in r.fields(len(r.buf)):
+        if number == 1 and wire == 2:
+            try:
+                piece = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise r.fail(f"piece #{len(model.pieces)} is not UTF-8") from None
+        elif number == 2 and wire == 5:
+            (score,) = struct.unpack("<f", value)
+        elif number == 3 and wire == 0:
+            kind = value
+    if piece is None:
+        raise r.fail(f"piece #{len(model.pieces)} has no text")
+    if kind not in (NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE):
+        raise r.fail(f"piece {piece!r} has unknown type {kind}")
+    model.pieces.append(piece)
+    model.scores.append(float(score))
+    model.types.append(kind)
+
+
+def _trainer_spec(model: SentencePieceModel, r: _Reader) -> None:
+    for number, wire, value in r.fields(len(r.buf)):
+        if wire != 0:
+            continue
+        if number == 3:
+            model.model_type = MODEL_TYPES.get(value, f"type {value}")
+        elif number == 35:
+            model.byte_fallback = bool(value)
+        elif number == 40:
+            model.unk_id = _signed(value)
+        elif number == 41:
+            model.bos_id = _signed(value)
+        elif number == 42:
+            model.eos_id = _signed(value)
+        elif number == 43:
+            model.pad_id = _signed(value)
+
+
+def _normalizer_spec(model: SentencePieceModel, r: _Reader) -> None:
+    for number, wire, value in r.fields(len(r.buf)):
+        if number == 3 and wire == 0:
+            model.add_dummy_prefix = bool(value)
