@@ -9,7 +9,9 @@ static void init_neon(ei_kernels *k, const char *name) {
     EI_NEON_FN(ei_neon_quantize)(k);
     EI_NEON_FN(ei_neon_dot_legacy)(k);
     EI_NEON_FN(ei_neon_dot_kquants)(k);
+    EI_NEON_FN(ei_neon_dot_float)(k);
     EI_NEON_FN(ei_neon_ops)(k);
+    EI_NEON_FN(ei_neon_attn)(k);
 }
 
 #if EI_NEON_LEVEL == 0

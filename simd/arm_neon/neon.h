@@ -44,7 +44,9 @@
 void EI_NEON_FN(ei_neon_quantize)(ei_kernels *k);
 void EI_NEON_FN(ei_neon_dot_legacy)(ei_kernels *k);
 void EI_NEON_FN(ei_neon_dot_kquants)(ei_kernels *k);
+void EI_NEON_FN(ei_neon_dot_float)(ei_kernels *k);
 void EI_NEON_FN(ei_neon_ops)(ei_kernels *k);
+void EI_NEON_FN(ei_neon_attn)(ei_kernels *k);
 
 #define EI_INLINE static inline __attribute__((always_inline))
 #define EI_UNROLL _Pragma("GCC unroll 16")

@@ -1,0 +1,124 @@
+/* NEON attention of one query head over its KV cache, rounding as the reference does.
+ *
+ * Scores: the reference sums each key's dot over d in order, so the lanes here are keys
+ * (4 or 8 side by side), each still summed over d in order. Every product is exact (two
+ * halves in float; floats in double, where a fused multiply-add rounds as mul then add).
+ * Output: the lanes are dimensions, each summed over keys in order. exp and tanh are
+ * libm's, in double, one key at a time. */
+#include "neon.h"
+
+/* elements d..d+3 of a cache row as floats */
+EI_INLINE float32x4_t kv4(const uint8_t *row, int d, int f32) {
+    if (f32) return vld1q_f32((const float *)(const void *)row + d);
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)row + d)));
+}
+
+EI_INLINE float kv1(const uint8_t *row, int d, int f32) {
+    return f32 ? ((const float *)(const void *)row)[d] : h2f(((const ei_f16 *)(const void *)row)[d]);
+}
+
+/* acc += the exact products of four keys' values v (lanes) with the query value q */
+EI_INLINE void acc_keys(float64x2_t acc[2], float32x4_t v, float q, int f32) {
+    if (f32) {
+        acc[0] = vfmaq_n_f64(acc[0], vcvt_f64_f32(vget_low_f32(v)), q);
+        acc[1] = vfmaq_n_f64(acc[1], vcvt_high_f64_f32(v), q);
+    } else {
+        const float32x4_t p = vmulq_n_f32(v, q);
+        acc[0] = vaddq_f64(acc[0], vcvt_f64_f32(vget_low_f32(p)));
+        acc[1] = vaddq_f64(acc[1], vcvt_high_f64_f32(p));
+    }
+}
+
+/* dimensions d..d+3 of four keys (rows kr) against the query */
+EI_INLINE void keys_step(float64x2_t acc[2], const uint8_t *kr[4], int d, const float *q, int f32) {
+    const float32x4_t r0 = kv4(kr[0], d, f32), r1 = kv4(kr[1], d, f32), r2 = kv4(kr[2], d, f32), r3 = kv4(kr[3], d, f32);
+    const float64x2_t t0 = vreinterpretq_f64_f32(vtrn1q_f32(r0, r1)), t1 = vreinterpretq_f64_f32(vtrn2q_f32(r0, r1));
+    const float64x2_t t2 = vreinterpretq_f64_f32(vtrn1q_f32(r2, r3)), t3 = vreinterpretq_f64_f32(vtrn2q_f32(r2, r3));
+    acc_keys(acc, vreinterpretq_f32_f64(vzip1q_f64(t0, t2)), q[d], f32);
+    acc_keys(acc, vreinterpretq_f32_f64(vzip1q_f64(t1, t3)), q[d + 1], f32);
+    acc_keys(acc, vreinterpretq_f32_f64(vzip2q_f64(t0, t2)), q[d + 2], f32);
+    acc_keys(acc, vreinterpretq_f32_f64(vzip2q_f64(t1, t3)), q[d + 3], f32);
+}
+
+EI_INLINE void keys_tail(float64x2_t acc[2], const uint8_t *kr[4], int d, const float *q, int f32) {
+    const float v[4] = {kv1(kr[0], d, f32), kv1(kr[1], d, f32), kv1(kr[2], d, f32), kv1(kr[3], d, f32)};
+    acc_keys(acc, vld1q_f32(v), q[d], f32);
+}
+
+EI_INLINE float32x4_t to_f32(const float64x2_t acc[2]) { return vcvt_high_f32_f64(vcvt_f32_f64(acc[0]), acc[1]); }
+
+/* raw dots (rounded to float) of keys kr[0..G*4) with q; G = 1 or 2 groups of four */
+EI_INLINE void key_dots(float *out, const uint8_t *kr[8], int G, const float *q, int hd, int f32) {
+    float64x2_t a[2][2];
+    for (int j = 0; j < 4; j++) (&a[0][0])[j] = vdupq_n_f64(0.0);
+    int d = 0;
+    for (; d + 4 <= hd; d += 4)
+        EI_UNROLL for (int g = 0; g < G; g++) keys_step(a[g], kr + 4 * g, d, q, f32);
+    for (; d < hd; d++)
+        for (int g = 0; g < G; g++) keys_tail(a[g], kr + 4 * g, d, q, f32);
+    for (int g = 0; g < G; g++) vst1q_f32(out + 4 * g, to_f32(a[g]));
+}
+
+/* scores[t] = dot(q, key t0 + t) * scale, soft-capped, for t < n */
+static void scores_of(const ei_attn_params *p, const float *q, const uint8_t *k, float *scores, int n) {
+    const size_t row = p->k_stride * (p->kv_f32 ? 4 : 2);
+    const uint8_t *base = k + (size_t)p->t0 * row;
+    for (int t = 0; t < n; t += 8) {
+        const uint8_t *kr[8];
+        for (int j = 0; j < 8; j++) kr[j] = base + (size_t)(t + j < n ? t + j : n - 1) * row;
+        float dots[8];
+        if (t + 4 < n) key_dots(dots, kr, 2, q, p->head_dim, p->kv_f32);
+        else key_dots(dots, kr, 1, q, p->head_dim, p->kv_f32);
+        for (int j = 0; j < 8 && t + j < n; j++) {
+            float s = dots[j] * p->scale;
+            if (p->softcap != 0.0f) s = p->softcap * (float)tanh((double)(s / p->softcap));
+            scores[t + j] = s;
+        }
+    }
+}
+
+/* out[d0 .. d0 + 4W) = sum_t pr[t] * v[t][d], t in order; W vectors of four dimensions */
+EI_INLINE void weighted_sum(const ei_attn_params *p, const float *pr, const uint8_t *v, int n, int d0, int W,
+                            float *out) {
+    const size_t row = p->v_stride * (p->kv_f32 ? 4 : 2);
+    const uint8_t *r = v + (size_t)p->t0 * row;
+    float64x2_t acc[4][2];
+    for (int w = 0; w < W; w++) acc[w][0] = acc[w][1] = vdupq_n_f64(0.0);
+    for (int t = 0; t < n; t++, r += row)
+        EI_UNROLL for (int w = 0; w < W; w++) acc_keys(acc[w], kv4(r, d0 + 4 * w, p->kv_f32), pr[t], p->kv_f32);
+    for (int w = 0; w < W; w++) vst1q_f32(out + d0 + 4 * w, to_f32(acc[w]));
+}
+
+static void neon_attn(const ei_attn_params *p, const float *q, const void *k, const void *v, float *out,
+                      double *scratch) {
+    const int n = p->t1 - p->t0, hd = p->head_dim, hdv = p->head_dim_v;
+    float qr[EI_MAX_HEAD_DIM]; /* the query as the cache type sees it */
+    int d = 0;
+    for (; d + 4 <= hd && !p->kv_f32; d += 4) vst1q_f32(qr + d, vcvt_f32_f16(vcvt_f16_f32(vld1q_f32(q + d))));
+    for (; d < hd; d++) qr[d] = p->kv_f32 ? q[d] : h2f(f2h(q[d]));
+    float *scores = (float *)(scratch + n); /* (n) floats after the (n) double weights */
+    scores_of(p, qr, k, scores, n);
+    float max = -INFINITY;
+    for (int t = 0; t < n; t++) max = fmaxf(max, scores[t]);
+    double sum = 0.0;
+    for (int t = 0; t < n; t++) {
+        scratch[t] = exp((double)(scores[t] - max));
+        sum += scratch[t];
+    }
+    float *pr = scores; /* the probabilities replace the scores */
+    for (int t = 0; t < n; t++) {
+        const float x = (float)(scratch[t] / sum);
+        pr[t] = p->kv_f32 ? x : h2f(f2h(x));
+    }
+    d = 0;
+    for (; d + 16 <= hdv; d += 16) weighted_sum(p, pr, v, n, d, 4, out);
+    for (; d + 4 <= hdv; d += 4) weighted_sum(p, pr, v, n, d, 1, out);
+    for (; d < hdv; d++) {
+        const size_t row = p->v_stride * (p->kv_f32 ? 4 : 2);
+        double acc = 0.0;
+        for (int t = 0; t < n; t++) acc += (double)pr[t] * kv1((const uint8_t *)v + (size_t)(p->t0 + t) * row, d, p->kv_f32);
+        out[d] = (float)acc;
+    }
+}
+
+void EI_NEON_FN(ei_neon_attn)(ei_kernels *k) { k->attn = neon_attn; }

@@ -1,0 +1,236 @@
+/* Edge cases of one instruction-set variant against the scalar reference, exactly: the
+ * shapes simd/tests/check_kernels.c leaves out (odd lengths and block counts, vector tails,
+ * tile strides, odd head dimensions, soft-capping, NaN and infinity in conversions, ties in
+ * rounding). Built like check_kernels.c, with -DEI_CHECK_INIT=<the variant's init>; prints
+ * "N passed, M failed" and exits non-zero on any failure. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../simd/common/ei_kernels.h"
+
+#ifndef EI_CHECK_INIT
+#error "define EI_CHECK_INIT as the variant's init function"
+#endif
+void EI_CHECK_INIT(ei_kernels *k);
+
+static int passed, failed;
+static uint64_t rng = 0x243f6a8885a308d3ull;
+
+static uint32_t next_u32(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+static float uniform(void) { return (next_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
+
+static void check(const char *what, int ok) {
+    if (ok) { passed++; return; }
+    failed++;
+    printf("FAIL %s\n", what);
+}
+
+static int same_floats(const float *a, const float *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], 4) != 0 && !(isnan(a[i]) && isnan(b[i]))) return 0;
+    return 1;
+}
+
+static const int TYPES[] = {EI_TYPE_F32, EI_TYPE_F16, EI_TYPE_BF16, EI_TYPE_Q4_0, EI_TYPE_Q4_1, EI_TYPE_Q5_0,
+                            EI_TYPE_Q5_1, EI_TYPE_Q8_0, EI_TYPE_Q2_K, EI_TYPE_Q3_K, EI_TYPE_Q4_K, EI_TYPE_Q5_K,
+                            EI_TYPE_Q6_K};
+#define N_TYPES (int)(sizeof(TYPES) / sizeof(TYPES[0]))
+
+/* random bytes, then every fp16 scale field replaced by a small float (as check_kernels.c) */
+static void random_row(int type, uint8_t *w, int n) {
+    const size_t bytes = ei_row_size(type, n);
+    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)next_u32();
+    if (type == EI_TYPE_F32) {
+        for (int i = 0; i < n; i++) ((float *)w)[i] = uniform() * 3.0f;
+        return;
+    }
+    if (type == EI_TYPE_F16 || type == EI_TYPE_BF16) {
+        for (int i = 0; i < n; i++)
+            ((ei_f16 *)w)[i] = type == EI_TYPE_F16 ? ei_fp32_to_fp16(uniform() * 3.0f) : ei_fp32_to_bf16(uniform() * 3.0f);
+        return;
+    }
+    const size_t block = ei_row_size(type, ei_block_size(type));
+    int offs[2] = {0, -1};
+    if (type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1 || type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K) offs[1] = 2;
+    if (type == EI_TYPE_Q2_K) { offs[0] = 80; offs[1] = 82; }
+    if (type == EI_TYPE_Q3_K) offs[0] = 108;
+    if (type == EI_TYPE_Q6_K) offs[0] = 208;
+    for (size_t b = 0; b + block <= bytes; b += block)
+        for (int j = 0; j < 2; j++)
+            if (offs[j] >= 0) {
+                const ei_f16 h = ei_fp32_to_fp16(uniform() * 0.02f);
+                memcpy(w + b + offs[j], &h, 2);
+            }
+}
+
+enum { MAXN = 2304, ROWS = 4, COLS = 4 };
+static uint8_t wbuf[ROWS][MAXN * 4 + 64], abuf[COLS][MAXN * 4 + 64];
+static float xbuf[COLS][MAXN];
+
+/* dots and tiles over block counts 1..9 (K-quants 1..9 blocks of 256), with padded strides */
+static void check_dots(const ei_kernels *ref, const ei_kernels *var) {
+    char what[128];
+    for (int t = 0; t < N_TYPES; t++) {
+        const int type = TYPES[t], pt = ei_partner_type(type), bs = ei_block_size(type);
+        for (int nblk = 1; nblk <= 9; nblk++) {
+            const int n = bs == 1 ? 4 * nblk + nblk % 4 : bs * nblk; /* float rows: odd lengths too */
+            if (n > MAXN) break;
+            const size_t xs = sizeof(wbuf[0]), ys = sizeof(abuf[0]);
+            for (int r = 0; r < ROWS; r++) random_row(type, wbuf[r], n);
+            for (int c = 0; c < COLS; c++) {
+                for (int i = 0; i < n; i++) xbuf[c][i] = uniform() * (i % 29 == 0 ? 50.0f : 1.0f);
+                ref->from_float[pt](xbuf[c], abuf[c], n);
+            }
+            float a, b;
+            ref->vec_dot[type](n, &a, wbuf[0], abuf[0]);
+            var->vec_dot[type](n, &b, wbuf[0], abuf[0]);
+            snprintf(what, sizeof(what), "vec_dot type %d n %d", type, n);
+            check(what, same_floats(&a, &b, 1));
+            if (!var->gemm[type]) continue;
+            for (int nr = 1; nr <= ROWS; nr++)
+                for (int nc = 1; nc <= COLS; nc++) {
+                    enum { SS = 7 }; /* an output stride that is not the tile width */
+                    float sa[COLS * SS], sb[COLS * SS];
+                    for (int i = 0; i < COLS * SS; i++) sa[i] = sb[i] = -1.0f;
+                    var->gemm[type](n, nr, nc, sb, SS, wbuf[0], xs, abuf[0], ys);
+                    for (int c = 0; c < nc; c++)
+                        for (int r = 0; r < nr; r++) ref->vec_dot[type](n, &sa[c * SS + r], wbuf[r], abuf[c]);
+                    snprintf(what, sizeof(what), "gemm type %d n %d tile %dx%d", type, n, nr, nc);
+                    check(what, same_floats(sa, sb, COLS * SS));
+                }
+        }
+    }
+}
+
+/* quantizers: odd lengths for the element types, ties and signed maxima for the blocks */
+static void check_quantizers(const ei_kernels *ref, const ei_kernels *var) {
+    char what[128];
+    static uint8_t qa[MAXN * 4], qb[MAXN * 4];
+    const int parts[] = {EI_TYPE_Q8_0, EI_TYPE_Q8_1, EI_TYPE_Q8_K, EI_TYPE_F16, EI_TYPE_BF16};
+    for (int kind = 0; kind < 6; kind++) {
+        const int n = 512;
+        float *x = xbuf[0];
+        for (int i = 0; i < n; i++) {
+            switch (kind) {
+            case 0: x[i] = (float)((int)(uniform() * 254.0f)) * 0.5f; break;     /* many halves: ties */
+            case 1: x[i] = (i % 2 ? -1.0f : 1.0f) * (float)(i % 7); break;      /* equal magnitudes */
+            case 2: x[i] = uniform() * 1e-30f; break;                             /* tiny, subnormal halves */
+            case 3: x[i] = uniform() * 70000.0f; break;                           /* beyond the half range */
+            case 4: x[i] = (i % 64 == 5) ? -3.0f : (i % 64 == 9 ? 3.0f : uniform()); break; /* sign of the max */
+            default: x[i] = uniform(); break;
+            }
+        }
+        for (size_t p = 0; p < sizeof(parts) / sizeof(parts[0]); p++) {
+            const size_t bytes = ei_row_size(parts[p], n);
+            memset(qa, 0x5a, bytes); memset(qb, 0x5a, bytes);
+            ref->from_float[parts[p]](x, qa, n);
+            var->from_float[parts[p]](x, qb, n);
+            snprintf(what, sizeof(what), "from_float type %d inputs %d", parts[p], kind);
+            check(what, memcmp(qa, qb, bytes) == 0);
+        }
+    }
+    const float special[] = {NAN, -NAN, INFINITY, -INFINITY, 65504.0f, 65520.0f, -65519.0f, 6e-8f, -3e-8f,
+                             1e-40f, 0.0f, -0.0f, 3.4e38f, 1.00390625f, 1.01171875f};
+    const int ns = (int)(sizeof(special) / sizeof(special[0]));
+    for (int len = 1; len <= 19; len++) {
+        for (int i = 0; i < len; i++) xbuf[0][i] = i < ns ? special[(i + len) % ns] : uniform();
+        for (int p = 3; p < 5; p++) {
+            ref->from_float[parts[p]](xbuf[0], qa, len);
+            var->from_float[parts[p]](xbuf[0], qb, len);
+            snprintf(what, sizeof(what), "from_float type %d special len %d", parts[p], len);
+            check(what, memcmp(qa, qb, (size_t)len * 2) == 0);
+        }
+    }
+}
+
+static void check_float_ops(const ei_kernels *ref, const ei_kernels *var) {
+    char what[128];
+    static float ya[MAXN], yb[MAXN], w[MAXN], cs[MAXN];
+    static ei_f16 table[65536];
+    for (int i = 0; i < 65536; i++) table[i] = ei_fp32_to_fp16(ei_fp16_to_fp32((ei_f16)i) * 0.75f);
+    for (int i = 0; i < MAXN; i++) {
+        xbuf[0][i] = uniform() * 4.0f;
+        xbuf[1][i] = uniform() * 30.0f; /* beyond the GELU table's +-10 */
+        w[i] = uniform();
+        cs[i] = cosf(0.1f * i);
+    }
+    for (int i = 0; i < MAXN / 2; i++) cs[2 * i + 1] = sinf(0.1f * i);
+    for (int n = 1; n <= 37; n++) {
+        for (int withw = 0; withw < 2; withw++) {
+            ref->rms_norm(n, ya, xbuf[0], withw ? w : NULL, 1e-5f);
+            var->rms_norm(n, yb, xbuf[0], withw ? w : NULL, 1e-5f);
+            snprintf(what, sizeof(what), "rms_norm n %d weights %d", n, withw);
+            check(what, same_floats(ya, yb, n));
+        }
+        ref->geglu(n, ya, xbuf[1], xbuf[0], table);
+        var->geglu(n, yb, xbuf[1], xbuf[0], table);
+        snprintf(what, sizeof(what), "geglu n %d", n);
+        check(what, same_floats(ya, yb, n));
+        ref->swiglu(n, ya, xbuf[1], xbuf[0]);
+        var->swiglu(n, yb, xbuf[1], xbuf[0]);
+        snprintf(what, sizeof(what), "swiglu n %d", n);
+        check(what, same_floats(ya, yb, n));
+        memcpy(ya, xbuf[0], sizeof(float) * n); memcpy(yb, xbuf[0], sizeof(float) * n);
+        ref->add(n, ya, xbuf[1]); var->add(n, yb, xbuf[1]);
+        ref->scale(n, ya, -0.37f); var->scale(n, yb, -0.37f);
+        snprintf(what, sizeof(what), "add, scale n %d", n);
+        check(what, same_floats(ya, yb, n));
+        for (int neox = 0; neox < 2; neox++) {
+            const int n_rot = 2 * n; /* odd halves leave vector tails */
+            memcpy(ya, xbuf[0], sizeof(float) * (n_rot + 8)); memcpy(yb, xbuf[0], sizeof(float) * (n_rot + 8));
+            ref->rope(n_rot, ya, cs, neox);
+            var->rope(n_rot, yb, cs, neox);
+            snprintf(what, sizeof(what), "rope n_rot %d neox %d", n_rot, neox);
+            check(what, same_floats(ya, yb, n_rot + 8));
+        }
+    }
+}
+
+/* odd head dimensions, a different value dimension, strided rows, windows, soft-capping */
+static void check_attn(const ei_kernels *ref, const ei_kernels *var) {
+    char what[160];
+    enum { T = 40, STRIDE = 140 };
+    static ei_f16 k16[T * STRIDE], v16[T * STRIDE];
+    static float k32[T * STRIDE], v32[T * STRIDE], q[STRIDE], oa[STRIDE], ob[STRIDE];
+    static double scratch[2 * T];
+    for (int i = 0; i < T * STRIDE; i++) {
+        k32[i] = uniform() * 2.0f; v32[i] = uniform();
+        k16[i] = ei_fp32_to_fp16(k32[i]); v16[i] = ei_fp32_to_fp16(v32[i]);
+    }
+    for (int i = 0; i < STRIDE; i++) q[i] = uniform() * 3.0f;
+    const int dims[][2] = {{1, 1}, {3, 5}, {4, 4}, {7, 9}, {64, 64}, {72, 40}, {130, 131}};
+    for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
+        for (int f32 = 0; f32 < 2; f32++)
+            for (int t0 = 0; t0 <= 6; t0 += 3)
+                for (int t1 = t0 + 1; t1 <= T; t1 += 1 + t1 / 4)
+                    for (int cap = 0; cap < 2; cap++) {
+                        ei_attn_params p = {dims[di][0], dims[di][1], t0, t1, f32, STRIDE, STRIDE, 0.125f,
+                                            cap ? 5.0f : 0.0f};
+                        const void *k = f32 ? (const void *)k32 : (const void *)k16;
+                        const void *v = f32 ? (const void *)v32 : (const void *)v16;
+                        ref->attn(&p, q, k, v, oa, scratch);
+                        var->attn(&p, q, k, v, ob, scratch);
+                        snprintf(what, sizeof(what), "attn hd %d hdv %d f32 %d t %d..%d softcap %d", dims[di][0],
+                                 dims[di][1], f32, t0, t1, cap);
+                        check(what, same_floats(oa, ob, dims[di][1]));
+                    }
+}
+
+int main(void) {
+    ei_kernels ref, var;
+    ei_kernels_init_ref(&ref);
+    EI_CHECK_INIT(&var);
+    printf("edge cases of %s against %s\n", var.name, ref.name);
+    check_dots(&ref, &var);
+    check_quantizers(&ref, &var);
+    check_float_ops(&ref, &var);
+    check_attn(&ref, &var);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
