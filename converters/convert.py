@@ -232,8 +232,18 @@ class Conversion:
             TensorChoice(t, GGMLType.F32, 0) for t in self.tensors
         ])  # fmt: skip
         header = self._layout(draft).file_size() - sum(padded_nbytes(GGMLType.F32, t.n_elements) for t in self.tensors)
-        fixed_bytes = header + sum(c.nbytes for c in fixed) + self.arch.kv_cache_bytes(n_ctx)
-        chosen = fit(options_by_name, fixed_bytes, budget)
+        kv_bytes = self.arch.kv_cache_bytes(n_ctx)
+        fixed_bytes = header + sum(c.nbytes for c in fixed) + kv_bytes
+        try:
+            chosen = fit(options_by_name, fixed_bytes, budget)
+        except errors.BudgetError as e:
+            smallest = ", ".join(sorted({o[0].ggml_type.name for o in options_by_name.values()}))
+            raise errors.BudgetError(
+                f"nothing fits: the smallest plan ({smallest}) needs a {format_bytes(e.needed - kv_bytes)} "
+                f"file + {format_bytes(kv_bytes)} of KV cache at {n_ctx} tokens = {format_bytes(e.needed)}; "
+                f"the budget is {format_bytes(budget)}, short by {format_bytes(e.shortfall)}",
+                needed=e.needed, budget=budget,
+            ) from None
         choices = []
         for t in self.tensors:
             o = chosen.get(t.name)

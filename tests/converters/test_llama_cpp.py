@@ -1,0 +1,71 @@
+"""llama.cpp (through llama-cpp-python) loads every converted file and computes what
+edgeinfer computes; and where our recipes are llama.cpp's, our quantized files are byte for
+byte what llama.cpp's own quantizer (llama_model_quantize) makes from our F32 file."""
+
+from __future__ import annotations
+
+import pytest
+
+import edgeinfer
+from edgeinfer.gguf import GGUFFile
+from tests.conftest import llama_cpp_model
+from tests.converters.conftest import ARCHS, ggml_quantize, prompt_tokens
+from tests.e2e.parity import compare, llama_cpp_logits
+
+pytest.importorskip("llama_cpp")
+
+# --type -> (llama_ftype, pure)
+LLAMA_FTYPES = {
+    "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q6_k": 18,
+    "q4_k_m": 15, "q4_k_s": 14, "q5_k_m": 17, "q5_k_s": 16,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_llama_cpp_agrees_on_f32(arch, converted):
+    """Exact regime (F32 weights, F32 cache): the two engines agree to summation order."""
+    import llama_cpp
+
+    path = converted(arch, "f32")
+    llm = llama_cpp_model(path, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    try:
+        with edgeinfer.load(path, n_ctx=128, engine="reference", kv_type="f32") as model:
+            tokens = prompt_tokens(model.n_vocab)
+            kl, top1, _ = compare(llama_cpp_logits(llm, tokens), model.logits(tokens))
+    finally:
+        llm.close()
+    assert kl < 1e-6 and top1 >= 0.97
+
+
+@pytest.mark.parametrize("type_name", ["f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k_m", "q5_k_s", "q6_k"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_llama_cpp_loads_and_agrees(arch, type_name, converted):
+    """As shipped (F16 cache): llama.cpp's int8 activation roundings flip with summation
+    order, so the bar is loose; a wrong tensor or hyper-parameter is far beyond it."""
+    path = converted(arch, type_name)
+    llm = llama_cpp_model(path)
+    try:
+        with edgeinfer.load(path, n_ctx=128, engine="reference") as model:
+            tokens = prompt_tokens(model.n_vocab)
+            assert llm.n_vocab() == model.n_vocab
+            kl, top1, _ = compare(llama_cpp_logits(llm, tokens), model.logits(tokens))
+    finally:
+        llm.close()
+    assert kl < 0.02 and top1 >= 0.85, (kl, top1)
+
+
+@pytest.mark.parametrize("pure", [True, False], ids=["pure", "mix"])
+@pytest.mark.parametrize("type_name", list(LLAMA_FTYPES))
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_quantized_bytes_equal_llama_quantize(arch, type_name, pure, converted, tmp_path):
+    """Same tensors, same types, same bytes as llama-quantize on our F32 conversion (gemma3's
+    320- and 640-value rows exercise the fallbacks, its 7 layers the "more bits" layers)."""
+    ours = converted(arch, type_name, pure)
+    theirs = tmp_path / "ggml.gguf"
+    ggml_quantize(converted(arch, "f32"), theirs, LLAMA_FTYPES[type_name], pure)
+    with GGUFFile(ours) as a, GGUFFile(theirs) as b:
+        assert set(a.tensors) == set(b.tensors)
+        for name, info in b.tensors.items():
+            assert a.tensors[name].ggml_type == info.ggml_type, name
+            assert bytes(a.tensor_data(name)) == bytes(b.tensor_data(name)), name
+        assert a.metadata["general.file_type"] == b.metadata["general.file_type"]
