@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -16,6 +17,14 @@ from edgeinfer import errors
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument("--engine", default="auto", choices=["auto", "native", "reference"],
+                   help="compute engine (default: the native one where it runs)")  # fmt: skip
+
+
+def _load(args: argparse.Namespace, path: str) -> Any:
+    import edgeinfer
+
+    return edgeinfer.load(path, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine)
 
 
 def _add_sampling_options(p: argparse.ArgumentParser, n_default: int) -> None:
@@ -78,28 +87,40 @@ def main(argv: list[str] | None = None) -> int:
         _parser().print_help()
         return 2
     handler = {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "doctor": cmd_doctor}[args.command]
+    signal.signal(signal.SIGTERM, _terminate)  # unwind (and clean up) as Ctrl-C does
     try:
         return handler(args)
     except errors.EdgeInferError as e:
         print(f"edgeinfer: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):
+            return _broken_pipe()
+        print(f"edgeinfer: error: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # the reader went away (`edgeinfer run ... | head`): exit quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+
+
+def _broken_pipe() -> int:
+    # the reader went away (`edgeinfer run ... | head`): exit quietly, and keep Python's
+    # final flush of stdout from failing again
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 # --- run -------------------------------------------------------------------------------------
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import edgeinfer
-
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    with edgeinfer.load(args.model, n_threads=args.threads, n_ctx=args.ctx) as model:
+    interrupted = False
+    with _load(args, args.model) as model:
         stream = model.stream(prompt, parse_special=not args.no_special, **_sampling(args))
         try:
             for piece in stream:
@@ -107,16 +128,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
         except KeyboardInterrupt:
             stream.close()
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+            interrupted = True
+        if sys.stdout.isatty():
+            sys.stdout.write("\n")  # for the shell prompt; a pipe gets the continuation only
+            sys.stdout.flush()
         _print_stats(stream.stats, model.load_s)
-    return 0
+    return 130 if interrupted else 0
 
 
 def _print_stats(stats: Any, load_s: float | None = None) -> None:
+    cached = f" ({stats.cached_tokens} cached)" if stats.cached_tokens else ""
     parts = [
-        f"prompt {stats.prompt_tokens} tok",
-        f"{stats.prompt_tok_s:.1f} tok/s" if stats.prompt_tokens > stats.cached_tokens else "cached",
+        f"prompt {stats.prompt_tokens} tok{cached}",
+        f"{stats.prompt_tok_s:.1f} tok/s",
         f"generated {stats.generated_tokens} tok, {stats.gen_tok_s:.1f} tok/s",
         f"first token {stats.ttft_s * 1000:.0f} ms",
         f"stop: {stats.finish_reason}",
@@ -141,30 +165,34 @@ def _default_model() -> str:
 
 
 class _ProgressBar:
+    """A bar redrawn in place on a terminal; a line at the start and one at the end elsewhere."""
+
     def __init__(self, label: str) -> None:
         self.label, self.shown = label, False
+        self.tty = sys.stderr.isatty()
 
     def __call__(self, done: int, total: int) -> None:
-        width = 30
-        filled = width * done // max(total, 1)
-        sys.stderr.write(
-            f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
-            f"{done / 1e6:.0f}/{total / 1e6:.0f} MB"
-        )
+        if self.tty:
+            width = 30
+            filled = width * done // max(total, 1)
+            sys.stderr.write(
+                f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
+                f"{done / 1e6:.0f}/{total / 1e6:.0f} MB"
+            )
+        elif not self.shown:
+            sys.stderr.write(f"{self.label} ({total / 1e6:.0f} MB) ...")
         sys.stderr.flush()
         self.shown = True
 
     def done(self) -> None:
         if self.shown:
-            sys.stderr.write("\n")
+            sys.stderr.write("\n" if self.tty else " done\n")
+            sys.stderr.flush()
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    import edgeinfer
-
     path = args.model or _default_model()
-    print(f"loading {os.path.basename(path)} ...", file=sys.stderr, flush=True)
-    with edgeinfer.load(path, n_threads=args.threads, n_ctx=args.ctx) as model:
+    with _load(args, path) as model:
         print(
             f"{model.metadata.get('general.name', model.config.arch)} ready "
             f"({model.engine} engine, {model.n_threads} threads, context {model.n_ctx}, "
@@ -176,7 +204,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def _read_line() -> str | None:
     try:
-        return input("> ")
+        # no prompt when the input is a file or a pipe: stdout then holds the replies only
+        return input("> " if sys.stdin.isatty() else "")
     except EOFError:
         return None
 
@@ -186,15 +215,12 @@ def _chat_loop(model: Any, args: argparse.Namespace) -> int:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
-    system = [{"role": "system", "content": args.system}] if args.system else []
-    history: list[dict[str, str]] = []
-    last = None
+    session = _ChatSession(model, args)
     while True:
         try:
             line = _read_line()
-        except KeyboardInterrupt:
-            print(file=sys.stderr)
-            return 0
+        except KeyboardInterrupt:  # Ctrl-C at the prompt ends the chat, as Ctrl-D does
+            line = None
         if line is None:
             print(file=sys.stderr)
             return 0
@@ -202,40 +228,64 @@ def _chat_loop(model: Any, args: argparse.Namespace) -> int:
         if not text:
             continue
         if text.startswith("/"):
-            cmd = text.split()[0].lower()
-            if cmd in ("/exit", "/quit", "/bye"):
+            if not session.command(text):
                 return 0
-            if cmd == "/reset":
-                history.clear()
-                model.reset()
-                print("(conversation cleared)", file=sys.stderr, flush=True)
-            elif cmd == "/stats":
-                if last is None:
-                    print("(no reply yet)", file=sys.stderr, flush=True)
-                else:
-                    _print_stats(last)
+            continue
+        session.reply(text)
+
+
+class _ChatSession:
+    """The conversation so far, and what /reset and /stats act on."""
+
+    def __init__(self, model: Any, args: argparse.Namespace) -> None:
+        self.model, self.sampling = model, _sampling(args)
+        self.system = [{"role": "system", "content": args.system}] if args.system else []
+        self.history: list[dict[str, str]] = []
+        self.last: Any = None
+
+    def command(self, text: str) -> bool:
+        """Runs a /command; False when it ends the chat."""
+        cmd = text.split()[0].lower()
+        if cmd in ("/exit", "/quit", "/bye"):
+            return False
+        if cmd == "/reset":
+            self.history.clear()
+            self.model.reset()
+            print("(conversation cleared)", file=sys.stderr, flush=True)
+        elif cmd == "/stats":
+            if self.last is None:
+                print("(no reply yet)", file=sys.stderr, flush=True)
             else:
-                print(CHAT_HELP, file=sys.stderr, flush=True)
-            continue
-        history.append({"role": "user", "content": text})
+                _print_stats(self.last)
+        else:
+            print(CHAT_HELP, file=sys.stderr, flush=True)
+        return True
+
+    def reply(self, text: str) -> None:
+        """Streams the model's reply to ``text``; Ctrl-C cuts it short and keeps what came."""
+        self.history.append({"role": "user", "content": text})
+        stream = None
         try:
-            stream = model.chat(system + history, stream=True, **_sampling(args))
-        except errors.ContextOverflowError:
-            history.pop()
-            print("(the conversation no longer fits the context: /reset to start over)", file=sys.stderr)
-            continue
-        try:
+            stream = self.model.chat(self.system + self.history, stream=True, **self.sampling)
             for piece in stream:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
+        except errors.ContextOverflowError:
+            self.history.pop()
+            print("(the conversation no longer fits the context: /reset to start over)", file=sys.stderr)
+            return
         except KeyboardInterrupt:
+            if stream is None:  # before the reply began: as if the line was never sent
+                self.history.pop()
+                print(file=sys.stderr)
+                return
             stream.close()
             sys.stdout.write(" [interrupted]")
         sys.stdout.write("\n")
         sys.stdout.flush()
-        history.append({"role": "assistant", "content": stream.text})
-        last = stream.stats
-        _print_stats(last)
+        self.history.append({"role": "assistant", "content": stream.text})
+        self.last = stream.stats
+        _print_stats(self.last)
 
 
 # --- info ------------------------------------------------------------------------------------

@@ -1,0 +1,269 @@
+"""`edgeinfer run`, `info`, `doctor` and their errors, run as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.api.conftest import ARCHS, load
+from tests.apps.conftest import EDGEINFER, assert_one_line_error, cli, engine_args
+
+STATS = re.compile(r"^\[load [\d.]+ s \| prompt (\d+) tok.*\| generated (\d+) tok, [\d.]+ tok/s \| "
+                   r"first token \d+ ms \| stop: (\w+)\]$")  # fmt: skip
+
+
+# --- run -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_run_prints_only_the_continuation(fixture_models, arch):
+    path = fixture_models[arch]
+    prompt = "Once upon a time"
+    proc = cli("run", path, "-p", prompt, "-n", "24", "--temp", "0", *engine_args())
+    assert proc.returncode == 0, proc.stderr
+    with load(path) as model:
+        expected = model.generate(prompt, max_tokens=24, temperature=0, parse_special=True)
+    assert proc.stdout == expected.text  # nothing else: no prompt, no newline when piped
+    lines = proc.stderr.strip().split("\n")
+    match = STATS.match(lines[-1])
+    assert match, proc.stderr
+    assert int(match[1]) == expected.stats.prompt_tokens
+    assert int(match[2]) == 24 and match[3] == "length"
+
+
+@pytest.mark.slow
+def test_run_on_gemma_equals_the_api(gemma_path):
+    proc = cli("run", gemma_path, "-p", "def fibonacci(n):\n", "-n", "16", "--temp", "0", *engine_args())
+    assert proc.returncode == 0, proc.stderr
+    with load(gemma_path, n_ctx=1024) as model:
+        expected = model.generate("def fibonacci(n):\n", max_tokens=16, temperature=0)
+    assert proc.stdout == expected.text
+    assert expected.text.startswith("    if n")
+    assert STATS.match(proc.stderr.strip().split("\n")[-1])
+
+
+def test_run_reads_the_prompt_from_stdin(fixture_models):
+    path = fixture_models["qwen2"]
+    a = cli("run", path, "-p", "-", "-n", "8", "--temp", "0", *engine_args(), input="From stdin")
+    b = cli("run", path, "-p", "From stdin", "-n", "8", "--temp", "0", *engine_args())
+    assert a.returncode == b.returncode == 0
+    assert a.stdout == b.stdout and a.stdout
+
+
+def test_run_sampling_options(fixture_models):
+    path = fixture_models["gemma3"]
+    common = ["run", path, "-p", "Seeds", "-n", "16", *engine_args()]
+    a = cli(*common, "--temp", "1.0", "--seed", "3")
+    b = cli(*common, "--temp", "1.0", "--seed", "3")
+    c = cli(*common, "--temp", "1.0", "--seed", "4", "--top-k", "0", "--top-p", "1", "--min-p", "0")
+    assert a.returncode == b.returncode == c.returncode == 0
+    assert a.stdout == b.stdout and a.stdout != c.stdout
+    with load(path) as model:
+        expected = model.generate("Seeds", max_tokens=16, temperature=1.0, seed=3)
+    assert a.stdout == expected.text
+
+
+def test_run_stop_string(fixture_models):
+    path = fixture_models["llama"]
+    full = cli("run", path, "-p", "Stop", "-n", "30", "--temp", "0", *engine_args()).stdout
+    assert len(full) > 10
+    stop = full[5:8]
+    proc = cli("run", path, "-p", "Stop", "-n", "30", "--temp", "0", "--stop", stop, *engine_args())
+    assert proc.stdout == full[: full.index(stop)]
+    assert proc.stderr.strip().endswith("stop: stop]")
+
+
+def test_run_special_tokens_in_the_prompt(fixture_models):
+    path = fixture_models["llama"]
+    prompt = "<|start_header_id|>user<|end_header_id|>"
+    parsed = cli("run", path, "-p", prompt, "-n", "1", "--temp", "0", *engine_args())
+    plain = cli("run", path, "-p", prompt, "-n", "1", "--temp", "0", "--no-special", *engine_args())
+    n_parsed = int(STATS.match(parsed.stderr.strip().split("\n")[-1])[1])
+    n_plain = int(STATS.match(plain.stderr.strip().split("\n")[-1])[1])
+    with load(path) as model:
+        assert n_parsed == len(model.tokenize(prompt, parse_special=True))
+        assert n_plain == len(model.tokenize(prompt, parse_special=False)) > n_parsed
+
+
+def test_run_into_a_closed_pipe(fixture_models):
+    """`edgeinfer run ... | head -c 1`: the reader leaves early; no traceback, no error."""
+    proc = subprocess.Popen(
+        [EDGEINFER, "run", fixture_models["qwen3"], "-p", "Pipe", "-n", "500", "--temp", "0", *engine_args()],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    proc.stdout.read(1)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0
+    assert "Traceback" not in err and "error" not in err.lower()
+
+
+def test_module_entry_point(fixture_models):
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgeinfer.apps.cli", "run", fixture_models["llama"], "-p", "Hi", "-n", "3",
+         "--temp", "0", *engine_args()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    again = cli("run", fixture_models["llama"], "-p", "Hi", "-n", "3", "--temp", "0", *engine_args())
+    assert proc.stdout == again.stdout
+
+
+def test_help_and_version():
+    proc = cli()
+    assert proc.returncode == 2 and "run" in proc.stdout and "chat" in proc.stdout
+    proc = cli("--version")
+    import edgeinfer
+
+    assert proc.returncode == 0 and proc.stdout.strip() == f"edgeinfer {edgeinfer.__version__}"
+
+
+# --- info ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_info_json_against_the_gguf_package(fixture_models, arch):
+    import gguf
+
+    path = fixture_models[arch]
+    proc = cli("info", path, "--json", "-c", "512")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    reader = gguf.GGUFReader(str(path))
+
+    def field(key: str):  # noqa: ANN202
+        return reader.fields[key].contents()
+
+    assert info["architecture"] == field("general.architecture") == arch
+    assert info["context_length"] == field(f"{arch}.context_length")
+    assert info["layers"] == field(f"{arch}.block_count")
+    assert info["embedding_length"] == field(f"{arch}.embedding_length")
+    assert info["heads"] == field(f"{arch}.attention.head_count")
+    assert info["kv_heads"] == field(f"{arch}.attention.head_count_kv")
+    assert info["vocab_size"] == len(field("tokenizer.ggml.tokens"))
+    assert info["name"] == field("general.name")
+    assert info["file_size"] == os.path.getsize(path)
+    assert info["tensors"] == len(reader.tensors)
+    assert info["parameters"] == sum(int(t.n_elements) for t in reader.tensors)
+    types: dict[str, int] = {}
+    for t in reader.tensors:
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    assert info["tensor_types"] == types
+    mem = info["memory_estimate"]
+    assert mem["context"] == 512
+    assert mem["weights_bytes"] == sum(int(t.n_bytes) for t in reader.tensors)
+    head_dim = reader.fields.get(f"{arch}.attention.key_length")
+    head_dim = head_dim.contents() if head_dim else info["embedding_length"] // info["heads"]
+    # K and V, float16, every layer, every position of the context, every KV head
+    assert mem["kv_cache_bytes"] == 2 * 2 * info["layers"] * 512 * info["kv_heads"] * head_dim
+    assert mem["total_bytes"] == mem["weights_bytes"] + mem["kv_cache_bytes"]
+    assert info["chat_template"] is False
+
+
+def test_info_on_gemma(gemma_path):
+    info = json.loads(cli("info", gemma_path, "--json").stdout)
+    assert info["architecture"] == "gemma3"
+    assert info["context_length"] == 32768
+    assert 250e6 < info["parameters"] < 300e6  # "270M"
+    assert info["vocab_size"] == 262144
+    assert info["memory_estimate"]["context"] == 4096
+    assert "Q4_K" in info["tensor_types"] and sum(info["tensor_types"].values()) == info["tensors"]
+    text = cli("info", gemma_path)
+    assert text.returncode == 0
+    for label in ("architecture", "parameters", "context length", "tensor types", "memory estimate"):
+        assert label in text.stdout
+    assert "gemma3" in text.stdout and "Q4_K" in text.stdout
+
+
+# --- doctor ----------------------------------------------------------------------------------
+
+
+def test_doctor_json():
+    proc = cli("doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    import edgeinfer
+
+    assert report["edgeinfer"] == edgeinfer.__version__
+    assert report["python"] == ".".join(map(str, sys.version_info[:3]))
+    cpu = report["cpu"]
+    assert cpu["logical_cores"] == os.cpu_count()
+    assert 1 <= cpu["physical_cores"] <= cpu["logical_cores"]
+    assert cpu["model"] and cpu["arch"]
+    assert isinstance(cpu["features"], list)
+    if sys.platform.startswith("linux"):
+        with open("/proc/cpuinfo") as f:
+            flags = set()
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags |= set(line.split(":", 1)[1].split())
+        assert set(cpu["features"]) <= flags
+        with open("/proc/meminfo") as f:
+            total_kb = int(f.readline().split()[1])
+        assert report["memory"]["total_mb"] == total_kb // 1024
+        assert 0 < report["memory"]["available_mb"] <= report["memory"]["total_mb"]
+    names = {b["name"]: b for b in report["backends"]}
+    assert names["reference"]["available"] is True
+    for backend in report["backends"]:
+        assert set(backend) >= {"name", "available", "detail"}
+
+
+def test_doctor_text():
+    proc = cli("doctor")
+    assert proc.returncode == 0
+    assert "cpu" in proc.stdout and "backend" in proc.stdout and "reference" in proc.stdout
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, gemma_path):
+    folder = tmp_path_factory.mktemp("bad")
+    (folder / "empty.gguf").write_bytes(b"")
+    (folder / "text.gguf").write_text("this is not a model\n")
+    rng = np.random.default_rng(0)
+    (folder / "noise.gguf").write_bytes(b"GGUF" + rng.integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    with open(gemma_path, "rb") as f:
+        (folder / "truncated.gguf").write_bytes(f.read(3 << 20))
+    (folder / "folder.gguf").mkdir()
+    return folder
+
+
+@pytest.mark.parametrize("name", ["missing.gguf", "empty.gguf", "text.gguf", "noise.gguf", "truncated.gguf",
+                                  "folder.gguf"])  # fmt: skip
+@pytest.mark.parametrize("command", ["run", "info", "chat"])
+def test_bad_model_files(bad_files, name, command):
+    args = {"run": ["-p", "hi", "-n", "2"], "info": [], "chat": []}[command]
+    proc = cli(command, bad_files / name, *args)
+    line = assert_one_line_error(proc)
+    assert name in line or "folder" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["-n", "-5"], ["--top-p", "0"], ["--min-p", "3"], ["--top-k", "-1"], ["-c", "0"], ["-t", "0"],
+     ["--repeat-penalty", "0"], ["--stop", ""], ["--seed", "-1"]],
+)  # fmt: skip
+def test_bad_option_values(fixture_models, args):
+    proc = cli("run", fixture_models["llama"], "-p", "hi", *args)
+    assert_one_line_error(proc)
+
+
+def test_usage_errors_exit_2(fixture_models):
+    for args in (["run", fixture_models["llama"]], ["run", fixture_models["llama"], "-p", "x", "--temp", "hot"],
+                 ["nonsense"]):  # fmt: skip
+        proc = cli(*args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and "usage:" in proc.stderr
+
+
+def test_prompt_too_long_for_the_context(fixture_models):
+    proc = cli("run", fixture_models["llama"], "-p", "word " * 100, "-c", "32")
+    line = assert_one_line_error(proc)
+    assert "context" in line
