@@ -2,9 +2,10 @@
 parsed without the sentencepiece or protobuf packages.
 
 Field numbers are those of sentencepiece_model.proto: ModelProto.pieces = 1 (piece = 1,
-score = 2, type = 3), trainer_spec = 2 (model_type = 3, byte_fallback = 35, unk_id = 40,
-bos_id = 41, eos_id = 42, pad_id = 43), normalizer_spec = 3 (add_dummy_prefix = 3). Unknown
-fields are skipped, as protobuf readers do.
+score = 2, type = 3), trainer_spec = 2 (model_type = 3, byte_fallback = 35, unk_piece = 45,
+bos_piece = 46, eos_piece = 47, pad_piece = 48), normalizer_spec = 3 (add_dummy_prefix = 3).
+Unknown fields are skipped, as protobuf readers do. As in the sentencepiece library, the
+special ids are those of the pieces the trainer spec names (-1 where there is none).
 """
 
 from __future__ import annotations
@@ -29,11 +30,17 @@ class SentencePieceModel:
     types: list[int] = field(default_factory=list)
     model_type: str = "unigram"
     byte_fallback: bool = False
-    unk_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
-    pad_id: int = -1
+    special_pieces: dict[str, str] = field(
+        default_factory=lambda: {"unk": "<unk>", "bos": "<s>", "eos": "</s>", "pad": "<pad>"}
+    )
     add_dummy_prefix: bool = True
+
+    def special_id(self, role: str) -> int:
+        """The id of the piece the trainer named for ``role`` ("bos", ...), or -1."""
+        try:
+            return self.pieces.index(self.special_pieces[role])
+        except ValueError:
+            return -1
 
 
 class _Reader:
@@ -85,10 +92,6 @@ class _Reader:
         return out
 
 
-def _signed(v: int) -> int:
-    return v - (1 << 64) if v >= 1 << 63 else v
-
-
 def parse_sentencepiece(path: Path) -> SentencePieceModel:
     try:
         size = path.stat().st_size
@@ -134,22 +137,20 @@ def _piece(model: SentencePieceModel, r: _Reader) -> None:
     model.types.append(kind)
 
 
+_PIECE_FIELDS = {45: "unk", 46: "bos", 47: "eos", 48: "pad"}
+
+
 def _trainer_spec(model: SentencePieceModel, r: _Reader) -> None:
     for number, wire, value in r.fields(len(r.buf)):
-        if wire != 0:
-            continue
-        if number == 3:
+        if number == 3 and wire == 0:
             model.model_type = MODEL_TYPES.get(value, f"type {value}")
-        elif number == 35:
+        elif number == 35 and wire == 0:
             model.byte_fallback = bool(value)
-        elif number == 40:
-            model.unk_id = _signed(value)
-        elif number == 41:
-            model.bos_id = _signed(value)
-        elif number == 42:
-            model.eos_id = _signed(value)
-        elif number == 43:
-            model.pad_id = _signed(value)
+        elif number in _PIECE_FIELDS and wire == 2:
+            try:
+                model.special_pieces[_PIECE_FIELDS[number]] = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise r.fail("a special piece name is not UTF-8") from None
 
 
 def _normalizer_spec(model: SentencePieceModel, r: _Reader) -> None:

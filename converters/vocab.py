@@ -254,8 +254,9 @@ def _spm_vocabulary(ckpt: HFCheckpoint) -> Vocabulary:
         model="llama", pre="default", tokens=tokens, types=types, scores=scores,
         add_space_prefix=spm.add_dummy_prefix,
     )  # fmt: skip
-    for role, i in (("unk", spm.unk_id), ("bos", spm.bos_id), ("eos", spm.eos_id), ("pad", spm.pad_id)):
-        if 0 <= i < len(tokens):
+    for role in ("unk", "bos", "eos", "pad"):
+        i = spm.special_id(role)
+        if i >= 0:
             vocab.special_ids[role] = i
     return vocab
 

@@ -165,6 +165,7 @@ def spm_model_bytes(
     trainer = (
         _field(3, 0, 2) + _field(4, 0, len(pieces)) + _field(35, 0, 1) + _field(40, 0, unk_id)
         + _field(41, 0, bos_id) + _field(42, 0, eos_id) + _field(43, 0, pad_id)
+        + b"".join(_field(45 + k, 2, pieces[i].encode()) for k, i in enumerate((unk_id, bos_id, eos_id, pad_id)))
     )  # fmt: skip
     normalizer = _field(1, 2, b"identity") + _field(3, 0, int(add_dummy_prefix)) + _field(4, 0, 0) + _field(5, 0, 1)
     return out + _field(2, 2, trainer) + _field(3, 2, normalizer)

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import cache_dir
 from tests.converters.checkpoints import SPECS, SpmVocab, write_checkpoint
 
-CHECKPOINT_VERSION = 1  # bump when checkpoints.py changes what it writes
+CHECKPOINT_VERSION = 3  # bump when checkpoints.py changes what it writes
 ARCHS = list(SPECS)
 
 
@@ -25,10 +25,12 @@ def vocabs(gemma_path) -> dict:
     from tests.fixtures.vocab import bpe_vocab
 
     g = GemmaSubsetVocab(gemma_path)
+    types = list(g.types)
+    types[g.ids["<unk>"]] = 2  # a SentencePiece model has one UNKNOWN piece (the GGUF says control)
     return {
         "llama3": bpe_vocab("llama3"),
         "qwen2": bpe_vocab("qwen2"),
-        "spm": SpmVocab(g.tokens, g.scores, g.types, dict(g.ids)),
+        "spm": SpmVocab(g.tokens, g.scores, types, dict(g.ids)),
     }
 
 
