@@ -39,22 +39,44 @@ def _sysctl(name: str) -> str:
 
 
 def physical_cores() -> int:
-    """Number of physical cores (hyper-threads share execution units; matmuls do not gain)."""
+    """Physical cores this process may use (hyper-threads share execution units, matmuls do
+    not gain from them), capped by its CPU affinity and its cgroup's CPU quota."""
+    cores = _cores_in_cpuinfo() or max(1, (os.cpu_count() or 2) // 2)
+    return max(1, min(cores, usable_cpus()))
+
+
+def _cores_in_cpuinfo() -> int:
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             cores = set()
-            phys = core = None
+            phys = None
             for line in f:
                 if line.startswith("physical id"):
                     phys = line.split(":")[1].strip()
                 elif line.startswith("core id"):
-                    core = line.split(":")[1].strip()
-                    cores.add((phys, core))
-            if cores:
-                return len(cores)
+                    cores.add((phys, line.split(":")[1].strip()))
+            return len(cores)
     except OSError:
+        return 0
+
+
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # "quota period" (or "max ...") under cgroup v2
+
+
+def usable_cpus() -> int:
+    """Logical CPUs this process may run on: its affinity mask, and a container's quota."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:
+        with open(CGROUP_CPU_MAX, encoding="ascii") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, -(-int(quota) // int(period))))  # ceil: 1.5 CPUs -> 2 threads
+    except (OSError, ValueError):
         pass
-    return max(1, (os.cpu_count() or 2) // 2)
+    return max(1, n)
 
 
 def cpu_info() -> dict[str, Any]:
@@ -73,6 +95,7 @@ def cpu_info() -> dict[str, Any]:
         "model": model or platform.processor() or "unknown",
         "arch": platform.machine(),
         "logical_cores": os.cpu_count() or 1,
+        "usable_cores": usable_cpus(),
         "physical_cores": physical_cores(),
         "features": [f for f in INTERESTING if f in flags],
     }
@@ -97,6 +120,15 @@ def memory_info() -> dict[str, int]:
 def backends() -> list[dict[str, Any]]:
     """Every compute backend edgeinfer knows, whether it is usable here, and why not."""
     found = [{"name": "reference", "available": True, "detail": "numpy " + _numpy_version()}]
+    from edgeinfer import _native
+
+    ok, why = _native.available()
+    native: dict[str, Any] = {"name": "native", "available": ok, "detail": why}
+    if ok:
+        native["isa"] = _native.isa_report()
+        chosen = [v["name"] for v in native["isa"] if v["chosen"]]
+        native["detail"] = f"{', '.join(chosen)} kernels ({_native.cpu_features()})"
+    found.insert(0, native)
     return found
 
 
