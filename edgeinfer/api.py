@@ -201,6 +201,8 @@ class Model:
             raise errors.InvalidOptionError("pass either a sampler or sampling options, not both")
         elif not callable(sampler):
             raise errors.InvalidOptionError("sampler must be a callable (logits, history) -> token id")
+        else:
+            sampler = _CheckedSampler(sampler, self.n_vocab)
         if isinstance(max_tokens, (int, np.integer)) and max_tokens == -1:
             max_tokens = self.n_ctx
         elif isinstance(max_tokens, (int, np.integer)) and max_tokens < 0:
@@ -450,6 +452,21 @@ class TextStream:
 
 
 _RESERVED: Any = object()  # marks the model busy with a request that is not a stream
+
+
+class _CheckedSampler:
+    """A caller's sampler, whose answers must be token ids of the model."""
+
+    def __init__(self, sampler: Any, n_vocab: int) -> None:
+        self.sampler, self.n_vocab = sampler, n_vocab
+
+    def __call__(self, logits: np.ndarray, history: list[int]) -> int:
+        token = self.sampler(logits, history)
+        if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+            raise errors.InvalidOptionError(f"the sampler returned {token!r}, not a token id")
+        if not 0 <= token < self.n_vocab:
+            raise errors.InvalidOptionError(f"the sampler returned token id {token}, outside [0, {self.n_vocab})")
+        return int(token)
 
 
 def _stop_strings(stop: Any) -> list[str]:

@@ -459,3 +459,14 @@ def test_logits_seen_by_the_sampler_are_the_models(fixture_model):
     full = model.logits(prompt + c.tokens)
     for i, seen in enumerate(sampler.seen[:-1]):
         np.testing.assert_array_equal(seen, full[len(prompt) - 1 + i])
+
+
+@pytest.mark.parametrize("bad", [-1, 10**9, 2.0, "7", None, True])
+def test_a_sampler_returning_no_token_id(fixture_model, bad):
+    model = fixture_model("llama")
+    with pytest.raises(errors.InvalidOptionError, match="sampler returned"):
+        model.generate("Hi", max_tokens=5, sampler=lambda logits, history: bad)
+    assert model.generate("Hi", max_tokens=2, temperature=0).stats.generated_tokens == 2
+    # numpy integers are token ids too
+    c = model.generate("Hi", max_tokens=2, sampler=lambda logits, history: np.int64(np.argmax(logits)))
+    assert c.tokens == model.generate("Hi", max_tokens=2, temperature=0).tokens
