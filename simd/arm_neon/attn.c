@@ -50,13 +50,13 @@ EI_INLINE float32x4_t to_f32(const float64x2_t acc[2]) { return vcvt_high_f32_f6
 /* raw dots (rounded to float) of keys kr[0..G*4) with q; G = 1 or 2 groups of four */
 EI_INLINE void key_dots(float *out, const uint8_t *kr[8], int G, const float *q, int hd, int f32) {
     float64x2_t a[2][2];
-    for (int j = 0; j < 4; j++) (&a[0][0])[j] = vdupq_n_f64(0.0);
+    EI_UNROLL for (int j = 0; j < 4; j++) (&a[0][0])[j] = vdupq_n_f64(0.0);
     int d = 0;
     for (; d + 4 <= hd; d += 4)
         EI_UNROLL for (int g = 0; g < G; g++) keys_step(a[g], kr + 4 * g, d, q, f32);
     for (; d < hd; d++)
-        for (int g = 0; g < G; g++) keys_tail(a[g], kr + 4 * g, d, q, f32);
-    for (int g = 0; g < G; g++) vst1q_f32(out + 4 * g, to_f32(a[g]));
+        EI_UNROLL for (int g = 0; g < G; g++) keys_tail(a[g], kr + 4 * g, d, q, f32);
+    EI_UNROLL for (int g = 0; g < G; g++) vst1q_f32(out + 4 * g, to_f32(a[g]));
 }
 
 /* scores[t] = dot(q, key t0 + t) * scale, soft-capped, for t < n */
@@ -65,7 +65,7 @@ static void scores_of(const ei_attn_params *p, const float *q, const uint8_t *k,
     const uint8_t *base = k + (size_t)p->t0 * row;
     for (int t = 0; t < n; t += 8) {
         const uint8_t *kr[8];
-        for (int j = 0; j < 8; j++) kr[j] = base + (size_t)(t + j < n ? t + j : n - 1) * row;
+        EI_UNROLL for (int j = 0; j < 8; j++) kr[j] = base + (size_t)(t + j < n ? t + j : n - 1) * row;
         float dots[8];
         if (t + 4 < n) key_dots(dots, kr, 2, q, p->head_dim, p->kv_f32);
         else key_dots(dots, kr, 1, q, p->head_dim, p->kv_f32);
@@ -83,10 +83,10 @@ EI_INLINE void weighted_sum(const ei_attn_params *p, const float *pr, const uint
     const size_t row = p->v_stride * (p->kv_f32 ? 4 : 2);
     const uint8_t *r = v + (size_t)p->t0 * row;
     float64x2_t acc[4][2];
-    for (int w = 0; w < W; w++) acc[w][0] = acc[w][1] = vdupq_n_f64(0.0);
+    EI_UNROLL for (int w = 0; w < W; w++) acc[w][0] = acc[w][1] = vdupq_n_f64(0.0);
     for (int t = 0; t < n; t++, r += row)
         EI_UNROLL for (int w = 0; w < W; w++) acc_keys(acc[w], kv4(r, d0 + 4 * w, p->kv_f32), pr[t], p->kv_f32);
-    for (int w = 0; w < W; w++) vst1q_f32(out + d0 + 4 * w, to_f32(acc[w]));
+    EI_UNROLL for (int w = 0; w < W; w++) vst1q_f32(out + d0 + 4 * w, to_f32(acc[w]));
 }
 
 static void neon_attn(const ei_attn_params *p, const float *q, const void *k, const void *v, float *out,

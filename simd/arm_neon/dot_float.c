@@ -67,7 +67,7 @@ EI_INLINE void acc_rows(float64x2_t acc[2], float32x4_t v, float a, int kind) {
 EI_INLINE void float_tile(int n, int nr, int nc, int NC, float *s, size_t ss, const uint8_t *xr[4],
                           const uint8_t *yc[4], int kind) {
     float64x2_t acc[4][2];
-    for (int c = 0; c < NC; c++) acc[c][0] = acc[c][1] = vdupq_n_f64(0.0);
+    EI_UNROLL for (int c = 0; c < NC; c++) acc[c][0] = acc[c][1] = vdupq_n_f64(0.0);
     int e = 0;
     for (; e + 4 <= n; e += 4) {
         const float32x4_t r0 = load4(xr[0], e, kind), r1 = load4(xr[1], e, kind);
@@ -87,7 +87,7 @@ EI_INLINE void float_tile(int n, int nr, int nc, int NC, float *s, size_t ss, co
     }
     for (; e < n; e++) {
         const float v[4] = {load1(xr[0], e, kind), load1(xr[1], e, kind), load1(xr[2], e, kind), load1(xr[3], e, kind)};
-        for (int c = 0; c < NC; c++) acc_rows(acc[c], vld1q_f32(v), load1(yc[c], e, kind), kind);
+        EI_UNROLL for (int c = 0; c < NC; c++) acc_rows(acc[c], vld1q_f32(v), load1(yc[c], e, kind), kind);
     }
     for (int c = 0; c < nc; c++) store_lanes(s + (size_t)c * ss, 1, nr, acc[c]);
 }

@@ -18,13 +18,13 @@ static inline uint8x16_t shl(uint8x16_t v, int left) { return vshlq_u8(v, vdupq_
 
 static inline void unpack_q2_K(const uint8_t *b, int g, int8x16_t v[2]) {
     const uint8_t *qs = b + offsetof(block_q2_K, qs) + 32 * (g >> 2);
-    for (int h = 0; h < 2; h++) v[h] = vreinterpretq_s8_u8(vandq_u8(shl(vld1q_u8(qs + 16 * h), -2 * (g & 3)), vdupq_n_u8(3)));
+    EI_UNROLL for (int h = 0; h < 2; h++) v[h] = vreinterpretq_s8_u8(vandq_u8(shl(vld1q_u8(qs + 16 * h), -2 * (g & 3)), vdupq_n_u8(3)));
 }
 
 static inline void unpack_q3_K(const uint8_t *b, int g, int8x16_t v[2]) {
     const uint8_t *qs = b + offsetof(block_q3_K, qs) + 32 * (g >> 2), *hm = b + offsetof(block_q3_K, hmask);
     const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << g));
-    for (int h = 0; h < 2; h++) {
+    EI_UNROLL for (int h = 0; h < 2; h++) {
         const uint8x16_t low = vandq_u8(shl(vld1q_u8(qs + 16 * h), -2 * (g & 3)), vdupq_n_u8(3));
         const uint8x16_t four = vbicq_u8(vdupq_n_u8(4), vtstq_u8(vld1q_u8(hm + 16 * h), bit)); /* 4 where the bit is clear */
         v[h] = vreinterpretq_s8_u8(vsubq_u8(low, four));
@@ -33,12 +33,12 @@ static inline void unpack_q3_K(const uint8_t *b, int g, int8x16_t v[2]) {
 
 static inline void unpack_q4_K(const uint8_t *b, int g, int8x16_t v[2]) {
     const uint8_t *qs = b + offsetof(block_q4_K, qs) + 32 * (g >> 1);
-    for (int h = 0; h < 2; h++) v[h] = vreinterpretq_s8_u8(vandq_u8(shl(vld1q_u8(qs + 16 * h), -4 * (g & 1)), vdupq_n_u8(0x0f)));
+    EI_UNROLL for (int h = 0; h < 2; h++) v[h] = vreinterpretq_s8_u8(vandq_u8(shl(vld1q_u8(qs + 16 * h), -4 * (g & 1)), vdupq_n_u8(0x0f)));
 }
 
 static inline void unpack_q5_K(const uint8_t *b, int g, int8x16_t v[2]) {
     const uint8_t *qs = b + offsetof(block_q5_K, qs) + 32 * (g >> 1), *qh = b + offsetof(block_q5_K, qh);
-    for (int h = 0; h < 2; h++) {
+    EI_UNROLL for (int h = 0; h < 2; h++) {
         const uint8x16_t low = vandq_u8(shl(vld1q_u8(qs + 16 * h), -4 * (g & 1)), vdupq_n_u8(0x0f));
         const uint8x16_t high = vandq_u8(shl(vld1q_u8(qh + 16 * h), 4 - g), vdupq_n_u8(0x10)); /* bit g */
         v[h] = vreinterpretq_s8_u8(vorrq_u8(low, high));
@@ -48,7 +48,7 @@ static inline void unpack_q5_K(const uint8_t *b, int g, int8x16_t v[2]) {
 static inline void unpack_q6_K(const uint8_t *b, int g, int8x16_t v[2]) {
     const int half = g >> 2, s = g & 3;
     const uint8_t *ql = b + offsetof(block_q6_K, ql) + 64 * half + 32 * (s & 1), *qh = b + offsetof(block_q6_K, qh) + 32 * half;
-    for (int h = 0; h < 2; h++) {
+    EI_UNROLL for (int h = 0; h < 2; h++) {
         const uint8x16_t low = vandq_u8(shl(vld1q_u8(ql + 16 * h), -4 * (s >> 1)), vdupq_n_u8(0x0f));
         const uint8x16_t high = vandq_u8(shl(vld1q_u8(qh + 16 * h), 4 - 2 * s), vdupq_n_u8(0x30)); /* bits 2s, 2s+1 */
         v[h] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(low, high)), vdupq_n_s8(32));
@@ -147,7 +147,7 @@ EI_INLINE void transpose_scales(int8_t sc[4][16], int32x4_t scv[16], int count) 
     const int16x8_t cd_lo = vreinterpretq_s16_s8(vzip1q_s8(r2, r3)), cd_hi = vreinterpretq_s16_s8(vzip2q_s8(r2, r3));
     const int16x8_t q[4] = {vzip1q_s16(ab_lo, cd_lo), vzip2q_s16(ab_lo, cd_lo), vzip1q_s16(ab_hi, cd_hi),
                             vzip2q_s16(ab_hi, cd_hi)}; /* scales 4i..4i+3, four rows each */
-    for (int i = 0; i < count / 4; i++) {
+    EI_UNROLL for (int i = 0; i < count / 4; i++) {
         const int8x16_t v = vreinterpretq_s8_s16(q[i]);
         const int16x8_t lo = vmovl_s8(vget_low_s8(v)), hi = vmovl_high_s8(v);
         scv[4 * i] = vmovl_s16(vget_low_s16(lo));
@@ -161,56 +161,70 @@ EI_INLINE void transpose_scales(int8_t sc[4][16], int32x4_t scv[16], int count) 
 EI_INLINE void tile_scales(const uint8_t *xr[4], size_t xo, ktype t, kscales_fn scales, int32x4_t scv[16],
                            int8_t mn[4][16]) {
     int8_t sc[4][16];
-    for (int r = 0; r < 4; r++) scales(xr[r] + xo, sc[r], mn[r]);
+    EI_UNROLL for (int r = 0; r < 4; r++) scales(xr[r] + xo, sc[r], mn[r]);
     transpose_scales(sc, scv, t.sub == 32 ? 8 : 16);
 }
 
-/* rows in lanes: acc[c] holds the four rows' sums for activation c (NC of them) */
+/* isum[c] += group g of block i: the four rows (lanes) against activation c (NC of them) */
+EI_INLINE void kq_rows_group(int32x4_t isum[4], int NC, const uint8_t *xr[4], size_t xo, const block_q8_K *yc[4],
+                             int i, int g, ktype t, kunpack_fn unpack, const int32x4_t scv[16]) {
+    const int32x4_t z = vdupq_n_s32(0);
+    int8x16_t w[4][2];
+    EI_UNROLL for (int r = 0; r < 4; r++) unpack(xr[r] + xo, g, w[r]);
+    EI_UNROLL for (int c = 0; c < NC; c++) {
+        const int8x16_t y0 = vld1q_s8(yc[c][i].qs + 32 * g), y1 = vld1q_s8(yc[c][i].qs + 32 * g + 16);
+        int32x4_t p[4], q[4];
+        if (t.sub == 32) {
+            EI_UNROLL for (int r = 0; r < 4; r++) p[r] = dot32s(z, w[r][0], w[r][1], y0, y1);
+            isum[c] = vmlaq_s32(isum[c], hsum4(p[0], p[1], p[2], p[3]), scv[g]);
+        } else {
+            EI_UNROLL for (int r = 0; r < 4; r++) p[r] = dot16(z, w[r][0], y0), q[r] = dot16(z, w[r][1], y1);
+            isum[c] = vmlaq_s32(isum[c], hsum4(p[0], p[1], p[2], p[3]), scv[2 * g]);
+            isum[c] = vmlaq_s32(isum[c], hsum4(q[0], q[1], q[2], q[3]), scv[2 * g + 1]);
+        }
+    }
+}
+
+/* acc[c] += the terms of block i for activation c, rows in lanes */
+EI_INLINE void kq_rows_terms(float64x2_t acc[4][2], int NC, const uint8_t *xr[4], size_t xo, const block_q8_K *yc[4],
+                             int i, ktype t, const int32x4_t isum[4], int8_t mn[4][16]) {
+    const float32x4_t d = h2f_x4(xr[0] + xo + t.d_off, xr[1] + xo + t.d_off, xr[2] + xo + t.d_off, xr[3] + xo + t.d_off);
+    const float64x2_t d01 = vcvt_f64_f32(vget_low_f32(d)), d23 = vcvt_high_f64_f32(d);
+    EI_UNROLL for (int c = 0; c < NC; c++) {
+        const double yd = yc[c][i].d;
+        float64x2_t t0 = vmulq_f64(vmulq_n_f64(d01, yd), f64_lo(isum[c]));
+        float64x2_t t1 = vmulq_f64(vmulq_n_f64(d23, yd), f64_hi(isum[c]));
+        if (t.dmin_off >= 0) {
+            const int o = t.dmin_off;
+            const float32x4_t m = h2f_x4(xr[0] + xo + o, xr[1] + xo + o, xr[2] + xo + o, xr[3] + xo + o);
+            const int16_t *bs = yc[c][i].bsums;
+            const int32x4_t im = hsum4(min_dot(mn[0], bs, t.sub), min_dot(mn[1], bs, t.sub),
+                                       min_dot(mn[2], bs, t.sub), min_dot(mn[3], bs, t.sub));
+            t0 = vsubq_f64(t0, vmulq_f64(vmulq_n_f64(vcvt_f64_f32(vget_low_f32(m)), yd), f64_lo(im)));
+            t1 = vsubq_f64(t1, vmulq_f64(vmulq_n_f64(vcvt_high_f64_f32(m), yd), f64_hi(im)));
+        }
+        acc[c][0] = vaddq_f64(acc[c][0], t0);
+        acc[c][1] = vaddq_f64(acc[c][1], t1);
+    }
+}
+
+/* rows in lanes: acc[c] holds the four rows' sums for activation c (NC = 1 or 4 of them) */
 EI_INLINE void kq_tile_rows(int nb, int nr, int nc, int NC, float *s, size_t ss, const uint8_t *xr[4],
                             const block_q8_K *yc[4], ktype t, kunpack_fn unpack, kscales_fn scales) {
     float64x2_t acc[4][2];
-    for (int c = 0; c < NC; c++) acc[c][0] = acc[c][1] = vdupq_n_f64(0.0);
-    const int32x4_t z = vdupq_n_s32(0);
+    EI_UNROLL for (int c = 0; c < NC; c++) acc[c][0] = acc[c][1] = vdupq_n_f64(0.0);
     for (int i = 0; i < nb; i++) {
         const size_t xo = (size_t)i * t.bytes;
         int32x4_t scv[16], isum[4];
         int8_t mn[4][16];
         tile_scales(xr, xo, t, scales, scv, mn);
-        for (int c = 0; c < NC; c++) isum[c] = z;
-        EI_UNROLL for (int g = 0; g < 8; g++) {
-            int8x16_t w[4][2];
-            for (int r = 0; r < 4; r++) unpack(xr[r] + xo, g, w[r]);
-            EI_UNROLL for (int c = 0; c < NC; c++) {
-                const int8x16_t y0 = vld1q_s8(yc[c][i].qs + 32 * g), y1 = vld1q_s8(yc[c][i].qs + 32 * g + 16);
-                int32x4_t p[4], q[4];
-                if (t.sub == 32) {
-                    for (int r = 0; r < 4; r++) p[r] = dot32s(z, w[r][0], w[r][1], y0, y1);
-                    isum[c] = vmlaq_s32(isum[c], hsum4(p[0], p[1], p[2], p[3]), scv[g]);
-                } else {
-                    for (int r = 0; r < 4; r++) p[r] = dot16(z, w[r][0], y0), q[r] = dot16(z, w[r][1], y1);
-                    isum[c] = vmlaq_s32(isum[c], hsum4(p[0], p[1], p[2], p[3]), scv[2 * g]);
-                    isum[c] = vmlaq_s32(isum[c], hsum4(q[0], q[1], q[2], q[3]), scv[2 * g + 1]);
-                }
-            }
+        EI_UNROLL for (int c = 0; c < NC; c++) isum[c] = vdupq_n_s32(0);
+        if (NC == 1) { /* one activation: small enough to repeat for each group */
+            EI_UNROLL for (int g = 0; g < 8; g++) kq_rows_group(isum, 1, xr, xo, yc, i, g, t, unpack, scv);
+        } else {
+            EI_NO_UNROLL for (int g = 0; g < 8; g++) kq_rows_group(isum, NC, xr, xo, yc, i, g, t, unpack, scv);
         }
-        const float32x4_t d = h2f_x4(xr[0] + xo + t.d_off, xr[1] + xo + t.d_off, xr[2] + xo + t.d_off, xr[3] + xo + t.d_off);
-        const float64x2_t d01 = vcvt_f64_f32(vget_low_f32(d)), d23 = vcvt_high_f64_f32(d);
-        EI_UNROLL for (int c = 0; c < NC; c++) {
-            const double yd = yc[c][i].d;
-            float64x2_t t0 = vmulq_f64(vmulq_n_f64(d01, yd), f64_lo(isum[c]));
-            float64x2_t t1 = vmulq_f64(vmulq_n_f64(d23, yd), f64_hi(isum[c]));
-            if (t.dmin_off >= 0) {
-                const int o = t.dmin_off;
-                const float32x4_t m = h2f_x4(xr[0] + xo + o, xr[1] + xo + o, xr[2] + xo + o, xr[3] + xo + o);
-                const int16_t *bs = yc[c][i].bsums;
-                const int32x4_t im = hsum4(min_dot(mn[0], bs, t.sub), min_dot(mn[1], bs, t.sub),
-                                           min_dot(mn[2], bs, t.sub), min_dot(mn[3], bs, t.sub));
-                t0 = vsubq_f64(t0, vmulq_f64(vmulq_n_f64(vcvt_f64_f32(vget_low_f32(m)), yd), f64_lo(im)));
-                t1 = vsubq_f64(t1, vmulq_f64(vmulq_n_f64(vcvt_high_f64_f32(m), yd), f64_hi(im)));
-            }
-            acc[c][0] = vaddq_f64(acc[c][0], t0);
-            acc[c][1] = vaddq_f64(acc[c][1], t1);
-        }
+        kq_rows_terms(acc, NC, xr, xo, yc, i, t, isum, mn);
     }
     for (int c = 0; c < nc; c++) store_lanes(s + (size_t)c * ss, 1, nr, acc[c]);
 }
@@ -223,10 +237,10 @@ EI_INLINE int32x4_t pair_scale(int32x4_t v, int rp) { return rp ? vzip2q_s32(v, 
 EI_INLINE void kq_pairs_isum(const uint8_t *xr[4], size_t xo, const block_q8_K *yc[4], int i, ktype t,
                              kunpack_fn unpack, const int32x4_t scv[16], int32x4_t isum[2][2]) {
     const int32x4_t z = vdupq_n_s32(0);
-    for (int j = 0; j < 4; j++) (&isum[0][0])[j] = z;
-    EI_UNROLL for (int g = 0; g < 8; g++) {
+    EI_UNROLL for (int j = 0; j < 4; j++) (&isum[0][0])[j] = z;
+    EI_NO_UNROLL for (int g = 0; g < 8; g++) {
         int8x16_t w[4][2];
-        for (int r = 0; r < 4; r++) unpack(xr[r] + xo, g, w[r]);
+        EI_UNROLL for (int r = 0; r < 4; r++) unpack(xr[r] + xo, g, w[r]);
         EI_UNROLL for (int cp = 0; cp < 2; cp++) {
             const int8_t *ya = yc[2 * cp][i].qs + 32 * g, *yb = yc[2 * cp + 1][i].qs + 32 * g;
             const int8x16_t a0 = vld1q_s8(ya), a1 = vld1q_s8(ya + 16), b0 = vld1q_s8(yb), b1 = vld1q_s8(yb + 16);
@@ -247,7 +261,7 @@ EI_INLINE void kq_pairs_isum(const uint8_t *xr[4], size_t xo, const block_q8_K *
 EI_INLINE void kq_tile_pairs(int nb, int nr, int nc, float *s, size_t ss, const uint8_t *xr[4],
                              const block_q8_K *yc[4], ktype t, kunpack_fn unpack, kscales_fn scales) {
     float64x2_t acc[2][2][2];
-    for (int j = 0; j < 8; j++) (&acc[0][0][0])[j] = vdupq_n_f64(0.0);
+    EI_UNROLL for (int j = 0; j < 8; j++) (&acc[0][0][0])[j] = vdupq_n_f64(0.0);
     for (int i = 0; i < nb; i++) {
         const size_t xo = (size_t)i * t.bytes;
         int32x4_t scv[16], isum[2][2];

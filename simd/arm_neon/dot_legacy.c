@@ -122,7 +122,7 @@ EI_INLINE void legacy_tile_rows(int nb, int nr, int nc, int NC, float *s, size_t
                                 const uint8_t *yc[4], size_t xb, unpack32_fn unpack, int small, int has_min) {
     const size_t yb = ACT_BYTES(has_min), yq = ACT_QS(has_min);
     float64x2_t acc[4][2];
-    for (int c = 0; c < NC; c++) acc[c][0] = acc[c][1] = vdupq_n_f64(0.0);
+    EI_UNROLL for (int c = 0; c < NC; c++) acc[c][0] = acc[c][1] = vdupq_n_f64(0.0);
     for (int i = 0; i < nb; i++) {
         const size_t xo = (size_t)i * xb, yo = (size_t)i * yb;
         int8x16_t w[4][2];
@@ -150,7 +150,7 @@ EI_INLINE void legacy_tile_pairs(int nb, int nr, int nc, float *s, size_t ss, co
                                  const uint8_t *yc[4], size_t xb, unpack32_fn unpack, int has_min) {
     const size_t yb = ACT_BYTES(has_min), yq = ACT_QS(has_min);
     float64x2_t acc[2][2][2];
-    for (int i = 0; i < 8; i++) (&acc[0][0][0])[i] = vdupq_n_f64(0.0);
+    EI_UNROLL for (int i = 0; i < 8; i++) (&acc[0][0][0])[i] = vdupq_n_f64(0.0);
     for (int i = 0; i < nb; i++) {
         const size_t xo = (size_t)i * xb, yo = (size_t)i * yb;
         int8x16_t w[4][2];

@@ -50,6 +50,7 @@ void EI_NEON_FN(ei_neon_attn)(ei_kernels *k);
 
 #define EI_INLINE static inline __attribute__((always_inline))
 #define EI_UNROLL _Pragma("GCC unroll 16")
+#define EI_NO_UNROLL _Pragma("GCC unroll 1") /* bodies too large to repeat */
 
 /* ---- fp16 (exact conversions; the hardware rounds float -> half to nearest even) ------- */
 
