@@ -10,6 +10,7 @@ Progress bars go to stderr when it is a terminal (or with ``--progress``).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from typing import TextIO
@@ -139,11 +140,16 @@ def print_plan(plan, out: TextIO) -> None:  # noqa: ANN001
         print(f"budget {_size(plan.budget)}: fits, {_size(left)} left", file=out)
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run(argv: list[str] | None = None) -> int:
     """``python -m edgeinfer.apps.convert ...``: the subcommand on its own."""
     parser = argparse.ArgumentParser(prog="edgeinfer")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["convert", *(sys.argv[1:] if argv is None else argv)])
+    signal.signal(signal.SIGTERM, _terminate)  # unwind (removing the temporary file) as Ctrl-C does
     try:
         return main(args)
     except errors.EdgeInferError as e:
