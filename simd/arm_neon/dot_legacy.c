@@ -65,8 +65,9 @@ EI_INLINE int32x4_t block_dot(const int8x16_t w[2], const uint8_t *y, int small)
 
 /* t = four block terms: d * isum, plus the minimum terms ms when there are any */
 EI_INLINE void block_terms(float64x2_t t[2], float32x4_t d, int32x4_t isum, int has_min, float32x4_t ms) {
-    t[0] = vmulq_f64(vcvt_f64_f32(vget_low_f32(d)), f64_lo(isum));
-    t[1] = vmulq_f64(vcvt_high_f64_f32(d), f64_hi(isum));
+    const float32x4_t f = vcvtq_f32_s32(isum); /* exact: |isum| <= 32 * 128 * 127 < 2^24 */
+    t[0] = vmulq_f64(vcvt_f64_f32(vget_low_f32(d)), vcvt_f64_f32(vget_low_f32(f)));
+    t[1] = vmulq_f64(vcvt_high_f64_f32(d), vcvt_high_f64_f32(f));
     if (has_min) {
         t[0] = vaddq_f64(t[0], vcvt_f64_f32(vget_low_f32(ms)));
         t[1] = vaddq_f64(t[1], vcvt_high_f64_f32(ms));

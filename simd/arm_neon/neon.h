@@ -160,7 +160,7 @@ EI_INLINE void tile_rows(const uint8_t *p[4], const void *base, size_t stride, i
 
 /* tile results in pair layout (the smmla order): acc[rp][cp][h] holds rows 2rp + h and
  * columns 2cp, 2cp + 1 */
-EI_INLINE void store_pairs(float *s, size_t ss, int nr, int nc, const float64x2_t acc[2][2][2]) {
+EI_INLINE void store_pairs(float *s, size_t ss, int nr, int nc, float64x2_t acc[2][2][2]) {
     for (int rp = 0; rp < 2; rp++)
         for (int cp = 0; cp < 2; cp++)
             for (int h = 0; h < 2; h++) {

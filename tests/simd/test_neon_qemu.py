@@ -222,3 +222,23 @@ def test_dispatch_picks_best_supported(qemu, dispatch_program, cpu, expected):
     out = _check(_run([qemu, "-cpu", cpu, str(dispatch_program)]), f"dispatch on {cpu}")
     assert out.splitlines()[0] == f"best {expected}", out
     assert out.rstrip().endswith("ok"), out
+
+
+@pytest.mark.parametrize("level", sorted(LEVELS))
+def test_kernels_match_reference_with_clang(qemu, tmp_path, level):
+    """The same sources through clang (Android and macOS build with it), when it is here."""
+    clang, lld = shutil.which("clang"), shutil.which("ld.lld")
+    if not (clang and lld):
+        pytest.skip("clang and ld.lld not found: the clang build is checked where they are")
+    lit = _setup_literals()
+    init, name, _ = LEVELS[level]
+    sources = [SIMD / "tests" / "check_kernels.c", SIMD / "common" / "numeric.c"]
+    sources += [SIMD / "common" / "types.c", *sorted((SIMD / "ref").glob("*.c"))]
+    sources += sorted((SIMD / "arm_neon").glob("*.c"))
+    exe = tmp_path / f"check_clang{level}"
+    cmd = [clang, "--target=aarch64-linux-gnu", "-fuse-ld=lld", "-static", *lit["GCC_BASE"]]
+    cmd += [*lit["NEON_LEVELS"][level][0], f"-DEI_NEON_LEVEL={level}", f"-DEI_CHECK_INIT={init}"]
+    cmd += [*map(str, sources), "-lm", "-o", str(exe)]
+    _check(_run(cmd), f"clang build of {name}")
+    out = _check(_run([qemu, "-cpu", "max", str(exe)]), f"clang-built {name}")
+    assert out.rstrip().endswith(" 0 failed"), out[-4000:]
