@@ -13,6 +13,13 @@
 #include "intrinsics.h"
 
 #define EI_INLINE static inline __attribute__((always_inline))
+/* the loops over tile rows, columns and vector quarters must unroll: their arrays of vectors
+ * live in registers only then (-O2 does not unroll on its own) */
+#if defined(__clang__) || defined(__GNUC__)
+#define EI_UNROLL _Pragma("GCC unroll 16")
+#else
+#define EI_UNROLL
+#endif
 
 EI_INLINE float f16_to_f32(ei_f16 h) { return _cvtsh_ss(h); }
 
@@ -105,7 +112,7 @@ EI_INLINE void k4_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
 /* scale words for scales of 32 values (Q4_K, Q5_K): zmm c covers sub-blocks 2c, 2c+1 */
 EI_INLINE void sw_per32(kblock *k, const uint8_t *sc8) {
     const __m512i s = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)sc8)));
-    for (int c = 0; c < 4; c++) {
+    EI_UNROLL for (int c = 0; c < 4; c++) {
         const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 1)), 1);
         k->sw[c] = _mm512_permutexvar_epi16(idx, s);
     }
@@ -117,14 +124,14 @@ EI_INLINE void sw_per16(kblock *k, __m256i s16) {
     /* word w of zmm c covers values 64c + 2w and 64c + 2w + 1: scale 4c + w / 8 */
     const __m512i step = _mm512_setr_epi64(0, 0, 0x0001000100010001ll, 0x0001000100010001ll, 0x0002000200020002ll,
                                            0x0002000200020002ll, 0x0003000300030003ll, 0x0003000300030003ll);
-    for (int c = 0; c < 4; c++)
+    EI_UNROLL for (int c = 0; c < 4; c++)
         k->sw[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_set1_epi16((short)(4 * c)), step), s);
 }
 
 EI_INLINE void unpack_q4_K(kblock *k, const block_q4_K *b) {
     uint8_t sc[8], mn[8];
     k4_scales(b->scales, sc, mn);
-    for (int c = 0; c < 4; c++) {
+    EI_UNROLL for (int c = 0; c < 4; c++) {
         const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * c)));
         k->u[c] = _mm512_and_si512(_mm512_srlv_epi64(q, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)), _mm512_set1_epi8(0x0f));
     }
@@ -140,7 +147,7 @@ EI_INLINE void unpack_q5_K(kblock *k, const block_q5_K *b) {
     uint8_t sc[8], mn[8];
     k4_scales(b->scales, sc, mn);
     const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->qh));
-    for (int c = 0; c < 4; c++) {
+    EI_UNROLL for (int c = 0; c < 4; c++) {
         const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * c)));
         const __m512i lo = _mm512_and_si512(_mm512_srlv_epi64(q, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)), _mm512_set1_epi8(0x0f));
         const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))), _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
@@ -155,7 +162,7 @@ EI_INLINE void unpack_q5_K(kblock *k, const block_q5_K *b) {
 
 /* values 0..63, offset 32, folded back through 32 * scale on each bsum */
 EI_INLINE void unpack_q6_K(kblock *k, const block_q6_K *b) {
-    for (int h = 0; h < 2; h++) {
+    EI_UNROLL for (int h = 0; h < 2; h++) {
         const __m512i ql = _mm512_loadu_si512((const void *)(b->ql + 64 * h));
         const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
         const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x30);
@@ -174,9 +181,9 @@ EI_INLINE void unpack_q6_K(kblock *k, const block_q6_K *b) {
 /* values -4..3 as 0..7 (offset 4) */
 EI_INLINE void unpack_q3_K(kblock *k, const block_q3_K *b) {
     const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->hmask));
-    for (int h = 0; h < 2; h++) {
+    EI_UNROLL for (int h = 0; h < 2; h++) {
         const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * h)));
-        for (int p = 0; p < 2; p++) {
+        EI_UNROLL for (int p = 0; p < 2; p++) {
             const int s = 2 * p; /* zmm covers shifts s and s + 1 */
             const __m512i lo = _mm512_and_si512(_mm512_srlv_epi64(q, _mm512_setr_epi64(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 2, 2 * s + 2, 2 * s + 2, 2 * s + 2)),
                                                 _mm512_set1_epi8(3));
@@ -185,7 +192,7 @@ EI_INLINE void unpack_q3_K(kblock *k, const block_q3_K *b) {
         }
     }
     int16_t sc[16];
-    for (int j = 0; j < 16; j++) {
+    EI_UNROLL for (int j = 0; j < 16; j++) {
         const int lo = j < 8 ? b->scales[j] & 0xf : b->scales[j - 8] >> 4;
         const int hi = (b->scales[8 + (j % 4)] >> (2 * (j / 4))) & 3;
         sc[j] = (int16_t)((lo | (hi << 4)) - 32);
@@ -198,9 +205,9 @@ EI_INLINE void unpack_q3_K(kblock *k, const block_q3_K *b) {
 }
 
 EI_INLINE void unpack_q2_K(kblock *k, const block_q2_K *b) {
-    for (int h = 0; h < 2; h++) {
+    EI_UNROLL for (int h = 0; h < 2; h++) {
         const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * h)));
-        for (int p = 0; p < 2; p++) {
+        EI_UNROLL for (int p = 0; p < 2; p++) {
             const int s = 2 * p;
             k->u[2 * h + p] = _mm512_and_si512(_mm512_srlv_epi64(q, _mm512_setr_epi64(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 2, 2 * s + 2, 2 * s + 2, 2 * s + 2)),
                                                _mm512_set1_epi8(3));

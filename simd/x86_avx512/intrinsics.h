@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../common/ei_kernels.h"
+
 #ifndef EI_USE_SIMDE
 #include <immintrin.h>
 #else
@@ -19,8 +21,6 @@
 #include <simde/x86/avx512.h>
 #include <simde/x86/f16c.h>
 #include <simde/x86/fma.h>
-
-#include "../common/ei_kernels.h"
 
 /* SIMDe 0.7.4 aliases neither the mask types nor some constants, and aliases
  * _mm512_madd_epi16 with the argument list of its masked form */
@@ -259,6 +259,7 @@ static inline __m512i ei_simde_shuffle_epi32(__m512i a, int imm) {
 
 /* the kernel families of this variant */
 void ei_avx512_quant_kernels(struct ei_kernels *k, int vnni);
+ei_vec_dot_fn ei_avx512_vec_dot(int type, int vnni);
 void ei_avx512_gemm_kernels(struct ei_kernels *k, int vnni);
 void ei_avx512_float_kernels(struct ei_kernels *k);
 

@@ -28,4 +28,6 @@ void ei_kernels_init_avx512(ei_kernels *k) {
     const int vnni = cpu_has_vnni();
     k->name = vnni ? "avx512-vnni" : "avx512";
     ei_avx512_quant_kernels(k, vnni);
+    ei_avx512_gemm_kernels(k, vnni);
+    ei_avx512_float_kernels(k);
 }

@@ -60,7 +60,7 @@ static void from_float_q8_K(const float *x, void *vy, int64_t n) {
     block_q8_K *y = vy;
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         __m512 m = _mm512_setzero_ps();
-        for (int k = 0; k < 16; k++) m = _mm512_max_ps(abs_ps(_mm512_loadu_ps(x + 16 * k)), m);
+        EI_UNROLL for (int k = 0; k < 16; k++) m = _mm512_max_ps(abs_ps(_mm512_loadu_ps(x + 16 * k)), m);
         const float amax = _mm512_reduce_max_ps(m);
         if (amax == 0.0f) {
             memset(&y[i], 0, sizeof(y[i]));
@@ -68,7 +68,7 @@ static void from_float_q8_K(const float *x, void *vy, int64_t n) {
         }
         /* the first value of largest magnitude, with its sign */
         float max = 0.0f;
-        for (int k = 0; k < 16; k++) {
+        EI_UNROLL for (int k = 0; k < 16; k++) {
             const __mmask16 at = _mm512_cmp_ps_mask(abs_ps(_mm512_loadu_ps(x + 16 * k)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
             if (at) {
                 max = x[16 * k + __builtin_ctz((unsigned)at)];
@@ -76,7 +76,7 @@ static void from_float_q8_K(const float *x, void *vy, int64_t n) {
             }
         }
         const float iscale = -127.0f / max;
-        for (int k = 0; k < 16; k++) {
+        EI_UNROLL for (int k = 0; k < 16; k++) {
             __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_set1_ps(iscale), _mm512_loadu_ps(x + 16 * k)));
             q = _mm512_min_epi32(q, _mm512_set1_epi32(127));
             _mm_storeu_si128((__m128i *)(y[i].qs + 16 * k), _mm512_cvtsepi32_epi8(q));
@@ -115,7 +115,7 @@ static void from_float_bf16(const float *x, void *vy, int64_t n) {
 EI_INLINE void store_scaled(float *y, __m512i q, const float d[2], const float m[2], int with_min, int count) {
     const __m128i quarter[4] = {_mm512_castsi512_si128(q), _mm512_extracti32x4_epi32(q, 1),
                                 _mm512_extracti32x4_epi32(q, 2), _mm512_extracti32x4_epi32(q, 3)};
-    for (int h = 0; h < 2 * count; h++) {
+    EI_UNROLL for (int h = 0; h < 2 * count; h++) {
         __m512 v = _mm512_mul_ps(_mm512_set1_ps(d[h / 2]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(quarter[h])));
         if (with_min) v = _mm512_add_ps(v, _mm512_set1_ps(m[h / 2]));
         _mm512_storeu_ps(y + 16 * h, v);
@@ -237,7 +237,7 @@ EI_INLINE int hsum_epi32_256(__m256i v) {
 /* isum (scaled sub-block dots, offsets folded back unless min_scaled) and imin of one block */
 EI_INLINE void kdot(const kblock *k, const block_q8_K *y, int min_scaled, int vnni, int *isum, int *imin) {
     __m512i acc = _mm512_setzero_si512();
-    for (int c = 0; c < 4; c++) {
+    EI_UNROLL for (int c = 0; c < 4; c++) {
         const __m512i a = _mm512_loadu_si512((const void *)(y->qs + 64 * c));
         acc = dot_s16(acc, _mm512_maddubs_epi16(k->u[c], a), k->sw[c], vnni);
     }
@@ -274,32 +274,35 @@ DOT_K(dot_q5_K, block_q5_K, unpack_q5_K, 1)
 DOT_K(dot_q6_K, block_q6_K, unpack_q6_K, 0)
 
 /* ---- float rows -------------------------------------------------------------------------- *
- * Every product is exact in double; the sums run in eight double lanes. */
+ * Every product is exact in double, but their sum need not be: the products are formed 16 at
+ * a time and added in index order, as the reference adds them. */
 
-EI_INLINE void dot_f32x16(__m512 x, __m512 y, __m512d acc[2]) {
-    acc[0] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), _mm512_cvtps_pd(_mm512_castps512_ps256(y)), acc[0]);
-    acc[1] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))),
-                             _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1))), acc[1]);
+EI_INLINE void add_products16(double *sum, __m512 x, __m512 y) {
+    double t[16];
+    _mm512_storeu_pd(t, _mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), _mm512_cvtps_pd(_mm512_castps512_ps256(y))));
+    _mm512_storeu_pd(t + 8, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))),
+                                          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)))));
+    double s = *sum;
+    EI_UNROLL for (int j = 0; j < 16; j++) s += t[j];
+    *sum = s;
 }
 
 static void dot_f32(int n, float *s, const void *vx, const void *vy) {
     const float *x = vx, *y = vy;
-    __m512d acc[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+    double sum = 0.0;
     int i = 0;
-    for (; i + 16 <= n; i += 16) dot_f32x16(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc);
-    double sum = _mm512_reduce_add_pd(_mm512_add_pd(acc[0], acc[1]));
+    for (; i + 16 <= n; i += 16) add_products16(&sum, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i));
     for (; i < n; i++) sum += (double)x[i] * y[i];
     *s = (float)sum;
 }
 
 static void dot_f16(int n, float *s, const void *vx, const void *vy) {
     const ei_f16 *x = vx, *y = vy;
-    __m512d acc[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+    double sum = 0.0;
     int i = 0;
     for (; i + 16 <= n; i += 16)
-        dot_f32x16(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))),
-                   _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i))), acc);
-    double sum = _mm512_reduce_add_pd(_mm512_add_pd(acc[0], acc[1]));
+        add_products16(&sum, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))),
+                       _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i))));
     for (; i < n; i++) sum += (double)ei_fp16_to_fp32(x[i]) * ei_fp16_to_fp32(y[i]);
     *s = (float)sum;
 }
@@ -310,12 +313,30 @@ EI_INLINE __m512 bf16x16(const ei_bf16 *p) {
 
 static void dot_bf16(int n, float *s, const void *vx, const void *vy) {
     const ei_bf16 *x = vx, *y = vy;
-    __m512d acc[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+    double sum = 0.0;
     int i = 0;
-    for (; i + 16 <= n; i += 16) dot_f32x16(bf16x16(x + i), bf16x16(y + i), acc);
-    double sum = _mm512_reduce_add_pd(_mm512_add_pd(acc[0], acc[1]));
+    for (; i + 16 <= n; i += 16) add_products16(&sum, bf16x16(x + i), bf16x16(y + i));
     for (; i < n; i++) sum += (double)ei_bf16_to_fp32(x[i]) * ei_bf16_to_fp32(y[i]);
     *s = (float)sum;
+}
+
+ei_vec_dot_fn ei_avx512_vec_dot(int type, int vnni) {
+    switch (type) {
+    case EI_TYPE_Q4_0: return vnni ? dot_q4_0_vnni : dot_q4_0;
+    case EI_TYPE_Q4_1: return vnni ? dot_q4_1_vnni : dot_q4_1;
+    case EI_TYPE_Q5_0: return vnni ? dot_q5_0_vnni : dot_q5_0;
+    case EI_TYPE_Q5_1: return vnni ? dot_q5_1_vnni : dot_q5_1;
+    case EI_TYPE_Q8_0: return vnni ? dot_q8_0_vnni : dot_q8_0;
+    case EI_TYPE_Q2_K: return vnni ? dot_q2_K_vnni : dot_q2_K;
+    case EI_TYPE_Q3_K: return vnni ? dot_q3_K_vnni : dot_q3_K;
+    case EI_TYPE_Q4_K: return vnni ? dot_q4_K_vnni : dot_q4_K;
+    case EI_TYPE_Q5_K: return vnni ? dot_q5_K_vnni : dot_q5_K;
+    case EI_TYPE_Q6_K: return vnni ? dot_q6_K_vnni : dot_q6_K;
+    case EI_TYPE_F16: return dot_f16;
+    case EI_TYPE_BF16: return dot_bf16;
+    case EI_TYPE_F32: return dot_f32;
+    default: return NULL;
+    }
 }
 
 void ei_avx512_quant_kernels(ei_kernels *k, int vnni) {
@@ -333,17 +354,8 @@ void ei_avx512_quant_kernels(ei_kernels *k, int vnni) {
     k->to_float[EI_TYPE_F16] = to_float_f16;
     k->to_float[EI_TYPE_BF16] = to_float_bf16;
 
-    k->vec_dot[EI_TYPE_Q4_0] = vnni ? dot_q4_0_vnni : dot_q4_0;
-    k->vec_dot[EI_TYPE_Q4_1] = vnni ? dot_q4_1_vnni : dot_q4_1;
-    k->vec_dot[EI_TYPE_Q5_0] = vnni ? dot_q5_0_vnni : dot_q5_0;
-    k->vec_dot[EI_TYPE_Q5_1] = vnni ? dot_q5_1_vnni : dot_q5_1;
-    k->vec_dot[EI_TYPE_Q8_0] = vnni ? dot_q8_0_vnni : dot_q8_0;
-    k->vec_dot[EI_TYPE_Q2_K] = vnni ? dot_q2_K_vnni : dot_q2_K;
-    k->vec_dot[EI_TYPE_Q3_K] = vnni ? dot_q3_K_vnni : dot_q3_K;
-    k->vec_dot[EI_TYPE_Q4_K] = vnni ? dot_q4_K_vnni : dot_q4_K;
-    k->vec_dot[EI_TYPE_Q5_K] = vnni ? dot_q5_K_vnni : dot_q5_K;
-    k->vec_dot[EI_TYPE_Q6_K] = vnni ? dot_q6_K_vnni : dot_q6_K;
-    k->vec_dot[EI_TYPE_F16] = dot_f16;
-    k->vec_dot[EI_TYPE_BF16] = dot_bf16;
-    k->vec_dot[EI_TYPE_F32] = dot_f32;
+    static const int types[] = {EI_TYPE_Q4_0, EI_TYPE_Q4_1, EI_TYPE_Q5_0, EI_TYPE_Q5_1, EI_TYPE_Q8_0,
+                                EI_TYPE_Q2_K, EI_TYPE_Q3_K, EI_TYPE_Q4_K, EI_TYPE_Q5_K, EI_TYPE_Q6_K,
+                                EI_TYPE_F16, EI_TYPE_BF16, EI_TYPE_F32};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) k->vec_dot[types[i]] = ei_avx512_vec_dot(types[i], vnni);
 }

@@ -1,0 +1,284 @@
+/* avx512 float operations of a decoder step: the reference's (ref/ops.c) float32 operations
+ * in the same order, sixteen lanes at a time and never fused; every reduction adds in the
+ * reference's order (rms_norm's squares one by one; attention one lane per key for the
+ * scores and one lane per dimension for the output), so the results are the reference's
+ * bit for bit, whether or not the double sums are exact. */
+#include <math.h>
+
+#include "blocks.h"
+
+/* ---- elementwise ------------------------------------------------------------------------- */
+
+static void rms_norm(int n, float *y, const float *x, const float *w, float eps) {
+    double sum = 0.0; /* squares rounded to float, added in double in index order */
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i), sq = _mm512_mul_ps(v, v);
+        double t[16];
+        _mm512_storeu_pd(t, _mm512_cvtps_pd(_mm512_castps512_ps256(sq)));
+        _mm512_storeu_pd(t + 8, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sq), 1))));
+        EI_UNROLL for (int j = 0; j < 16; j++) sum += t[j];
+    }
+    for (; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float mean = (float)(sum / n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    const __m512 vs = _mm512_set1_ps(scale);
+    i = 0;
+    if (w) {
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vs), _mm512_loadu_ps(w + i)));
+        for (; i < n; i++) y[i] = x[i] * scale * w[i];
+    } else {
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), vs));
+        for (; i < n; i++) y[i] = x[i] * scale;
+    }
+}
+
+static void rope(int n_rot, float *x, const float *cs, int neox) {
+    const int half = n_rot / 2;
+    int i = 0;
+    if (neox) {
+        /* (c, s) pairs split into c and s vectors; x0 = x[i], x1 = x[i + half] */
+        const __m512i ci = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        const __m512i si = _mm512_add_epi32(ci, _mm512_set1_epi32(1));
+        for (; i + 16 <= half; i += 16) {
+            const __m512 t0 = _mm512_loadu_ps(cs + 2 * i), t1 = _mm512_loadu_ps(cs + 2 * i + 16);
+            const __m512 c = _mm512_permutex2var_ps(t0, ci, t1), s = _mm512_permutex2var_ps(t0, si, t1);
+            const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + half);
+            _mm512_storeu_ps(x + i, _mm512_sub_ps(_mm512_mul_ps(x0, c), _mm512_mul_ps(x1, s)));
+            _mm512_storeu_ps(x + i + half, _mm512_add_ps(_mm512_mul_ps(x0, s), _mm512_mul_ps(x1, c)));
+        }
+    } else {
+        /* pairs side by side: even lanes x0*c - x1*s, odd lanes x0*s + x1*c */
+        const __m512i dup0 = _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
+        const __m512i dup1 = _mm512_add_epi32(dup0, _mm512_set1_epi32(1));
+        const __m512i swap = _mm512_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+        for (; i + 8 <= half; i += 8) {
+            const __m512 v = _mm512_loadu_ps(x + 2 * i), t = _mm512_loadu_ps(cs + 2 * i);
+            const __m512 a = _mm512_mul_ps(_mm512_permutexvar_ps(dup0, v), t);                           /* x0*c, x0*s */
+            const __m512 b = _mm512_mul_ps(_mm512_permutexvar_ps(dup1, v), _mm512_permutexvar_ps(swap, t)); /* x1*s, x1*c */
+            _mm512_storeu_ps(x + 2 * i, _mm512_mask_add_ps(_mm512_sub_ps(a, b), 0xaaaa, a, b));
+        }
+    }
+    for (; i < half; i++) {
+        const float c = cs[2 * i], s = cs[2 * i + 1];
+        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float x0 = x[a], x1 = x[b];
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
+
+static void geglu(int n, float *y, const float *g, const float *u, const ei_f16 *tab) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 gv = _mm512_loadu_ps(g + i);
+        /* the table entry of fp16(g): gather the aligned pair of entries that holds it, so
+         * the last entry is read without reading past the table */
+        const __m512i h = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(gv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m512i pair = _mm512_i32gather_epi32(_mm512_srli_epi32(h, 1), (const void *)tab, 4);
+        const __m512i odd = _mm512_slli_epi32(_mm512_and_si512(h, _mm512_set1_epi32(1)), 4);
+        const __m512i e = _mm512_and_si512(_mm512_srlv_epi32(pair, odd), _mm512_set1_epi32(0xffff));
+        __m512 v = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(e));
+        v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(gv, _mm512_set1_ps(10.0f), _CMP_GE_OQ), gv);
+        v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(gv, _mm512_set1_ps(-10.0f), _CMP_LE_OQ), _mm512_setzero_ps());
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(v, _mm512_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) {
+        float v;
+        if (g[i] <= -10.0f) v = 0.0f;
+        else if (g[i] >= 10.0f) v = g[i];
+        else v = ei_fp16_to_fp32(tab[ei_fp32_to_fp16(g[i])]);
+        y[i] = v * u[i];
+    }
+}
+
+static void swiglu(int n, float *y, const float *g, const float *u) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        double e[8]; /* libm's exp, as the reference */
+        EI_UNROLL for (int j = 0; j < 8; j++) e[j] = exp(-(double)g[i + j]);
+        const __m512d gd = _mm512_cvtps_pd(_mm256_loadu_ps(g + i));
+        const __m512d f = _mm512_div_pd(gd, _mm512_add_pd(_mm512_set1_pd(1.0), _mm512_loadu_pd(e)));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm512_cvtpd_ps(f), _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) y[i] = (float)(g[i] / (1.0 + exp(-(double)g[i]))) * u[i];
+}
+
+static void add(int n, float *y, const float *x) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i), _mm512_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] += x[i];
+}
+
+static void scale(int n, float *y, float s) {
+    const __m512 vs = _mm512_set1_ps(s);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(y + i), vs));
+    for (; i < n; i++) y[i] *= s;
+}
+
+/* ---- attention --------------------------------------------------------------------------- */
+
+/* 16 fp16 values (dims of 16 keys, or 16 dims of one key) as two vectors of doubles */
+EI_INLINE void f16x16_pd(__m256i h, __m512d *lo, __m512d *hi) {
+    const __m512 f = _mm512_cvtph_ps(h);
+    *lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+    *hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+}
+
+/* out[j] = sum over d in order of qd[d] * k_j[d] for 16 fp16 keys k_j = k + j * stride
+ * (j >= m repeats key 0, not stored), one double lane per key; every product is exact */
+static void key_dots16_f16(const double *qd, const ei_f16 *k, size_t stride, int hd, int m, double *out) {
+    const ei_f16 *row[16];
+    for (int j = 0; j < 16; j++) row[j] = k + (size_t)(j < m ? j : 0) * stride;
+    __m512d even = _mm512_setzero_pd(), odd = _mm512_setzero_pd(); /* keys 0, 2, .. 14 and 1, 3, .. 15 */
+    int d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        /* x[i]: keys 2i (128-bit lanes 0, 1) and 2i + 1 (lanes 2, 3), dims d..d+15 */
+        __m512i x[8], t[8], s[8];
+        EI_UNROLL for (int i = 0; i < 8; i++)
+            x[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(row[2 * i] + d))),
+                                      _mm256_loadu_si256((const __m256i *)(row[2 * i + 1] + d)), 1);
+        /* an 8x8 transpose of 16-bit values in each 128-bit lane: afterwards x[e] holds dim e
+         * (lanes 0, 2) and dim e + 8 (lanes 1, 3) of the even (lanes 0, 1) and odd keys */
+        EI_UNROLL for (int i = 0; i < 4; i++) {
+            t[2 * i] = _mm512_unpacklo_epi16(x[2 * i], x[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi16(x[2 * i], x[2 * i + 1]);
+        }
+        EI_UNROLL for (int g = 0; g < 2; g++) {
+            s[4 * g + 0] = _mm512_unpacklo_epi32(t[4 * g + 0], t[4 * g + 2]);
+            s[4 * g + 1] = _mm512_unpackhi_epi32(t[4 * g + 0], t[4 * g + 2]);
+            s[4 * g + 2] = _mm512_unpacklo_epi32(t[4 * g + 1], t[4 * g + 3]);
+            s[4 * g + 3] = _mm512_unpackhi_epi32(t[4 * g + 1], t[4 * g + 3]);
+        }
+        EI_UNROLL for (int e = 0; e < 4; e++) {
+            x[2 * e] = _mm512_shuffle_i64x2(_mm512_unpacklo_epi64(s[e], s[4 + e]), _mm512_unpacklo_epi64(s[e], s[4 + e]), _MM_SHUFFLE(3, 1, 2, 0));
+            x[2 * e + 1] = _mm512_shuffle_i64x2(_mm512_unpackhi_epi64(s[e], s[4 + e]), _mm512_unpackhi_epi64(s[e], s[4 + e]), _MM_SHUFFLE(3, 1, 2, 0));
+        }
+        /* x[e]: dim e of the 16 keys in its low half, dim e + 8 in its high half */
+        EI_UNROLL for (int h = 0; h < 2; h++)
+            EI_UNROLL for (int e = 0; e < 8; e++) {
+                __m512d lo, hi;
+                f16x16_pd(h ? _mm512_extracti64x4_epi64(x[e], 1) : _mm512_castsi512_si256(x[e]), &lo, &hi);
+                const __m512d q = _mm512_set1_pd(qd[d + 8 * h + e]);
+                even = _mm512_fmadd_pd(lo, q, even); /* the product is exact: one rounding, the add */
+                odd = _mm512_fmadd_pd(hi, q, odd);
+            }
+    }
+    double ev[8], ov[8];
+    _mm512_storeu_pd(ev, even);
+    _mm512_storeu_pd(ov, odd);
+    for (int j = 0; j < m; j++) {
+        double sum = j % 2 ? ov[j / 2] : ev[j / 2];
+        for (int dd = d; dd < hd; dd++) sum += qd[dd] * ei_fp16_to_fp32(row[j][dd]);
+        out[j] = sum;
+    }
+}
+
+/* one f32 key: the exact products added in order */
+static double key_dot_f32(const float *q, const float *k, int hd) {
+    double sum = 0.0;
+    int d = 0;
+    for (; d + 8 <= hd; d += 8) {
+        double t[8];
+        _mm512_storeu_pd(t, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(q + d)), _mm512_cvtps_pd(_mm256_loadu_ps(k + d))));
+        EI_UNROLL for (int j = 0; j < 8; j++) sum += t[j];
+    }
+    for (; d < hd; d++) sum += (double)q[d] * k[d];
+    return sum;
+}
+
+/* acc[d] = sum over t in order of p[t] * v_t[d], d < hv, one double lane per dimension */
+static void weighted_sum(const double *p, const void *v, int f32, size_t stride, int n, int hv, double *acc) {
+    enum { W = 128 }; /* dimensions per pass: 16 accumulators */
+    int d0 = 0;
+    for (; d0 + 16 <= hv; d0 += W) {
+        const int w = hv - d0 < W ? (hv - d0) / 16 * 16 : W;
+        __m512d a[W / 8];
+        EI_UNROLL for (int i = 0; i < W / 8; i++) a[i] = _mm512_setzero_pd();
+        for (int t = 0; t < n; t++) {
+            const __m512d pt = _mm512_set1_pd(p[t]);
+            EI_UNROLL for (int i = 0; i < W / 16; i++) {
+                if (16 * i >= w) break;
+                __m512d lo, hi;
+                if (f32) {
+                    const float *row = (const float *)v + (size_t)t * stride + d0 + 16 * i;
+                    lo = _mm512_cvtps_pd(_mm256_loadu_ps(row));
+                    hi = _mm512_cvtps_pd(_mm256_loadu_ps(row + 8));
+                } else {
+                    f16x16_pd(_mm256_loadu_si256((const __m256i *)((const ei_f16 *)v + (size_t)t * stride + d0 + 16 * i)), &lo, &hi);
+                }
+                a[2 * i] = _mm512_fmadd_pd(lo, pt, a[2 * i]);
+                a[2 * i + 1] = _mm512_fmadd_pd(hi, pt, a[2 * i + 1]);
+            }
+        }
+        EI_UNROLL for (int i = 0; i < W / 8; i++)
+            if (8 * i < w) _mm512_storeu_pd(acc + d0 + 8 * i, a[i]);
+        if (w < W) { d0 += w; break; }
+    }
+    for (int d = d0; d < hv; d++) {
+        double s = 0.0;
+        for (int t = 0; t < n; t++)
+            s += p[t] * (f32 ? ((const float *)v)[(size_t)t * stride + d] : ei_fp16_to_fp32(((const ei_f16 *)v)[(size_t)t * stride + d]));
+        acc[d] = s;
+    }
+}
+
+static void attn(const ei_attn_params *p, const float *q, const void *k, const void *v, float *out, double *scratch) {
+    const int n = p->t1 - p->t0, hd = p->head_dim, hv = p->head_dim_v, f32 = p->kv_f32;
+    float qr[EI_MAX_HEAD_DIM];  /* the query as the cache type sees it */
+    double qd[EI_MAX_HEAD_DIM]; /* the same, in double */
+    int d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        __m512 x = _mm512_loadu_ps(q + d);
+        if (!f32) x = _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_storeu_ps(qr + d, x);
+    }
+    for (; d < hd; d++) qr[d] = f32 ? q[d] : ei_fp16_to_fp32(ei_fp32_to_fp16(q[d]));
+    for (d = 0; d < hd; d++) qd[d] = qr[d];
+
+    float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
+    float max = -INFINITY;
+    for (int t = 0; t < n; t += 16) {
+        const int m = n - t < 16 ? n - t : 16;
+        const size_t row = (size_t)(p->t0 + t) * p->k_stride;
+        double dot[16];
+        if (f32)
+            for (int j = 0; j < m; j++) dot[j] = key_dot_f32(qr, (const float *)k + row + (size_t)j * p->k_stride, hd);
+        else
+            key_dots16_f16(qd, (const ei_f16 *)k + row, p->k_stride, hd, m, dot);
+        for (int j = 0; j < m; j++) {
+            float s = (float)dot[j] * p->scale;
+            if (p->softcap != 0.0f) s = p->softcap * (float)tanh((double)(s / p->softcap));
+            scores[t + j] = s;
+            max = fmaxf(max, s);
+        }
+    }
+    double sum = 0.0;
+    for (int t = 0; t < n; t++) {
+        scratch[t] = exp((double)(scores[t] - max));
+        sum += scratch[t];
+    }
+    for (int t = 0; t < n; t++) { /* the weights as the cache type rounds them, back in scratch */
+        float pr = (float)(scratch[t] / sum);
+        if (!f32) pr = ei_fp16_to_fp32(ei_fp32_to_fp16(pr));
+        scratch[t] = pr;
+    }
+    double acc[EI_MAX_HEAD_DIM];
+    const uint8_t *vbase = (const uint8_t *)v + (size_t)p->t0 * p->v_stride * (f32 ? 4 : 2);
+    weighted_sum(scratch, vbase, f32, p->v_stride, n, hv, acc);
+    d = 0;
+    for (; d + 8 <= hv; d += 8) _mm256_storeu_ps(out + d, _mm512_cvtpd_ps(_mm512_loadu_pd(acc + d)));
+    for (; d < hv; d++) out[d] = (float)acc[d];
+}
+
+void ei_avx512_float_kernels(ei_kernels *k) {
+    k->rms_norm = rms_norm;
+    k->rope = rope;
+    k->geglu = geglu;
+    k->swiglu = swiglu;
+    k->add = add;
+    k->scale = scale;
+    k->attn = attn;
+}
