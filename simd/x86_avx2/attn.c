@@ -20,6 +20,7 @@ EI_AVX2_INLINE void add_in_order(double *sum, __m256d terms) {
  * in float */
 EI_AVX2_INLINE __m256d dot4x8_f16(__m256d acc, __m256 qv, const ei_f16 *k, size_t stride) {
     __m256 p[4];
+    EI_UNROLL
     for (int r = 0; r < 4; r++)
         p[r] = _mm256_mul_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + (size_t)r * stride))));
     /* columns d (low halves) and d + 4 (high halves) of the 4 x 8 products */
@@ -27,7 +28,9 @@ EI_AVX2_INLINE __m256d dot4x8_f16(__m256d acc, __m256 qv, const ei_f16 *k, size_
     const __m256 c = _mm256_unpackhi_ps(p[0], p[1]), e = _mm256_unpackhi_ps(p[2], p[3]);
     const __m256 col[4] = {_mm256_shuffle_ps(a, b, 0x44), _mm256_shuffle_ps(a, b, 0xee),
                            _mm256_shuffle_ps(c, e, 0x44), _mm256_shuffle_ps(c, e, 0xee)};
+    EI_UNROLL
     for (int j = 0; j < 4; j++) acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(col[j])));
+    EI_UNROLL
     for (int j = 0; j < 4; j++) acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(col[j], 1)));
     return acc;
 }

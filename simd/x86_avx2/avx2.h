@@ -21,6 +21,15 @@ void ei_avx2_attn_kernels(ei_kernels *k);
 
 #define EI_AVX2_INLINE static inline __attribute__((always_inline))
 
+/* fully unrolls a loop of constant trip count, so that its arrays of vectors live in registers */
+#if defined(__clang__)
+#define EI_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define EI_UNROLL _Pragma("GCC unroll 16")
+#else
+#define EI_UNROLL
+#endif
+
 EI_AVX2_INLINE float avx2_f16(ei_f16 h) { return _cvtsh_ss(h); }
 
 /* the fp16 fields at p0..p3 as four floats */
@@ -99,6 +108,7 @@ EI_AVX2_INLINE __m128i avx2_q3_scales(const uint8_t *s) {
 /* 256 values of a K block, unsigned (Q3_K: value + 4, Q6_K: value + 32), in 8 vectors of 32 */
 EI_AVX2_INLINE void avx2_q2_K_values(const block_q2_K *b, __m256i q[8]) {
     const __m256i m3 = _mm256_set1_epi8(3);
+    EI_UNROLL
     for (int h = 0; h < 2; h++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
         q[4 * h + 0] = _mm256_and_si256(v, m3);
@@ -111,8 +121,10 @@ EI_AVX2_INLINE void avx2_q2_K_values(const block_q2_K *b, __m256i q[8]) {
 EI_AVX2_INLINE void avx2_q3_K_values(const block_q3_K *b, __m256i q[8]) {
     const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
     const __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
+    EI_UNROLL
     for (int h = 0; h < 2; h++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+        EI_UNROLL
         for (int s = 0; s < 4; s++) {
             const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + s)));
             const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
@@ -124,6 +136,7 @@ EI_AVX2_INLINE void avx2_q3_K_values(const block_q3_K *b, __m256i q[8]) {
 
 EI_AVX2_INLINE void avx2_q4_K_values(const block_q4_K *b, __m256i q[8]) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
+    EI_UNROLL
     for (int c = 0; c < 4; c++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
         q[2 * c] = _mm256_and_si256(v, m4);
@@ -134,6 +147,7 @@ EI_AVX2_INLINE void avx2_q4_K_values(const block_q4_K *b, __m256i q[8]) {
 EI_AVX2_INLINE void avx2_q5_K_values(const block_q5_K *b, __m256i q[8]) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
     const __m256i hb = _mm256_loadu_si256((const __m256i *)b->qh);
+    EI_UNROLL
     for (int c = 0; c < 4; c++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
         const __m256i b0 = _mm256_set1_epi8((char)(1 << (2 * c))), b1 = _mm256_set1_epi8((char)(2 << (2 * c)));
@@ -146,6 +160,7 @@ EI_AVX2_INLINE void avx2_q5_K_values(const block_q5_K *b, __m256i q[8]) {
 
 EI_AVX2_INLINE void avx2_q6_K_values(const block_q6_K *b, __m256i q[8]) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+    EI_UNROLL
     for (int h = 0; h < 2; h++) {
         const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
         const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));

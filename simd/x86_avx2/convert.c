@@ -29,6 +29,7 @@ EI_AVX2_INLINE __m256i pack_i8(__m256i a, __m256i b, __m256i c, __m256i d) {
 /* one block of 32 as the q8_0 / q8_1 quantizers round it; returns the block's amax */
 EI_AVX2_INLINE float quantize32(const float *x, int8_t *qs, __m256i *sum) {
     __m256 v[4], amax = _mm256_setzero_ps();
+    EI_UNROLL
     for (int j = 0; j < 4; j++) {
         v[j] = _mm256_loadu_ps(x + 8 * j);
         amax = _mm256_max_ps(abs_ps(v[j]), amax); /* a NaN lane keeps amax, as fmaxf does */
@@ -36,6 +37,7 @@ EI_AVX2_INLINE float quantize32(const float *x, int8_t *qs, __m256i *sum) {
     const float m = hmax_ps(amax);
     const __m256 id = _mm256_set1_ps(m != 0.0f ? 127.0f / m : 0.0f);
     __m256i q[4];
+    EI_UNROLL
     for (int j = 0; j < 4; j++) q[j] = rint_mul(v[j], id);
     _mm256_storeu_si256((__m256i *)qs, pack_i8(q[0], q[1], q[2], q[3]));
     *sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
@@ -81,6 +83,7 @@ static void avx2_from_float_q8_K(const float *x, void *vy, int64_t n) {
         const __m256i top = _mm256_set1_epi32(127);
         for (int j = 0; j < QK_K; j += 32) {
             __m256i q[4];
+            EI_UNROLL
             for (int k = 0; k < 4; k++) q[k] = _mm256_min_epi32(rint_mul(_mm256_loadu_ps(x + j + 8 * k), is), top);
             const __m256i packed = pack_i8(q[0], q[1], q[2], q[3]);
             _mm256_storeu_si256((__m256i *)(y[i].qs + j), packed);
@@ -109,6 +112,7 @@ static void avx2_from_float_bf16(const float *x, void *vy, int64_t n) {
     const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
     for (; i + 16 <= n; i += 16) {
         __m256i r[2];
+        EI_UNROLL
         for (int h = 0; h < 2; h++) {
             const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i + 8 * h));
             const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
@@ -130,6 +134,7 @@ EI_AVX2_INLINE void store_scaled(float *y, __m256i q, float d, int with_min, flo
     const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
     const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
     const __m128i parts[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
+    EI_UNROLL
     for (int k = 0; k < 4; k++) {
         __m256 v = _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
         if (with_min) v = _mm256_add_ps(v, vm);
@@ -193,6 +198,7 @@ static void avx2_to_float_q3_K(const void *vx, float *y, int64_t n) {
 EI_AVX2_INLINE void decode_k4(float *y, const __m256i q[8], const uint8_t *scales, float d, float m) {
     uint8_t sm[16];
     _mm_storeu_si128((__m128i *)sm, avx2_k4_scales(scales));
+    EI_UNROLL
     for (int j = 0; j < 8; j++) {
         const float dsc = d * sm[j], mmn = m * sm[8 + j];
         decode16(y + 32 * j, _mm256_castsi256_si128(q[j]), 0, dsc, mmn);

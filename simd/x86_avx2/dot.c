@@ -17,6 +17,7 @@ EI_AVX2_INLINE float dot_legacy(const int type, int n, const void *vx, const voi
     for (int i = 0; i < nb; i += 4) {
         const int m = nb - i < 4 ? nb - i : 4;
         __m256i p[4];
+        EI_UNROLL
         for (int j = 0; j < 4; j++) {
             p[j] = _mm256_setzero_si256();
             if (j < m) {

@@ -20,49 +20,61 @@ EI_AVX2_INLINE void store_rows(float *s, __m256d acc, int nr) {
 }
 
 EI_AVX2_INLINE void tile_rows(const uint8_t *x, size_t xs, int nr, const uint8_t *row[4]) {
+    EI_UNROLL
     for (int r = 0; r < 4; r++) row[r] = x + (size_t)(r < nr ? r : 0) * xs;
 }
 
 /* ---- legacy blocks ----------------------------------------------------------------- */
 
+/* lane c of v in every lane */
+EI_AVX2_INLINE __m256d lane_pd(__m256d v, int c) {
+    const __m256i idx = _mm256_setr_epi32(2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1);
+    return _mm256_castps_pd(_mm256_permutevar8x32_ps(_mm256_castpd_ps(v), idx));
+}
+
 EI_AVX2_INLINE void tile_legacy(const int type, const int nc, int n, int nr, float *s, size_t ss,
                                 const uint8_t *x, size_t xs, const uint8_t *y, size_t ys) {
     const legacy_info L = legacy_of(type);
-    const uint8_t *row[4];
+    const uint8_t *row[4], *col[4];
     tile_rows(x, xs, nr, row);
+    tile_rows(y, ys, nc, col);
     __m256d acc[EI_TILE];
+    EI_UNROLL
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_pd();
     for (int i = 0; i < n / 32; i++) {
         const size_t ox = (size_t)i * L.xb, oy = (size_t)i * L.yb;
         __m256i w[4], aw[4];
+        EI_UNROLL
         for (int r = 0; r < 4; r++) {
             w[r] = unpack_legacy(type, row[r] + ox);
             aw[r] = L.w_signed ? _mm256_abs_epi8(w[r]) : w[r];
         }
+        /* the fp16 scales (and minimum terms) of the 4 rows and of the 4 columns */
         const __m256d dx = _mm256_cvtps_pd(avx2_f16x4(row[0] + ox, row[1] + ox, row[2] + ox, row[3] + ox));
-        __m256d mx = _mm256_setzero_pd();
-        if (L.with_min)
+        const __m256d dy = _mm256_cvtps_pd(avx2_f16x4(col[0] + oy, col[1] + oy, col[2] + oy, col[3] + oy));
+        __m256d mx = _mm256_setzero_pd(), sy = mx;
+        if (L.with_min) {
             mx = _mm256_cvtps_pd(avx2_f16x4(row[0] + ox + 2, row[1] + ox + 2, row[2] + ox + 2, row[3] + ox + 2));
+            sy = _mm256_cvtps_pd(avx2_f16x4(col[0] + oy + 2, col[1] + oy + 2, col[2] + oy + 2, col[3] + oy + 2));
+        }
+        EI_UNROLL
         for (int c = 0; c < nc; c++) {
-            const uint8_t *yb = y + (size_t)c * ys + oy;
-            const __m256i yv = _mm256_loadu_si256((const __m256i *)(yb + L.yqs));
+            const __m256i yv = _mm256_loadu_si256((const __m256i *)(col[c] + oy + L.yqs));
             __m256i p[4];
+            EI_UNROLL
             for (int r = 0; r < 4; r++) p[r] = pair_products(w[r], aw[r], yv, L.w_signed);
             const __m256d isum = _mm256_cvtepi32_pd(block_sums4(p[0], p[1], p[2], p[3], L.wide));
-            ei_f16 hy;
-            memcpy(&hy, yb, 2);
             /* d_x * isum and d_w * (d_x * isum) are exact: one rounding, where the reference adds */
-            const __m256d prod = _mm256_mul_pd(isum, _mm256_set1_pd(avx2_f16(hy)));
+            const __m256d prod = _mm256_mul_pd(isum, nc == 1 ? dy : lane_pd(dy, c));
             if (L.with_min) {
-                ei_f16 hs;
-                memcpy(&hs, yb + 2, 2);
-                const __m256d term = _mm256_fmadd_pd(dx, prod, _mm256_mul_pd(mx, _mm256_set1_pd(avx2_f16(hs))));
+                const __m256d term = _mm256_fmadd_pd(dx, prod, _mm256_mul_pd(mx, nc == 1 ? sy : lane_pd(sy, c)));
                 acc[c] = _mm256_add_pd(acc[c], term);
             } else {
                 acc[c] = _mm256_fmadd_pd(dx, prod, acc[c]);
             }
         }
     }
+    EI_UNROLL
     for (int c = 0; c < nc; c++) store_rows(s + (size_t)c * ss, acc[c], nr);
 }
 
@@ -75,16 +87,20 @@ EI_AVX2_INLINE void tile_k(const int type, const int nc, int n, int nr, float *s
     const uint8_t *row[4];
     tile_rows(x, xs, nr, row);
     __m256d acc[EI_TILE];
+    EI_UNROLL
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_pd();
     for (int i = 0; i < n / QK_K; i++) {
         avx2_kblock w[4];
         double d[4], dm[4];
+        EI_UNROLL
         for (int r = 0; r < 4; r++) avx2_kblock_unpack(type, row[r] + (size_t)i * xb, &w[r], &d[r], &dm[r]);
         const __m256d dx = _mm256_setr_pd(d[0], d[1], d[2], d[3]);
         const __m256d dmx = _mm256_setr_pd(dm[0], dm[1], dm[2], dm[3]);
+        EI_UNROLL
         for (int c = 0; c < nc; c++) {
             const block_q8_K *yb = (const block_q8_K *)(y + (size_t)c * ys) + i;
             __m256i is[4], im[4];
+            EI_UNROLL
             for (int r = 0; r < 4; r++) avx2_kblock_pair(type, &w[r], yb, &is[r], &im[r]);
             const __m256d yd = _mm256_set1_pd((double)yb->d);
             /* (d_x * d_w) * isum [- (d_x * dmin_w) * imin], each product rounded as the reference */
@@ -95,6 +111,7 @@ EI_AVX2_INLINE void tile_k(const int type, const int nc, int n, int nr, float *s
             acc[c] = _mm256_add_pd(acc[c], term);
         }
     }
+    EI_UNROLL
     for (int c = 0; c < nc; c++) store_rows(s + (size_t)c * ss, acc[c], nr);
 }
 

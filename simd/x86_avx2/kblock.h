@@ -32,6 +32,7 @@ EI_AVX2_INLINE int avx2_kblock_has_min(int type) {
 EI_AVX2_INLINE void sc16_vectors(__m128i sc8, __m256i sc[8]) {
     const __m256i t = _mm256_cvtepi8_epi16(sc8);
     const __m256i lo = _mm256_permute2x128_si256(t, t, 0x00), hi = _mm256_permute2x128_si256(t, t, 0x11);
+    EI_UNROLL
     for (int k = 0; k < 8; k++) {
         const int b = 4 * (k % 4); /* bytes of int16 lane 2(k%4) of a half */
         const __m256i mask = _mm256_setr_m128i(_mm_set1_epi16((short)(b | (b + 1) << 8)),
@@ -79,6 +80,7 @@ EI_AVX2_INLINE void avx2_kblock_unpack(int type, const uint8_t *blk, avx2_kblock
         const __m128i sm = avx2_k4_scales(b4->scales); /* same header layout in both types */
         const __m256i s16 = _mm256_cvtepu8_epi16(sm);
         const __m256i lo = _mm256_permute2x128_si256(s16, s16, 0x00);
+        EI_UNROLL
         for (int k = 0; k < 8; k++) {
             const int b = 2 * k;
             w->sc[k] = _mm256_shuffle_epi8(lo, _mm256_set1_epi16((short)(b | (b + 1) << 8)));
@@ -96,6 +98,7 @@ EI_AVX2_INLINE void avx2_kblock_unpack(int type, const uint8_t *blk, avx2_kblock
  * types with minimums sum(imin) = sum_j min_j * bsum_j */
 EI_AVX2_INLINE void avx2_kblock_pair(int type, const avx2_kblock *w, const block_q8_K *y, __m256i *isum, __m256i *imin) {
     __m256i acc = _mm256_setzero_si256();
+    EI_UNROLL
     for (int k = 0; k < 8; k++) {
         const __m256i p = _mm256_maddubs_epi16(w->q[k], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * k)));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, w->sc[k]));
