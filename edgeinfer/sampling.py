@@ -31,7 +31,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         for name in _FLOAT_FIELDS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            if isinstance(value, bool) or not isinstance(
+                value, (int, float, np.integer, np.floating)
+            ):
                 raise errors.InvalidOptionError(f"{name} must be a number, got {value!r}")
             object.__setattr__(self, name, float(value))
         for name in _INT_FIELDS:
@@ -46,7 +48,10 @@ class SamplingParams:
             (self.top_k >= 0, "top_k must be >= 0 (0 turns it off)"),
             (0.0 < self.top_p <= 1.0, "top_p must lie in (0, 1]"),
             (0.0 <= self.min_p <= 1.0, "min_p must lie in [0, 1]"),
-            (self.repeat_penalty > 0 and math.isfinite(self.repeat_penalty), "repeat_penalty must be > 0"),
+            (
+                self.repeat_penalty > 0 and math.isfinite(self.repeat_penalty),
+                "repeat_penalty must be > 0",
+            ),
             (self.repeat_last_n >= -1, "repeat_last_n must be >= -1"),
             (math.isfinite(self.presence_penalty), "presence_penalty must be finite"),
             (math.isfinite(self.frequency_penalty), "frequency_penalty must be finite"),
@@ -61,7 +66,14 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
-_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
 _INT_FIELDS = ("top_k", "repeat_last_n", "seed")
 
 
@@ -105,7 +117,13 @@ class Sampler:
             p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
         ):
             return logits
-        recent = history if p.repeat_last_n == -1 else history[-p.repeat_last_n :] if p.repeat_last_n else []
+        recent = (
+            history
+            if p.repeat_last_n == -1
+            else history[-p.repeat_last_n :]
+            if p.repeat_last_n
+            else []
+        )
         if not recent:
             return logits
         ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)

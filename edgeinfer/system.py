@@ -108,7 +108,9 @@ def memory_info() -> dict[str, int]:
             for line in f:
                 k, v = line.split(":", 1)
                 if k in ("MemTotal", "MemAvailable"):
-                    out["total_mb" if k == "MemTotal" else "available_mb"] = int(v.split()[0]) // 1024
+                    out["total_mb" if k == "MemTotal" else "available_mb"] = (
+                        int(v.split()[0]) // 1024
+                    )
     except OSError:
         try:
             out["total_mb"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)

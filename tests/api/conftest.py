@@ -17,7 +17,7 @@ ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 ENGINE = os.environ.get("EDGEINFER_TEST_ENGINE", "reference")
 
 
-def load(path, **options):  # noqa: ANN001, ANN003
+def load(path, **options):
     """``edgeinfer.load`` with the engine under test."""
     import edgeinfer
 
@@ -81,11 +81,11 @@ QWEN2_STYLE_TEMPLATE = (
 class _WithTemplate:
     """A fixture vocabulary that also writes ``tokenizer.chat_template``."""
 
-    def __init__(self, vocab, template: str) -> None:  # noqa: ANN001
+    def __init__(self, vocab, template: str) -> None:
         self.vocab, self.template = vocab, template
         self.tokens = vocab.tokens
 
-    def add_to_writer(self, writer) -> None:  # noqa: ANN001
+    def add_to_writer(self, writer) -> None:
         self.vocab.add_to_writer(writer)
         writer.add_chat_template(self.template)
 
@@ -97,7 +97,9 @@ def qwen2_templated_path(tmp_path_factory) -> Path:
     from tests.fixtures.vocab import bpe_vocab
 
     path = tmp_path_factory.mktemp("templated") / "qwen2-templated.gguf"
-    return write_model(path, FIXTURES["qwen2"], _WithTemplate(bpe_vocab("qwen2"), QWEN2_STYLE_TEMPLATE))
+    return write_model(
+        path, FIXTURES["qwen2"], _WithTemplate(bpe_vocab("qwen2"), QWEN2_STYLE_TEMPLATE)
+    )
 
 
 @pytest.fixture(scope="session")
@@ -112,7 +114,7 @@ def fixture_model(fixture_models):
     """Opens a fixture model by architecture name; closes whatever it opened."""
     opened = []
 
-    def open_model(arch: str, **options):  # noqa: ANN003
+    def open_model(arch: str, **options):
         model = load(fixture_models[arch], **options)
         opened.append(model)
         return model

@@ -55,14 +55,17 @@ def llama_cpp_chat(name: str, messages: list[dict[str, str]], add_assistant: boo
         keep += [role, content]
         array[i].role, array[i].content = role, content
     buf = ctypes.create_string_buffer(1 << 16)
-    n = llama_cpp.llama_chat_apply_template(name.encode(), array, len(messages), add_assistant, buf, len(buf))
+    n = llama_cpp.llama_chat_apply_template(
+        name.encode(), array, len(messages), add_assistant, buf, len(buf)
+    )
     assert 0 < n < len(buf), n
     return buf.raw[:n].decode()
 
 
 @pytest.mark.parametrize("conversation", CONVERSATIONS)
 @pytest.mark.parametrize(
-    "name, source", [("gemma", GEMMA_TEMPLATE), ("llama3", LLAMA3_TEMPLATE), ("chatml", CHATML_TEMPLATE)]
+    "name, source",
+    [("gemma", GEMMA_TEMPLATE), ("llama3", LLAMA3_TEMPLATE), ("chatml", CHATML_TEMPLATE)],
 )
 @pytest.mark.parametrize("add_assistant", [True, False])
 def test_builtin_templates_render_like_llama_cpp(name, source, conversation, add_assistant):
@@ -97,7 +100,7 @@ OFFICIAL_LLAMA3 = (
 )
 
 
-def hf_render(source: str, messages, add_generation_prompt: bool = True, **variables) -> str:  # noqa: ANN001, ANN003
+def hf_render(source: str, messages, add_generation_prompt: bool = True, **variables) -> str:
     """How transformers' apply_chat_template renders: Jinja's immutable sandbox, trimmed
     blocks, and a raise_exception global."""
 
@@ -186,7 +189,8 @@ def test_builtin_template_choice():
 
 
 @pytest.mark.parametrize(
-    "arch, name", [("llama", "llama3"), ("qwen2", "chatml"), ("qwen3", "chatml"), ("gemma3", "gemma")]
+    "arch, name",
+    [("llama", "llama3"), ("qwen2", "chatml"), ("qwen3", "chatml"), ("gemma3", "gemma")],
 )
 def test_fixtures_without_a_template_get_their_family_builtin(fixture_model, arch, name):
     model = fixture_model(arch)
@@ -202,7 +206,9 @@ def test_gemma_file_uses_the_gemma_builtin_with_one_bos(gemma, gemma_llama_cpp):
     ids = gemma.chat_tokens(messages)
     assert ids.count(gemma.tokenizer.bos_id) == 1 and ids[0] == gemma.tokenizer.bos_id
     # what llama.cpp's chat mode feeds the model: its rendering, BOS added by the tokenizer
-    ref = gemma_llama_cpp.tokenize(llama_cpp_chat("gemma", messages, True).encode(), add_bos=True, special=True)
+    ref = gemma_llama_cpp.tokenize(
+        llama_cpp_chat("gemma", messages, True).encode(), add_bos=True, special=True
+    )
     assert ids == ref
 
 
@@ -368,10 +374,17 @@ def test_hostile_templates_fail_quickly_and_small():
     """Every hostile template ends in a TemplateError within seconds, and the process that
     rendered them all never grew by more than a few hundred MB (an address-space limit turns
     a runaway allocation into a failure here rather than into trouble for the machine)."""
-    code = "import resource; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n" + _HOSTILE_RUNNER
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+        + _HOSTILE_RUNNER
+    )
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", code], input=json.dumps(HOSTILE), capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code],
+        input=json.dumps(HOSTILE),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)

@@ -11,7 +11,7 @@ from tests.api.conftest import ARCHS, load
 TURNS = ["Hello! Who are you?", "Tell me about the sea.", "Thanks, bye."]
 
 
-def _converse(model, turns: list[str], **options) -> list:  # noqa: ANN001, ANN003
+def _converse(model, turns: list[str], **options) -> list:
     messages, replies = [{"role": "system", "content": "Be brief."}], []
     for text in turns:
         messages.append({"role": "user", "content": text})

@@ -23,7 +23,7 @@ GEMMA_PROMPTS = [
 ]
 
 
-def llama_cpp_greedy(llm, prompt: list[int], n: int, is_eog) -> list[int]:  # noqa: ANN001
+def llama_cpp_greedy(llm, prompt: list[int], n: int, is_eog) -> list[int]:
     llm.reset()
     out: list[int] = []
     for token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
@@ -102,7 +102,7 @@ def test_sampling_options_reach_the_sampler(fixture_model):
 # --- stop strings ------------------------------------------------------------------------------
 
 
-def _scripted(model, texts: list[str], then: int | None = None) -> ScriptedSampler:  # noqa: ANN001
+def _scripted(model, texts: list[str], then: int | None = None) -> ScriptedSampler:
     """A sampler spelling the given pieces, each tokenized on its own, then ``then``."""
     ids = [t for text in texts for t in model.tokenize(text, add_special=False)]
     return ScriptedSampler(ids, then=model.tokenizer.eos_id if then is None else then)
@@ -137,7 +137,11 @@ def test_stop_strings_are_never_streamed(fixture_model, pieces, stop, expected):
     assert stream.finish_reason == "stop"  # the stop string, or else the scripted EOS
     # no token was asked for after the one that completed a stop string
     script = sampler.script
-    done = [k for k in range(1, len(script) + 1) if any(s in model.detokenize(script[:k]) for s in stops)]
+    done = [
+        k
+        for k in range(1, len(script) + 1)
+        if any(s in model.detokenize(script[:k]) for s in stops)
+    ]
     assert sampler.calls == (done[0] if done else len(script) + 1)
 
 
@@ -291,7 +295,7 @@ def test_cancel_between_prompt_chunks(fixture_model):
     calls = []
     forward = engine.forward
 
-    def forward_then_cancel(tokens, all_logits=False):  # noqa: ANN001
+    def forward_then_cancel(tokens, all_logits=False):
         calls.append(len(tokens))
         model.cancel()  # arrives while the first chunk is being evaluated
         return forward(tokens, all_logits)
@@ -335,7 +339,7 @@ def test_requests_from_two_threads_take_turns(fixture_model):
     def worker() -> None:
         try:
             results.append(model.generate("Turns", max_tokens=20, temperature=0).tokens)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors_seen.append(e)
 
     threads = [threading.Thread(target=worker) for _ in range(3)]
@@ -401,7 +405,7 @@ def test_stream_yields_whole_characters_when_tokens_split_them(fixture_model, ar
 _BYTE_TOKENS: dict[int, dict[int, int]] = {}
 
 
-def _byte_token(tok, byte: int) -> int:  # noqa: ANN001
+def _byte_token(tok, byte: int) -> int:
     table = _BYTE_TOKENS.get(id(tok))
     if table is None:
         table = {}
@@ -454,7 +458,9 @@ def test_text_and_token_prompts_agree(fixture_model):
 def test_logits_seen_by_the_sampler_are_the_models(fixture_model):
     model = fixture_model("qwen2")
     prompt = model.tokenize("Which logits?")
-    sampler = ScriptedSampler(model.tokenize(" a b", add_special=False), then=model.tokenizer.eos_id)
+    sampler = ScriptedSampler(
+        model.tokenize(" a b", add_special=False), then=model.tokenizer.eos_id
+    )
     c = model.generate(prompt, max_tokens=10, sampler=sampler)
     full = model.logits(prompt + c.tokens)
     for i, seen in enumerate(sampler.seen[:-1]):
@@ -468,5 +474,7 @@ def test_a_sampler_returning_no_token_id(fixture_model, bad):
         model.generate("Hi", max_tokens=5, sampler=lambda logits, history: bad)
     assert model.generate("Hi", max_tokens=2, temperature=0).stats.generated_tokens == 2
     # numpy integers are token ids too
-    c = model.generate("Hi", max_tokens=2, sampler=lambda logits, history: np.int64(np.argmax(logits)))
+    c = model.generate(
+        "Hi", max_tokens=2, sampler=lambda logits, history: np.int64(np.argmax(logits))
+    )
     assert c.tokens == model.generate("Hi", max_tokens=2, temperature=0).tokens

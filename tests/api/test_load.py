@@ -54,9 +54,12 @@ print(json.dumps({"imports": imports, "first_load": first_load, "loads": loads,
 """
 
 
-def _measure(path) -> dict:  # noqa: ANN001
+def _measure(path) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(path), ENGINE], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _MEASURE, str(path), ENGINE],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from edgeinfer import errors
-from tests.conftest import llama_cpp_model
 from tests.api.conftest import ARCHS, ENGINE, ScriptedSampler, load
+from tests.conftest import llama_cpp_model
 
 # --- lifetime --------------------------------------------------------------------------------
 
@@ -21,7 +21,9 @@ def test_load_describes_the_model(fixture_models, arch):
         assert model.config.arch == arch
         assert model.n_ctx == 256
         assert model.n_threads == 1
-        assert model.n_vocab == model.tokenizer.n_vocab == len(model.metadata["tokenizer.ggml.tokens"])
+        assert (
+            model.n_vocab == model.tokenizer.n_vocab == len(model.metadata["tokenizer.ggml.tokens"])
+        )
         assert model.engine == ENGINE
         assert model.load_s > 0
 
@@ -73,7 +75,7 @@ def test_close_from_another_thread_while_streaming(fixture_model):
     model = fixture_model("gemma3")
     word = model.tokenize(" word", add_special=False)[0]
 
-    def slow_sampler(logits, history):  # noqa: ANN001 (the closer lands while it runs)
+    def slow_sampler(logits, history):
         time.sleep(0.02)
         return word
 
@@ -85,7 +87,7 @@ def test_close_from_another_thread_while_streaming(fixture_model):
         time.sleep(0.05)  # lands while the stream is inside the sampler
         try:
             model.close()
-        except BaseException as e:  # noqa: BLE001 (reported below)
+        except BaseException as e:
             failures.append(e)
 
     closer = threading.Thread(target=close)
@@ -161,7 +163,9 @@ def test_tokenize_matches_llama_cpp_flags(gemma, gemma_llama_cpp):
     for add_special in (True, False):
         for parse_special in (True, False):
             ours = gemma.tokenize(text, add_special=add_special, parse_special=parse_special)
-            ref = gemma_llama_cpp.tokenize(text.encode(), add_bos=add_special, special=parse_special)
+            ref = gemma_llama_cpp.tokenize(
+                text.encode(), add_bos=add_special, special=parse_special
+            )
             assert ours == ref, (add_special, parse_special)
 
 
@@ -285,7 +289,9 @@ def test_vocabulary_edge_ids_are_accepted(fixture_model):
     model = fixture_model("qwen2")
     logits = model.logits([0, model.n_vocab - 1])
     assert logits.shape == (2, model.n_vocab)
-    assert model.generate(np.array([0, model.n_vocab - 1]), max_tokens=1).stats.generated_tokens == 1
+    assert (
+        model.generate(np.array([0, model.n_vocab - 1]), max_tokens=1).stats.generated_tokens == 1
+    )
 
 
 def test_negative_temperature_means_greedy(fixture_model):

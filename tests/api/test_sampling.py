@@ -15,11 +15,11 @@ from edgeinfer.sampling import Sampler, SamplingParams
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0)  # every filter off
 
 
-def sampler(**options) -> Sampler:  # noqa: ANN003
+def sampler(**options) -> Sampler:
     return Sampler(SamplingParams(**{"temperature": 1.0, **OFF, "seed": 0, **options}))
 
 
-def softmax(x) -> np.ndarray:  # noqa: ANN001
+def softmax(x) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     e = np.exp(x - x.max())
     return e / e.sum()
@@ -29,7 +29,9 @@ def as_dict(ids: np.ndarray, probs: np.ndarray) -> dict[int, float]:
     return {int(i): float(p) for i, p in zip(ids, probs)}
 
 
-def assert_draws_follow(s: Sampler, logits, history, expected: dict[int, float], n: int = 20000) -> None:  # noqa: ANN001
+def assert_draws_follow(
+    s: Sampler, logits, history, expected: dict[int, float], n: int = 20000
+) -> None:
     """Empirical frequencies of ``n`` draws against ``expected``: every token within 5
     standard deviations of its binomial count, and no token drawn outside the support."""
     counts: dict[int, int] = {}
@@ -146,7 +148,9 @@ def test_presence_and_frequency_penalties():
     assert_draws_follow(s, LOGITS, history, dict(enumerate(softmax(expected))))
 
 
-@pytest.mark.parametrize("last_n, penalized", [(0, set()), (2, {3, 6}), (3, {3, 4, 6}), (-1, {0, 3, 4, 6})])
+@pytest.mark.parametrize(
+    "last_n, penalized", [(0, set()), (2, {3, 6}), (3, {3, 4, 6}), (-1, {0, 3, 4, 6})]
+)
 def test_penalty_window(last_n, penalized):
     s = sampler(repeat_penalty=4.0, repeat_last_n=last_n)
     history = [0, 4, 6, 3]
@@ -179,7 +183,9 @@ def test_same_seed_same_draws_other_seed_other_draws():
     assert seq_a == [b(logits, []) for _ in range(50)]
     assert seq_a != [c(logits, []) for _ in range(50)]
     # no seed: fresh randomness each time
-    assert [sampler(seed=None)(logits, []) for _ in range(50)] != [sampler(seed=None)(logits, []) for _ in range(50)]
+    assert [sampler(seed=None)(logits, []) for _ in range(50)] != [
+        sampler(seed=None)(logits, []) for _ in range(50)
+    ]
 
 
 # --- options ---------------------------------------------------------------------------------
@@ -208,7 +214,9 @@ def test_numpy_numbers_are_accepted():
 # --- against llama.cpp's samplers ------------------------------------------------------------
 
 
-def _llama_cpp_chain(logits: np.ndarray, history: list[int], p: SamplingParams) -> tuple[list[int], np.ndarray]:
+def _llama_cpp_chain(
+    logits: np.ndarray, history: list[int], p: SamplingParams
+) -> tuple[list[int], np.ndarray]:
     """Candidates and probabilities after llama.cpp's penalties, top-k, top-p, min-p, temp."""
     import llama_cpp as L
 
@@ -217,11 +225,16 @@ def _llama_cpp_chain(logits: np.ndarray, history: list[int], p: SamplingParams) 
     for i, v in enumerate(logits):
         data[i].id, data[i].logit, data[i].p = i, float(v), 0.0
     array = L.llama_token_data_array(
-        data=ctypes.cast(data, ctypes.POINTER(L.llama_token_data)), size=n, selected=-1, sorted=False
+        data=ctypes.cast(data, ctypes.POINTER(L.llama_token_data)),
+        size=n,
+        selected=-1,
+        sorted=False,
     )
     last_n = len(history) if p.repeat_last_n == -1 else p.repeat_last_n
     steps = [
-        L.llama_sampler_init_penalties(n, last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty),
+        L.llama_sampler_init_penalties(
+            n, last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+        ),
         L.llama_sampler_init_top_k(p.top_k),
         L.llama_sampler_init_top_p(p.top_p, 0),
         L.llama_sampler_init_min_p(p.min_p, 0),
@@ -232,7 +245,9 @@ def _llama_cpp_chain(logits: np.ndarray, history: list[int], p: SamplingParams) 
     for step in steps:
         L.llama_sampler_apply(step, ctypes.byref(array))
         L.llama_sampler_free(step)
-    kept = sorted(((array.data[i].logit, array.data[i].id) for i in range(array.size)), reverse=True)
+    kept = sorted(
+        ((array.data[i].logit, array.data[i].id) for i in range(array.size)), reverse=True
+    )
     return [t for _, t in kept], softmax([v for v, _ in kept])
 
 
@@ -245,7 +260,9 @@ def test_llama_cpp_penalties_binding_as_used_here():
     expected[0] = 1.0 / 2 - 0.5 - 0.25
     expected[1] = -2.0 * 2 - 1.0 - 0.25
     expected[4] = 2.0 / 2 - 0.5 - 0.25
-    assert as_dict(np.array(ids), probs) == pytest.approx(dict(enumerate(softmax(expected))), rel=1e-6)
+    assert as_dict(np.array(ids), probs) == pytest.approx(
+        dict(enumerate(softmax(expected))), rel=1e-6
+    )
 
 
 def _random_case(rng: np.random.Generator) -> tuple[np.ndarray, list[int], SamplingParams]:
@@ -272,7 +289,9 @@ def test_whole_chain_matches_llama_cpp_on_random_cases():
         ids, probs = Sampler(params).distribution(logits, history)
         ref_ids, ref_probs = _llama_cpp_chain(logits, history, params)
         assert list(ids) == ref_ids, (case, params)
-        np.testing.assert_allclose(probs, ref_probs, rtol=1e-4, atol=1e-7, err_msg=str((case, params)))
+        np.testing.assert_allclose(
+            probs, ref_probs, rtol=1e-4, atol=1e-7, err_msg=str((case, params))
+        )
 
 
 def test_draws_follow_the_chain_on_a_random_case():

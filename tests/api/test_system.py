@@ -22,7 +22,9 @@ def test_affinity_caps_the_thread_count(monkeypatch, fixture_models):
         assert model.n_threads == 1
 
 
-@pytest.mark.parametrize("content, cap", [("150000 100000\n", 2), ("50000 100000\n", 1), ("max 100000\n", None)])
+@pytest.mark.parametrize(
+    "content, cap", [("150000 100000\n", 2), ("50000 100000\n", 1), ("max 100000\n", None)]
+)
 def test_cgroup_quota_caps_the_usable_cpus(monkeypatch, tmp_path, content, cap):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     quota = tmp_path / "cpu.max"

@@ -12,7 +12,9 @@ from tests.api.conftest import ENGINE
 EDGEINFER = str(Path(sys.executable).with_name("edgeinfer"))  # the installed console script
 
 
-def cli(*args: str, input: str | None = None, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:  # noqa: A002
+def cli(
+    *args: str, input: str | None = None, env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """Runs ``edgeinfer ARGS`` to completion; stdout and stderr as text."""
     return subprocess.run(
         [EDGEINFER, *map(str, args)], input=input, capture_output=True, text=True, timeout=timeout,

@@ -39,7 +39,9 @@ def test_run_prints_only_the_continuation(fixture_models, arch):
 
 @pytest.mark.slow
 def test_run_on_gemma_equals_the_api(gemma_path):
-    proc = cli("run", gemma_path, "-p", "def fibonacci(n):\n", "-n", "16", "--temp", "0", *engine_args())
+    proc = cli(
+        "run", gemma_path, "-p", "def fibonacci(n):\n", "-n", "16", "--temp", "0", *engine_args()
+    )
     assert proc.returncode == 0, proc.stderr
     with load(gemma_path, n_ctx=1024) as model:
         expected = model.generate("def fibonacci(n):\n", max_tokens=16, temperature=0)
@@ -111,7 +113,9 @@ def test_module_entry_point(fixture_models):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    again = cli("run", fixture_models["llama"], "-p", "Hi", "-n", "3", "--temp", "0", *engine_args())
+    again = cli(
+        "run", fixture_models["llama"], "-p", "Hi", "-n", "3", "--temp", "0", *engine_args()
+    )
     assert proc.stdout == again.stdout
 
 
@@ -137,7 +141,7 @@ def test_info_json_against_the_gguf_package(fixture_models, arch):
     info = json.loads(proc.stdout)
     reader = gguf.GGUFReader(str(path))
 
-    def field(key: str):  # noqa: ANN202
+    def field(key: str):
         return reader.fields[key].contents()
 
     assert info["architecture"] == field("general.architecture") == arch
@@ -176,7 +180,13 @@ def test_info_on_gemma(gemma_path):
     assert "Q4_K" in info["tensor_types"] and sum(info["tensor_types"].values()) == info["tensors"]
     text = cli("info", gemma_path)
     assert text.returncode == 0
-    for label in ("architecture", "parameters", "context length", "tensor types", "memory estimate"):
+    for label in (
+        "architecture",
+        "parameters",
+        "context length",
+        "tensor types",
+        "memory estimate",
+    ):
         assert label in text.stdout
     assert "gemma3" in text.stdout and "Q4_K" in text.stdout
 
@@ -229,7 +239,9 @@ def bad_files(tmp_path_factory, gemma_path):
     (folder / "empty.gguf").write_bytes(b"")
     (folder / "text.gguf").write_text("this is not a model\n")
     rng = np.random.default_rng(0)
-    (folder / "noise.gguf").write_bytes(b"GGUF" + rng.integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    (folder / "noise.gguf").write_bytes(
+        b"GGUF" + rng.integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    )
     with open(gemma_path, "rb") as f:
         (folder / "truncated.gguf").write_bytes(f.read(3 << 20))
     (folder / "folder.gguf").mkdir()

