@@ -8,7 +8,10 @@ the flags a real aarch64 install uses. From those objects:
   tests/simd/check_edges.c, which must print "0 failed"), under ``-cpu max`` and under the
   oldest CPU model that has the level's instructions (an instruction from a later level would
   stop the program with SIGILL there);
-- a static program calls the dispatcher on CPU models with and without dotprod and i8mm.
+- a static program calls the dispatcher on CPU models with and without dotprod and i8mm;
+- the whole forward pass (tests/simd/engine_parity.c) gives the scalar logits bit for bit
+  with every level;
+- where clang is installed, each level built by clang passes the kernel check too.
 
 CI installs gcc-aarch64-linux-gnu and qemu-user-static (.ci/run) and sets CI, so a missing
 tool fails there; elsewhere the tests are skipped with the missing tool's name.
@@ -242,3 +245,11 @@ def test_kernels_match_reference_with_clang(qemu, tmp_path, level):
     _check(_run(cmd), f"clang build of {name}")
     out = _check(_run([qemu, "-cpu", "max", str(exe)]), f"clang-built {name}")
     assert out.rstrip().endswith(" 0 failed"), out[-4000:]
+
+
+def test_engine_logits_match_scalar(cc, qemu, aarch64_build, tmp_path):
+    """The whole forward pass, every NEON level against scalar, bit for bit (-cpu max has all)."""
+    objects = [o for group in aarch64_build["groups"].values() for o in group]
+    exe = _link(cc, HERE / "engine_parity.c", tmp_path / "engine_parity", objects, [])
+    out = _check(_run([qemu, "-cpu", "max", str(exe)]), "engine parity")
+    assert out.rstrip().endswith("24 passed, 0 failed"), out[-4000:]  # 3 levels x 8 runs each
