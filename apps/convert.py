@@ -93,6 +93,8 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_plan(plan, sys.stdout)
         return 0
+    for note in plan.notes:
+        print(f"edgeinfer: note: {note}", file=sys.stderr)
     conversion.write_gguf(plan, args.output, stats, progress)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(plan.type_counts().items()))
     print(
@@ -138,6 +140,8 @@ def print_plan(plan, out: TextIO) -> None:  # noqa: ANN001
     if plan.budget is not None:
         left = plan.budget - plan.total_bytes
         print(f"budget {_size(plan.budget)}: fits, {_size(left)} left", file=out)
+    for note in plan.notes:
+        print(f"note: {note}", file=out)
 
 
 def _terminate(signum: int, frame: object) -> None:

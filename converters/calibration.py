@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from edgeinfer.converters.convert import Conversion
 
 CALIB_CTX = 512
+ALL_LOGITS_BYTES = 1 << 28
 
 
 class ActivationStats:
@@ -126,8 +127,11 @@ def run_text(
         for start in range(0, len(tokens), n_ctx):
             if progress:
                 progress("calibrate", start, len(tokens))
+            window = tokens[start : start + n_ctx]
             engine.truncate(0)
-            engine.forward(tokens[start : start + n_ctx])
+            # every position's logits, where affordable, so that the output matrix sees
+            # every token's activations rather than the last one's
+            engine.forward(window, all_logits=cfg.n_vocab * len(window) * 8 <= ALL_LOGITS_BYTES)
         if progress:
             progress("calibrate", len(tokens), len(tokens))
         del engine

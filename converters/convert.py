@@ -122,14 +122,13 @@ class Conversion:
     def __init__(self, src: str | os.PathLike[str]) -> None:
         self.ckpt = HFCheckpoint(src)
         self.arch: ArchConverter = converter_for(self.ckpt)
-        self.vocab: Vocabulary = convert_vocabulary(self.ckpt)
         rows = self.arch.hp.vocab_size  # type: ignore[attr-defined]
+        self.vocab: Vocabulary = convert_vocabulary(self.ckpt, max_tokens=rows)
         n_vocab = len(self.vocab.tokens) if self.arch.crop_vocab else rows
         self.vocab.resize(n_vocab, str(self.ckpt.folder))
-        if n_vocab > rows:
-            raise errors.TokenizerConversionError(
-                f"{self.ckpt.folder}: the tokenizer has {n_vocab} tokens, the embedding {rows} rows"
-            )
+        self.notes = list(self.arch.notes)
+        if n_vocab != rows:
+            self.notes.append(f"the embedding keeps the tokenizer's {n_vocab} of its {rows} rows")
         self.tensors: list[SourceTensor] = self.arch.tensors(n_vocab)
         self.model = Model(self.arch.n_layer, tied_embeddings=not any(t.name == "output.weight" for t in self.tensors))
 
@@ -178,7 +177,7 @@ class Conversion:
             plan = self._recipe_plan(options.type or DEFAULT_TYPE, options.pure)
             if options.measure:
                 self._measure(plan, options, stats, progress)
-        plan.profile, plan.budget, plan.n_ctx = profile, budget, n_ctx
+        plan.profile, plan.budget, plan.n_ctx, plan.notes = profile, budget, n_ctx, list(self.notes)
         plan.kv_bytes = self.arch.kv_cache_bytes(n_ctx) if n_ctx else 0
         plan.file_size = self._layout(plan).file_size()
         if budget is not None and plan.total_bytes > budget:

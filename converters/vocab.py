@@ -98,17 +98,18 @@ class Vocabulary:
         return items
 
 
-def convert_vocabulary(ckpt: HFCheckpoint) -> Vocabulary:
+def convert_vocabulary(ckpt: HFCheckpoint, max_tokens: int = 1 << 24) -> Vocabulary:
     """The checkpoint's vocabulary: byte-level BPE from tokenizer.json when it is one,
-    otherwise SentencePiece from tokenizer.model."""
+    otherwise SentencePiece from tokenizer.model. Token ids must lie below ``max_tokens``
+    (the embedding's rows)."""
     tj_path = ckpt.file("tokenizer.json")
     tokenizer_json = read_json(tj_path) if tj_path else None
     if tokenizer_json is not None and not isinstance(tokenizer_json, dict):
         raise errors.TokenizerConversionError(f"{tj_path}: not a JSON object")
     if tokenizer_json is not None and _is_byte_level(tokenizer_json):
-        vocab = _bpe_vocabulary(ckpt, tokenizer_json, tj_path)  # type: ignore[arg-type]
+        vocab = _bpe_vocabulary(ckpt, tokenizer_json, tj_path, max_tokens)  # type: ignore[arg-type]
     elif ckpt.file("tokenizer.model"):
-        vocab = _spm_vocabulary(ckpt)
+        vocab = _spm_vocabulary(ckpt, max_tokens)
     elif tokenizer_json is not None:
         raise errors.TokenizerConversionError(
             f"{tj_path}: only byte-level BPE tokenizer.json files can be converted; "
@@ -191,7 +192,17 @@ def looks_special(token: str) -> bool:
     )
 
 
-def _bpe_vocabulary(ckpt: HFCheckpoint, tj: dict[str, Any], path: Path) -> Vocabulary:
+def _check_id(i: Any, max_tokens: int, what: str, where: str) -> int:
+    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+        raise errors.TokenizerConversionError(f"{where}: {what} has id {i!r}")
+    if i >= max_tokens:
+        raise errors.TokenizerConversionError(
+            f"{where}: {what} has id {i}, beyond the embedding's {max_tokens} rows"
+        )
+    return i
+
+
+def _bpe_vocabulary(ckpt: HFCheckpoint, tj: dict[str, Any], path: Path, max_tokens: int) -> Vocabulary:
     where = str(path)
     model = tj["model"]
     table = model.get("vocab")
@@ -199,15 +210,15 @@ def _bpe_vocabulary(ckpt: HFCheckpoint, tj: dict[str, Any], path: Path) -> Vocab
         raise errors.TokenizerConversionError(f"{where}: model.vocab is missing or empty")
     by_id: dict[int, tuple[str, int]] = {}
     for token, i in table.items():
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 1 << 24:
-            raise errors.TokenizerConversionError(f"{where}: token {token!r} has id {i!r}")
+        _check_id(i, max_tokens, f"token {token!r}", where)
         if i in by_id:
             raise errors.TokenizerConversionError(f"{where}: id {i} is given to two tokens")
         by_id[i] = (token, NORMAL)
     for added in tj.get("added_tokens") or []:
-        i, content = added.get("id"), added.get("content")
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 1 << 24 or not isinstance(content, str):
+        if not isinstance(added, dict) or not isinstance(added.get("content"), str):
             raise errors.TokenizerConversionError(f"{where}: bad added token {added!r}")
+        i, content = added.get("id"), added["content"]
+        _check_id(i, max_tokens, f"added token {content!r}", where)
         if i in by_id and by_id[i][0] != content:
             raise errors.TokenizerConversionError(
                 f"{where}: id {i} is {by_id[i][0]!r} in the vocabulary but added as {content!r}"
@@ -227,9 +238,13 @@ def _bpe_vocabulary(ckpt: HFCheckpoint, tj: dict[str, Any], path: Path) -> Vocab
 # --- SentencePiece ----------------------------------------------------------------------------
 
 
-def _spm_vocabulary(ckpt: HFCheckpoint) -> Vocabulary:
+def _spm_vocabulary(ckpt: HFCheckpoint, max_tokens: int) -> Vocabulary:
     path = ckpt.folder / "tokenizer.model"
     spm = parse_sentencepiece(path)
+    if len(spm.pieces) > max_tokens:
+        raise errors.TokenizerConversionError(
+            f"{path}: {len(spm.pieces)} pieces, more than the embedding's {max_tokens} rows"
+        )
     tokens, scores, types = list(spm.pieces), list(spm.scores), list(spm.types)
     # added tokens of tokenizer_config.json take their ids over, as in llama.cpp
     decoder = ckpt.tokenizer_config.get("added_tokens_decoder") or {}
@@ -239,7 +254,7 @@ def _spm_vocabulary(ckpt: HFCheckpoint) -> Vocabulary:
         content = data.get("content") if isinstance(data, dict) else None
         if not str(key).isdigit() or not isinstance(content, str):
             raise errors.TokenizerConversionError(f"{ckpt.folder}: bad added token {key!r}")
-        i = int(key)
+        i = _check_id(int(key), max_tokens, f"added token {content!r}", str(ckpt.folder))
         while len(tokens) <= i:
             tokens.append(f"[PAD{len(tokens)}]")
             scores.append(-10000.0)

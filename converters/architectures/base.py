@@ -234,6 +234,7 @@ class ArchConverter:
     def __init__(self, ckpt: HFCheckpoint) -> None:
         self.ckpt = ckpt
         self.where = str(ckpt.folder / "config.json")
+        self.notes: list[str] = []  # what the conversion changes or leaves out, for the user
 
     # --- to implement ---
 

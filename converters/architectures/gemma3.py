@@ -81,6 +81,11 @@ class Gemma3Converter(ArchConverter):
         )  # fmt: skip
         check_activation(self.hp, self.where, ("gelu_pytorch_tanh",))
         check_rope(self.hp, self.where, ("default", "linear"))
+        if self.hp.rope.kind == "linear":
+            self.notes.append(
+                f"rope scaling x{self.hp.rope.factor:g} is meant for the global layers only; "
+                "llama.cpp applies it so, edgeinfer's runtime to every layer"
+            )
         if self.hp.rope_swa.kind != "default":
             raise refuse(self.where, "rope scaling on the sliding-window layers is not supported")
         for key in ("attn_logit_softcapping", "use_bidirectional_attention", "attention_bias"):

@@ -293,3 +293,20 @@ def test_failure_keeps_an_existing_output(checkpoints, out_dir):
         convert(checkpoints["llama"], out, ConvertOptions(type="f16"), progress)
     assert out.read_bytes() == b"previous"
     assert leftovers(out_dir) == ["model.gguf"]
+
+
+def test_token_ids_beyond_the_embedding(copy_checkpoint, out_dir):
+    src = copy_checkpoint("qwen2")
+    tj = json.loads((src / "tokenizer.json").read_text())
+    tj["added_tokens"][0]["id"] = 10**7  # would need ten million placeholder tokens
+    (src / "tokenizer.json").write_text(json.dumps(tj))
+    check_refused(src, out_dir, errors.TokenizerConversionError, "beyond the embedding")
+
+
+def test_notes_say_what_is_not_kept(copy_checkpoint):
+    from edgeinfer.converters.convert import plan_conversion
+
+    src = copy_checkpoint("mistral")
+    edit_json(src / "config.json", sliding_window=4096)
+    notes = plan_conversion(src).notes
+    assert any("sliding_window 4096" in n for n in notes)
