@@ -81,6 +81,8 @@ static inline void scales_k4(const uint8_t *s, int8_t sc[16], int8_t mn[16]) {
                            a[1] & six, ((a[2] >> 4) & nib) | (((a[1] >> 6) & two) << 4)};
     memcpy(sc, w, 8);
     memcpy(mn, w + 2, 8);
+    memset(sc + 8, 0, 8); /* eight sub-blocks: the rest stays defined for whole-vector loads */
+    memset(mn + 8, 0, 8);
 }
 
 static inline void scales_q4_K(const uint8_t *b, int8_t sc[16], int8_t mn[16]) { scales_k4(b + offsetof(block_q4_K, scales), sc, mn); }
