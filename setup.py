@@ -59,7 +59,7 @@ class BuildNative(build_ext):
             defines += [("EI_HAVE_AVX2", None), ("EI_HAVE_AVX512", None)]
             for folder, (gnu, ms) in X86_VARIANTS.items():
                 groups.append((_sources(folder), ms if msvc else gnu, [], folder))
-        elif arch == "aarch64":
+        elif arch == "aarch64" and not msvc:  # NEON needs GCC/Clang (__fp16, ACLE feature macros)
             defines.append(("EI_HAVE_NEON", None))
             for level, (gnu, ms) in NEON_LEVELS.items():
                 groups.append((_sources("arm_neon"), ms if msvc else gnu, [("EI_NEON_LEVEL", str(level))], f"neon{level}"))
