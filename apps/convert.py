@@ -13,11 +13,13 @@ import argparse
 import signal
 import sys
 import time
-from typing import TextIO
+from typing import ClassVar, TextIO
 
 from edgeinfer import errors
 
-TYPES_HELP = "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q4_k, q5_k, q6_k, q4_k_m, q4_k_s, q5_k_m, q5_k_s"
+TYPES_HELP = (
+    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q4_k, q5_k, q6_k, q4_k_m, q4_k_s, q5_k_m, q5_k_s"
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -25,19 +27,41 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "convert", help="convert a Hugging Face model folder to GGUF",
         description="Convert a Hugging Face checkpoint (Llama, Mistral, Qwen 2/3, Gemma 3) to GGUF.",
     )  # fmt: skip
-    p.add_argument("source", metavar="SRC_DIR", help="folder with config.json, *.safetensors, tokenizer files")
-    p.add_argument("-o", "--output", metavar="OUT", help="output .gguf file (required unless --dry-run)")
+    p.add_argument(
+        "source", metavar="SRC_DIR", help="folder with config.json, *.safetensors, tokenizer files"
+    )
+    p.add_argument(
+        "-o", "--output", metavar="OUT", help="output .gguf file (required unless --dry-run)"
+    )
     p.add_argument("--format", choices=["gguf", "onnx"], default=None, help="default: from OUT")
-    p.add_argument("--type", default=None, help=f"weight type or llama.cpp mix: {TYPES_HELP} (default f16)")
+    p.add_argument(
+        "--type", default=None, help=f"weight type or llama.cpp mix: {TYPES_HELP} (default f16)"
+    )
     p.add_argument("--pure", action="store_true", help="every matrix in --type, no mix")
-    p.add_argument("--target", metavar="PROFILE", default=None,
-                   help="device profile (avx2-laptop, avx512-desktop, arm64-phone, rpi5, or a .toml file)")
-    p.add_argument("--max-memory", metavar="SIZE", default=None,
-                   help="budget for weights + KV cache, e.g. 4GiB; types are chosen to fit")
-    p.add_argument("--ctx", type=int, default=None, help="context the KV cache must hold (with --max-memory)")
-    p.add_argument("--calib", metavar="FILE", default=None,
-                   help="calibration text (or saved .npz statistics) to weight the errors")
-    p.add_argument("--calib-tokens", type=int, default=4096, help="tokens of the calibration text to run")
+    p.add_argument(
+        "--target",
+        metavar="PROFILE",
+        default=None,
+        help="device profile (avx2-laptop, avx512-desktop, arm64-phone, rpi5, or a .toml file)",
+    )
+    p.add_argument(
+        "--max-memory",
+        metavar="SIZE",
+        default=None,
+        help="budget for weights + KV cache, e.g. 4GiB; types are chosen to fit",
+    )
+    p.add_argument(
+        "--ctx", type=int, default=None, help="context the KV cache must hold (with --max-memory)"
+    )
+    p.add_argument(
+        "--calib",
+        metavar="FILE",
+        default=None,
+        help="calibration text (or saved .npz statistics) to weight the errors",
+    )
+    p.add_argument(
+        "--calib-tokens", type=int, default=4096, help="tokens of the calibration text to run"
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars on stderr (default: when it is a terminal)")  # fmt: skip
@@ -47,7 +71,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 class ProgressBar:
     """A one-line bar per stage on ``stream``, redrawn at most ten times a second."""
 
-    LABELS = {"measure": "measuring", "write": "writing", "calibrate": "calibrating"}
+    LABELS: ClassVar[dict[str, str]] = {
+        "measure": "measuring",
+        "write": "writing",
+        "calibrate": "calibrating",
+    }
 
     def __init__(self, stream: TextIO, width: int = 30) -> None:
         self.stream, self.width = stream, width
@@ -62,7 +90,9 @@ class ProgressBar:
         self._stage, self._last = stage, now
         filled = self.width * done // max(total, 1)
         label = self.LABELS.get(stage, stage)
-        self.stream.write(f"\r{label:<12}[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}")
+        self.stream.write(
+            f"\r{label:<12}[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}"
+        )
         if finished:
             self.stream.write("\n")
             self._stage = None
@@ -109,7 +139,7 @@ def _quiet(stage: str, done: int, total: int) -> None:
     pass
 
 
-def _parent(path: str):  # noqa: ANN202
+def _parent(path: str):
     from pathlib import Path
 
     return Path(path).resolve().parent
@@ -121,7 +151,7 @@ def _size(n: int) -> str:
     return format_bytes(n)
 
 
-def print_plan(plan, out: TextIO) -> None:  # noqa: ANN001
+def print_plan(plan, out: TextIO) -> None:
     """The plan as a table, then the totals against the budget."""
     head = f"{plan.source_arch} -> GGUF {plan.arch}, {plan.recipe}"
     if plan.profile is not None:
@@ -136,7 +166,10 @@ def print_plan(plan, out: TextIO) -> None:  # noqa: ANN001
     total_err = f", total error {sum(errs):.4e}" if errs else ""
     print(f"file {_size(plan.file_size)} ({plan.file_size} bytes){total_err}", file=out)
     if plan.n_ctx:
-        print(f"KV cache (f16, {plan.n_ctx} tokens) {_size(plan.kv_bytes)}; file + KV {_size(plan.total_bytes)}", file=out)
+        print(
+            f"KV cache (f16, {plan.n_ctx} tokens) {_size(plan.kv_bytes)}; file + KV {_size(plan.total_bytes)}",
+            file=out,
+        )
     if plan.budget is not None:
         left = plan.budget - plan.total_bytes
         print(f"budget {_size(plan.budget)}: fits, {_size(left)} left", file=out)

@@ -31,4 +31,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = sorted(_LAZY)
+__all__ = ["Conversion", "ConvertOptions", "Plan", "convert", "plan_conversion"]

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-
 from edgeinfer.converters import errors
 
 if TYPE_CHECKING:
@@ -75,7 +74,9 @@ class ActivationStats:
                         stats.counts[name] = int(data[key])
         except (OSError, ValueError) as e:
             raise errors.SourceError(f"{path}: not a saved statistics file ({e})") from None
-        if set(stats.sums) != set(stats.counts) or not all(v.ndim == 1 for v in stats.sums.values()):
+        if set(stats.sums) != set(stats.counts) or not all(
+            v.ndim == 1 for v in stats.sums.values()
+        ):
             raise errors.SourceError(f"{path}: statistics file is inconsistent")
         return stats
 
@@ -108,11 +109,11 @@ def run_text(
     from edgeinfer.tokenizer import Tokenizer
 
     class StatsEngine(ReferenceEngine):
-        def linear(self, x, name, bias=None):  # noqa: ANN001, ANN202
+        def linear(self, x, name, bias=None):
             stats.add(name, x)
             return super().linear(x, name, bias)
 
-        def matrix(self, name):  # noqa: ANN001, ANN202
+        def matrix(self, name):
             parts = super().matrix(name)
             self._weights.pop(name, None)  # one dequantized matrix at a time
             return parts

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from edgeinfer import quants
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures import ArchConverter, SourceTensor, converter_for
 from edgeinfer.converters.architectures.base import MetadataItem, kv
@@ -37,11 +35,20 @@ from edgeinfer.converters.hf_folder import HFCheckpoint
 from edgeinfer.converters.profiles import Profile, load_profile, parse_size
 from edgeinfer.converters.recipes import FILE_TYPES, Model, recipe
 from edgeinfer.converters.vocab import Vocabulary, convert_vocabulary
+
+from edgeinfer import quants
 from edgeinfer.gguf.constants import GGMLType, ValueType
 from edgeinfer.gguf.writer import GGUFWriter
 
 QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION
-DEFAULT_FIT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16)
+DEFAULT_FIT_TYPES = (
+    GGMLType.Q4_0,
+    GGMLType.Q4_K,
+    GGMLType.Q5_K,
+    GGMLType.Q6_K,
+    GGMLType.Q8_0,
+    GGMLType.F16,
+)
 DEFAULT_TYPE = "f16"
 
 # (stage, done, total): "measure" and "write" count tensors, "calibrate" tokens
@@ -130,7 +137,10 @@ class Conversion:
         if n_vocab != rows:
             self.notes.append(f"the embedding keeps the tokenizer's {n_vocab} of its {rows} rows")
         self.tensors: list[SourceTensor] = self.arch.tensors(n_vocab)
-        self.model = Model(self.arch.n_layer, tied_embeddings=not any(t.name == "output.weight" for t in self.tensors))
+        self.model = Model(
+            self.arch.n_layer,
+            tied_embeddings=not any(t.name == "output.weight" for t in self.tensors),
+        )
 
     # --- metadata ------------------------------------------------------------------------
 
@@ -158,7 +168,10 @@ class Conversion:
     # --- planning ------------------------------------------------------------------------
 
     def plan(
-        self, options: ConvertOptions, stats: ActivationStats | None = None, progress: Progress = _no_progress
+        self,
+        options: ConvertOptions,
+        stats: ActivationStats | None = None,
+        progress: Progress = _no_progress,
     ) -> Plan:
         profile = load_profile(options.target) if options.target else None
         budget = parse_size(options.max_memory) if options.max_memory is not None else None
@@ -168,7 +181,9 @@ class Conversion:
         if n_ctx is not None and n_ctx < 1:
             raise errors.InvalidSizeError(f"--ctx must be positive, not {n_ctx}")
         if budget is not None and n_ctx is None:
-            raise errors.InvalidSizeError("--max-memory needs --ctx N (the context the KV cache must hold)")
+            raise errors.InvalidSizeError(
+                "--max-memory needs --ctx N (the context the KV cache must hold)"
+            )
         fitted = budget is not None and options.type is None
         if fitted:
             types = profile.types if profile else DEFAULT_FIT_TYPES
@@ -195,14 +210,24 @@ class Conversion:
         for t in self.tensors:
             ty = r.choose(t, self.model, pure=pure)
             choices.append(TensorChoice(t, ty, padded_nbytes(ty, t.n_elements)))
-        return Plan(self.arch.gguf_arch, self.ckpt.architecture, r.name + ("-pure" if pure else ""), r.file_type, choices)
+        return Plan(
+            self.arch.gguf_arch,
+            self.ckpt.architecture,
+            r.name + ("-pure" if pure else ""),
+            r.file_type,
+            choices,
+        )
 
-    def _measure(self, plan: Plan, options: ConvertOptions, stats: ActivationStats | None, progress: Progress) -> None:
+    def _measure(
+        self, plan: Plan, options: ConvertOptions, stats: ActivationStats | None, progress: Progress
+    ) -> None:
         for i, c in enumerate(plan.tensors):
             progress("measure", i, len(plan.tensors))
             if c.source.is_matrix:
                 rows = sample_rows(c.source, options.sample_rows)
-                c.error = self._uses(c.source) * quantization_error(rows, c.ggml_type, self._importance(stats, c.source))
+                c.error = self._uses(c.source) * quantization_error(
+                    rows, c.ggml_type, self._importance(stats, c.source)
+                )
         progress("measure", len(plan.tensors), len(plan.tensors))
 
     def _uses(self, t: SourceTensor) -> int:
@@ -211,14 +236,22 @@ class Conversion:
     def _importance(self, stats: ActivationStats | None, t: SourceTensor) -> np.ndarray | None:
         if stats is None:
             return None
-        name = "token_embd.weight" if t.name == "token_embd.weight" and self.model.tied_embeddings else t.name
+        name = (
+            "token_embd.weight"
+            if t.name == "token_embd.weight" and self.model.tied_embeddings
+            else t.name
+        )
         return stats.importance(name, t.row_length)
 
     def _fitted_plan(
         self, types: tuple[GGMLType, ...], budget: int, n_ctx: int, options: ConvertOptions,
         stats: ActivationStats | None, progress: Progress,
     ) -> Plan:  # fmt: skip
-        fixed = [TensorChoice(t, GGMLType.F32, padded_nbytes(GGMLType.F32, t.n_elements)) for t in self.tensors if not t.is_matrix]
+        fixed = [
+            TensorChoice(t, GGMLType.F32, padded_nbytes(GGMLType.F32, t.n_elements))
+            for t in self.tensors
+            if not t.is_matrix
+        ]
         matrices = [t for t in self.tensors if t.is_matrix]
         options_by_name: dict[str, list[Option]] = {}
         for i, t in enumerate(matrices):
@@ -230,7 +263,9 @@ class Conversion:
         draft = Plan(self.arch.gguf_arch, self.ckpt.architecture, "fitted", 0, [
             TensorChoice(t, GGMLType.F32, 0) for t in self.tensors
         ])  # fmt: skip
-        header = self._layout(draft).file_size() - sum(padded_nbytes(GGMLType.F32, t.n_elements) for t in self.tensors)
+        header = self._layout(draft).file_size() - sum(
+            padded_nbytes(GGMLType.F32, t.n_elements) for t in self.tensors
+        )
         kv_bytes = self.arch.kv_cache_bytes(n_ctx)
         fixed_bytes = header + sum(c.nbytes for c in fixed) + kv_bytes
         try:
@@ -241,14 +276,21 @@ class Conversion:
                 f"nothing fits: the smallest plan ({smallest}) needs a {format_bytes(e.needed - kv_bytes)} "
                 f"file + {format_bytes(kv_bytes)} of KV cache at {n_ctx} tokens = {format_bytes(e.needed)}; "
                 f"the budget is {format_bytes(budget)}, short by {format_bytes(e.shortfall)}",
-                needed=e.needed, budget=budget,
+                needed=e.needed,
+                budget=budget,
             ) from None
         choices = []
         for t in self.tensors:
             o = chosen.get(t.name)
             choices.append(TensorChoice(t, o.ggml_type, o.nbytes, o.error) if o else
                            TensorChoice(t, GGMLType.F32, padded_nbytes(GGMLType.F32, t.n_elements)))  # fmt: skip
-        return Plan(self.arch.gguf_arch, self.ckpt.architecture, "fitted", _dominant_file_type(choices), choices)
+        return Plan(
+            self.arch.gguf_arch,
+            self.ckpt.architecture,
+            "fitted",
+            _dominant_file_type(choices),
+            choices,
+        )
 
     # --- writing -------------------------------------------------------------------------
 
@@ -267,7 +309,9 @@ class Conversion:
             writer.write_header()
             for i, c in enumerate(plan.tensors):
                 progress("write", i, len(plan.tensors))
-                writer.write_tensor_data(c.name, self._encoded(c, self._importance(stats, c.source)))
+                writer.write_tensor_data(
+                    c.name, self._encoded(c, self._importance(stats, c.source))
+                )
             progress("write", len(plan.tensors), len(plan.tensors))
             return writer.commit()
 
@@ -304,11 +348,15 @@ def load_stats(
     from edgeinfer.converters.calibration import collect_stats
 
     text = path.read_text(encoding="utf-8", errors="replace")
-    return collect_stats(conversion, text, max_tokens=options.calib_tokens, workdir=workdir, progress=progress)
+    return collect_stats(
+        conversion, text, max_tokens=options.calib_tokens, workdir=workdir, progress=progress
+    )
 
 
 def plan_conversion(
-    src: str | os.PathLike[str], options: ConvertOptions = ConvertOptions(), progress: Progress = _no_progress
+    src: str | os.PathLike[str],
+    options: ConvertOptions = ConvertOptions(),
+    progress: Progress = _no_progress,
 ) -> Plan:
     """The plan that :func:`convert` would carry out, without writing anything."""
     conversion = Conversion(src)

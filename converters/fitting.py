@@ -20,11 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from edgeinfer import quants
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures.base import SourceTensor
 from edgeinfer.converters.recipes import FLOAT_TYPES, fallback
+
+from edgeinfer import quants
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 
 SAMPLE_ROWS = 256  # rows per tensor quantized to measure errors
@@ -79,10 +79,14 @@ def options_for(
     weight: float = 1.0,
 ) -> list[Option]:
     """The candidate types of one matrix (after row-length fallbacks), with bytes and error."""
-    chosen = sorted({fallback(ty, t.row_length) for ty in types}, key=lambda ty: padded_nbytes(ty, t.n_elements))
+    chosen = sorted(
+        {fallback(ty, t.row_length) for ty in types}, key=lambda ty: padded_nbytes(ty, t.n_elements)
+    )
     rows = sample_rows(t, max_rows)
     return [
-        Option(ty, padded_nbytes(ty, t.n_elements), weight * quantization_error(rows, ty, importance))
+        Option(
+            ty, padded_nbytes(ty, t.n_elements), weight * quantization_error(rows, ty, importance)
+        )
         for ty in chosen
     ]
 
@@ -99,7 +103,9 @@ def _hull(options: list[Option]) -> list[Option]:
         while len(pts) >= 2:
             a, b = pts[-2], pts[-1]
             # drop b when the slope a->o is at least as steep as a->b
-            if (a.error - o.error) * (b.nbytes - a.nbytes) >= (a.error - b.error) * (o.nbytes - a.nbytes):
+            if (a.error - o.error) * (b.nbytes - a.nbytes) >= (a.error - b.error) * (
+                o.nbytes - a.nbytes
+            ):
                 pts.pop()
             else:
                 break

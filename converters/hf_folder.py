@@ -68,7 +68,7 @@ class HFCheckpoint:
         if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
             raise errors.BadConfigError(
                 f"{self.folder / 'config.json'}: 'architectures' must name the model class "
-                "(for example [\"LlamaForCausalLM\"])"
+                '(for example ["LlamaForCausalLM"])'
             )
         return archs[0]
 
@@ -101,7 +101,9 @@ class HFCheckpoint:
         index = read_json(index_path)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
-            raise errors.BadConfigError(f"{index_path}: 'weight_map' must map tensor names to files")
+            raise errors.BadConfigError(
+                f"{index_path}: 'weight_map' must map tensor names to files"
+            )
         shards: dict[str, SafetensorsFile] = {}
         for file_name in sorted(set(weight_map.values())):
             if not isinstance(file_name, str) or Path(file_name).name != file_name:

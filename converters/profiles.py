@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgeinfer._native import ISA_NAMES
 from edgeinfer.converters import errors
 from edgeinfer.converters.recipes import type_by_name
+
+from edgeinfer._native import ISA_NAMES
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 
 if sys.version_info >= (3, 11):
@@ -38,7 +39,9 @@ def parse_size(text: str | int) -> int:
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _UNITS:
-        raise errors.InvalidSizeError(f"cannot read {text!r} as a memory size (e.g. 4GiB, 1.5GB, 800MB)")
+        raise errors.InvalidSizeError(
+            f"cannot read {text!r} as a memory size (e.g. 4GiB, 1.5GB, 800MB)"
+        )
     value = int(float(m.group(1)) * _UNITS[unit])
     if value <= 0:
         raise errors.InvalidSizeError(f"memory size {text!r} must be positive")
@@ -101,10 +104,14 @@ def _profile(data: dict[str, Any], path: Path) -> Profile:
         parsed = tuple(type_by_name(str(t)) for t in types)
     except errors.UnknownTypeError as e:
         raise errors.ProfileError(f"{path}: {e}") from None
-    blocks = tuple(int(b) for b in data.get("block_sizes", [BLOCK_LAYOUTS[t].block_size for t in parsed]))
+    blocks = tuple(
+        int(b) for b in data.get("block_sizes", [BLOCK_LAYOUTS[t].block_size for t in parsed])
+    )
     kept = tuple(t for t in parsed if BLOCK_LAYOUTS[t].block_size in blocks)
     if not kept:
-        raise errors.ProfileError(f"{path}: no type in 'types' has one of the block sizes {list(blocks)}")
+        raise errors.ProfileError(
+            f"{path}: no type in 'types' has one of the block sizes {list(blocks)}"
+        )
     try:
         memory = parse_size(need("memory", (str, int)))
     except errors.InvalidSizeError as e:

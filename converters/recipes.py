@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures.base import SourceTensor
+
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 
 T = GGMLType
@@ -102,7 +103,9 @@ def output_q6_k(t: SourceTensor, model: Model) -> GGMLType | None:
 
 
 def more_bits_q6_k(t: SourceTensor, model: Model) -> GGMLType | None:
-    if role(t.name) in ("attn_v.weight", "ffn_down.weight") and use_more_bits(t.layer or 0, model.n_layer):
+    if role(t.name) in ("attn_v.weight", "ffn_down.weight") and use_more_bits(
+        t.layer or 0, model.n_layer
+    ):
         return T.Q6_K
     return None
 
@@ -128,7 +131,12 @@ def _recipes() -> dict[str, Recipe]:
         "q5_k_m": Recipe("q5_k_m", T.Q5_K, 17, (output_q6_k, more_bits_q6_k)),
         "q5_k_s": Recipe("q5_k_s", T.Q5_K, 16, (output_q6_k,)),
     }
-    for name, base, ftype in (("q4_0", T.Q4_0, 2), ("q4_1", T.Q4_1, 3), ("q5_0", T.Q5_0, 8), ("q5_1", T.Q5_1, 9)):
+    for name, base, ftype in (
+        ("q4_0", T.Q4_0, 2),
+        ("q4_1", T.Q4_1, 3),
+        ("q5_0", T.Q5_0, 8),
+        ("q5_1", T.Q5_1, 9),
+    ):
         out[name] = Recipe(name, base, ftype, (output_q6_k,))
     out["q4_k"], out["q5_k"] = out["q4_k_m"], out["q5_k_m"]
     return out

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from edgeinfer.converters import errors
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own cap
@@ -72,7 +71,9 @@ class SafetensorsFile:
                     raise self._corrupt(f"{self.size} bytes is too short for a header")
                 (n,) = struct.unpack("<Q", prefix)
                 if n > MAX_HEADER_BYTES or n > self.size - 8:
-                    raise self._corrupt(f"header length {n} is impossible for a {self.size}-byte file")
+                    raise self._corrupt(
+                        f"header length {n} is impossible for a {self.size}-byte file"
+                    )
                 raw = f.read(n)
         except FileNotFoundError:
             raise errors.MissingSourceFileError(f"{self.path}: no such file") from None
@@ -105,7 +106,11 @@ class SafetensorsFile:
         pos = 0
         for e in sorted(entries, key=lambda e: (e.start, e.nbytes)):
             if e.start - self.data_start != pos:
-                what = "overlaps the previous one" if e.start - self.data_start < pos else "leaves a gap"
+                what = (
+                    "overlaps the previous one"
+                    if e.start - self.data_start < pos
+                    else "leaves a gap"
+                )
                 raise self._corrupt(f"tensor {e.name!r} {what}")
             pos += e.nbytes
         if pos != data_size:
@@ -131,7 +136,9 @@ class SafetensorsFile:
                     "F64 checkpoints can be converted (dequantize it first)"
                 )
             raise self._corrupt(f"tensor {name!r} has unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise self._corrupt(f"tensor {name!r} has a bad shape {shape!r}")
         if (
             not isinstance(offsets, list) or len(offsets) != 2
@@ -147,13 +154,17 @@ class SafetensorsFile:
             )
         if self.data_start + offsets[1] > self.size:
             raise self._corrupt(f"tensor {name!r} lies beyond the end of the file")
-        return TensorEntry(name, dtype, tuple(shape), self.data_start + offsets[0], nbytes, self.path)
+        return TensorEntry(
+            name, dtype, tuple(shape), self.data_start + offsets[0], nbytes, self.path
+        )
 
 
 def read_rows(entry: TensorEntry, first: int, count: int) -> np.ndarray:
     """Rows [first, first+count) of ``entry`` as float32, shape (count, row_length)."""
     if not 0 <= first <= first + count <= max(entry.n_rows, 1):
-        raise errors.ShapeMismatchError(f"{entry.path}: rows {first}..{first + count} of {entry.name!r}")
+        raise errors.ShapeMismatchError(
+            f"{entry.path}: rows {first}..{first + count} of {entry.name!r}"
+        )
     dtype, size = DTYPES[entry.dtype]
     row_bytes = entry.row_length * size
     n = count * row_bytes
@@ -162,7 +173,9 @@ def read_rows(entry: TensorEntry, first: int, count: int) -> np.ndarray:
         f.seek(entry.start + first * row_bytes)
         got = f.readinto(buf)
     if got != n:
-        raise errors.CorruptSafetensorsError(f"{entry.path}: file ends inside tensor {entry.name!r}")
+        raise errors.CorruptSafetensorsError(
+            f"{entry.path}: file ends inside tensor {entry.name!r}"
+        )
     raw = np.frombuffer(buf, dtype=dtype).reshape(count, entry.row_length)
     if entry.dtype == "BF16":
         return bf16_to_f32(raw)

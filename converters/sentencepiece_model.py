@@ -64,7 +64,7 @@ class _Reader:
             if shift > 63:
                 raise self.fail("varint longer than 10 bytes")
 
-    def fields(self, end: int):  # noqa: ANN201 - yields (field number, wire type, value)
+    def fields(self, end: int):
         while self.pos < end:
             key = self.varint()
             number, wire = key >> 3, key & 7
@@ -96,7 +96,9 @@ def parse_sentencepiece(path: Path) -> SentencePieceModel:
     try:
         size = path.stat().st_size
         if size > MAX_MODEL_BYTES:
-            raise errors.TokenizerConversionError(f"{path}: {size} bytes is too large for a tokenizer")
+            raise errors.TokenizerConversionError(
+                f"{path}: {size} bytes is too large for a tokenizer"
+            )
         buf = path.read_bytes()
     except FileNotFoundError:
         raise errors.MissingSourceFileError(f"{path}: no such file") from None

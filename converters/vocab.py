@@ -22,6 +22,7 @@ from edgeinfer.converters import errors
 from edgeinfer.converters.architectures.base import MetadataItem, kv
 from edgeinfer.converters.hf_folder import HFCheckpoint, read_json
 from edgeinfer.converters.sentencepiece_model import parse_sentencepiece
+
 from edgeinfer.gguf.constants import ValueType
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -159,7 +160,11 @@ def pre_tokenizer_name(tj: dict[str, Any], clean_spaces: bool, where: str) -> st
         )
     if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
         return "gpt-2"
-    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and steps[1].get("use_regex", True):
+    if (
+        kinds == ["Digits", "ByteLevel"]
+        and steps[0].get("individual_digits")
+        and steps[1].get("use_regex", True)
+    ):
         return "starcoder" if clean_spaces else "smollm"
     raise errors.TokenizerConversionError(
         f"{where}: pre-tokenizer {' + '.join(map(str, kinds))} is not one llama.cpp implements"
@@ -202,7 +207,9 @@ def _check_id(i: Any, max_tokens: int, what: str, where: str) -> int:
     return i
 
 
-def _bpe_vocabulary(ckpt: HFCheckpoint, tj: dict[str, Any], path: Path, max_tokens: int) -> Vocabulary:
+def _bpe_vocabulary(
+    ckpt: HFCheckpoint, tj: dict[str, Any], path: Path, max_tokens: int
+) -> Vocabulary:
     where = str(path)
     model = tj["model"]
     table = model.get("vocab")
@@ -249,7 +256,9 @@ def _spm_vocabulary(ckpt: HFCheckpoint, max_tokens: int) -> Vocabulary:
     # added tokens of tokenizer_config.json take their ids over, as in llama.cpp
     decoder = ckpt.tokenizer_config.get("added_tokens_decoder") or {}
     if not isinstance(decoder, dict):
-        raise errors.TokenizerConversionError(f"{ckpt.folder}: added_tokens_decoder is not an object")
+        raise errors.TokenizerConversionError(
+            f"{ckpt.folder}: added_tokens_decoder is not an object"
+        )
     for key, data in decoder.items():
         content = data.get("content") if isinstance(data, dict) else None
         if not str(key).isdigit() or not isinstance(content, str):
@@ -320,26 +329,25 @@ def _special_tokens(ckpt: HFCheckpoint, vocab: Vocabulary, tj: dict[str, Any]) -
         vocab.add_space_prefix = prefix
 
 
+def _template_special_id(item: Any, specials: dict[str, Any]) -> int | None:
+    """The id of a TemplateProcessing item that is one special token, else None."""
+    name = item.get("SpecialToken", {}).get("id") if isinstance(item, dict) else None
+    ids = (specials.get(name) or {}).get("ids") if name else None
+    return ids[0] if isinstance(ids, list) and len(ids) == 1 else None
+
+
 def _post_processor_adds(tj: dict[str, Any], vocab: Vocabulary) -> dict[str, bool]:
     """Whether tokenizer.json's post-processor adds BOS (first) and EOS (last) to one text."""
     out: dict[str, bool] = {}
-    ids = vocab.special_ids
     for step in _steps(tj.get("post_processor")):
         if step.get("type") == "ByteLevel":
             out.setdefault("bos", False)
             out.setdefault("eos", False)
-        elif step.get("type") == "TemplateProcessing":
-            single = step.get("single") or []
-            specials = step.get("special_tokens") or {}
-
-            def special_id(item: Any) -> int | None:
-                name = item.get("SpecialToken", {}).get("id") if isinstance(item, dict) else None
-                ids_ = (specials.get(name) or {}).get("ids") if name else None
-                return ids_[0] if isinstance(ids_, list) and len(ids_) == 1 else None
-
-            if single:
-                out["bos"] = special_id(single[0]) is not None and special_id(single[0]) == ids.get("bos")
-                out["eos"] = special_id(single[-1]) is not None and special_id(single[-1]) == ids.get("eos")
+        elif step.get("type") == "TemplateProcessing" and step.get("single"):
+            single, specials = step["single"], step.get("special_tokens") or {}
+            for role, item in (("bos", single[0]), ("eos", single[-1])):
+                found = _template_special_id(item, specials)
+                out[role] = found is not None and found == vocab.special_ids.get(role)
     return out
 
 
@@ -364,4 +372,6 @@ def _chat_templates(ckpt: HFCheckpoint) -> dict[str, str]:
             name = item.get("name", "default")
             out["" if name == "default" else str(name)] = item["template"]
         return out
-    raise errors.TokenizerConversionError(f"{ckpt.folder}: chat_template is neither text nor a list")
+    raise errors.TokenizerConversionError(
+        f"{ckpt.folder}: chat_template is neither text nor a list"
+    )

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-
 from edgeinfer.converters import errors
 from edgeinfer.converters.hf_folder import HFCheckpoint
 from edgeinfer.converters.safetensors_file import TensorEntry, read_rows
+
 from edgeinfer.gguf.constants import ValueType
 
 READ_CHUNK_VALUES = 1 << 22  # values read from the checkpoint at a time (16 MiB as float32)
@@ -112,7 +112,9 @@ class ConfigReader:
     def int(self, key: str, default: Any = None, lo: int = 1, hi: int = 1 << 24) -> int:
         v = self._raw(key, default)
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise errors.BadConfigError(f"{self.where}: {key} = {v!r} is not an integer in [{lo}, {hi}]")
+            raise errors.BadConfigError(
+                f"{self.where}: {key} = {v!r} is not an integer in [{lo}, {hi}]"
+            )
         return v
 
     def float(self, key: str, default: Any = None) -> float:
@@ -166,7 +168,9 @@ def rope_parameters(config: dict[str, Any], where: str, default_theta: float) ->
         raise errors.BadConfigError(f"{where}: rope_scaling = {scaling!r} is not an object")
     out = {"full_attention": _rope({**scaling, "rope_theta": theta}, where, default_theta)}
     if config.get("rope_local_base_freq") is not None:  # Gemma 3's sliding layers, older files
-        out["sliding_attention"] = _rope({"rope_theta": config["rope_local_base_freq"]}, where, default_theta)
+        out["sliding_attention"] = _rope(
+            {"rope_theta": config["rope_local_base_freq"]}, where, default_theta
+        )
     return out
 
 
@@ -205,7 +209,9 @@ def llama3_rope_factors(rope: Rope, head_dim: int) -> np.ndarray:
 MetadataItem = tuple[str, ValueType, Any, ValueType | None]  # key, type, value, element type
 
 
-def kv(key: str, vtype: ValueType, value: Any, element_type: ValueType | None = None) -> MetadataItem:
+def kv(
+    key: str, vtype: ValueType, value: Any, element_type: ValueType | None = None
+) -> MetadataItem:
     return (key, vtype, value, element_type)
 
 
@@ -283,7 +289,9 @@ class ArchConverter:
         else:
             out.append(self._take("output.weight", "lm_head.weight", (hp.vocab_size, hp.hidden_size),
                                   used, keep_rows=n_vocab))  # fmt: skip
-        unused = [n for n in self.ckpt.tensors if n not in used and not n.endswith(IGNORED_SUFFIXES)]
+        unused = [
+            n for n in self.ckpt.tensors if n not in used and not n.endswith(IGNORED_SUFFIXES)
+        ]
         if unused:
             raise errors.UnexpectedTensorError(
                 f"{self.ckpt.folder}: {len(unused)} tensor(s) that {self.hf_architectures[0]} "
@@ -362,7 +370,11 @@ class HParams:
 
     @classmethod
     def read(
-        cls, cfg: ConfigReader, ropes: dict[str, Rope], activation_key: str = "hidden_act", **extra: Any
+        cls,
+        cfg: ConfigReader,
+        ropes: dict[str, Rope],
+        activation_key: str = "hidden_act",
+        **extra: Any,
     ) -> HParams:
         hidden = cfg.int("hidden_size")
         n_head = cfg.int("num_attention_heads")
@@ -374,9 +386,13 @@ class HParams:
         explicit = cfg.config.get("head_dim") is not None
         head_dim = cfg.int("head_dim") if explicit else hidden // n_head
         if not explicit and hidden % n_head:
-            raise errors.BadConfigError(f"{cfg.where}: hidden_size {hidden} is not a multiple of {n_head} heads")
+            raise errors.BadConfigError(
+                f"{cfg.where}: hidden_size {hidden} is not a multiple of {n_head} heads"
+            )
         if head_dim % 2:
-            raise errors.BadConfigError(f"{cfg.where}: head_dim {head_dim} must be even for rotary embedding")
+            raise errors.BadConfigError(
+                f"{cfg.where}: head_dim {head_dim} must be even for rotary embedding"
+            )
         return cls(
             vocab_size=cfg.int("vocab_size"),
             hidden_size=hidden,

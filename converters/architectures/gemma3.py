@@ -7,7 +7,8 @@ is written per layer. Rotary embedding is NeoX-style, so no rows are permuted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from edgeinfer.converters.architectures.base import (
     ArchConverter,
@@ -23,6 +24,7 @@ from edgeinfer.converters.architectures.base import (
     rope_parameters,
 )
 from edgeinfer.converters.hf_folder import HFCheckpoint
+
 from edgeinfer.gguf.constants import ValueType
 
 DEFAULTS = {
@@ -38,7 +40,7 @@ SWA_THETA = 10000.0
 class Gemma3HParams(HParams):
     sliding_window: int = 0
     swa_layers: tuple[bool, ...] = ()
-    rope_swa: Rope = Rope(SWA_THETA)
+    rope_swa: Rope = field(default_factory=lambda: Rope(SWA_THETA))
     final_logit_softcapping: float = 0.0
 
 
@@ -46,7 +48,7 @@ class Gemma3Converter(ArchConverter):
     hf_architectures = ("Gemma3ForCausalLM",)
     gguf_arch = "gemma3"
     crop_vocab = True  # llama.cpp's files keep only the tokenizer's rows of the embedding
-    LAYER_NAMES = {
+    LAYER_NAMES: ClassVar[dict[str, str]] = {
         "attn_norm.weight": "input_layernorm.weight",
         "attn_q.weight": "self_attn.q_proj.weight",
         "attn_k.weight": "self_attn.k_proj.weight",
@@ -108,7 +110,7 @@ class Gemma3Converter(ArchConverter):
                 raise refuse(self.where, f"layer_types must list {n_layer} layer types")
             unknown = set(types) - {"sliding_attention", "full_attention"}
             if unknown:
-                raise refuse(self.where, f"unknown layer type {sorted(unknown)[0]!r}")
+                raise refuse(self.where, f"unknown layer type {min(unknown)!r}")
             return tuple(t == "sliding_attention" for t in types)
         n = cfg.int("sliding_window_pattern", SLIDING_WINDOW_PATTERN, lo=1)
         return tuple(il % n < n - 1 for il in range(n_layer))
@@ -124,7 +126,9 @@ class Gemma3Converter(ArchConverter):
                 kv(f"{arch}.rope.freq_base_swa", ValueType.FLOAT32, hp.rope_swa.theta),
             ]  # fmt: skip
         if hp.final_logit_softcapping:
-            items.append(kv(f"{arch}.final_logit_softcapping", ValueType.FLOAT32, hp.final_logit_softcapping))
+            items.append(
+                kv(f"{arch}.final_logit_softcapping", ValueType.FLOAT32, hp.final_logit_softcapping)
+            )
         return items
 
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -7,6 +7,8 @@ Llama 3.1's rotary scaling becomes the ``rope_freqs.weight`` tensor of per-frequ
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from edgeinfer.converters.architectures.base import (
     ArchConverter,
     ConfigReader,
@@ -22,6 +24,7 @@ from edgeinfer.converters.architectures.base import (
     rope_parameters,
 )
 from edgeinfer.converters.hf_folder import HFCheckpoint
+
 from edgeinfer.gguf.constants import ValueType
 
 DEFAULTS = {
@@ -33,7 +36,7 @@ DEFAULTS = {
 class LlamaConverter(ArchConverter):
     hf_architectures = ("LlamaForCausalLM",)
     gguf_arch = "llama"
-    defaults = DEFAULTS
+    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def __init__(self, ckpt: HFCheckpoint) -> None:
         super().__init__(ckpt)

@@ -7,13 +7,15 @@ results up to the window's length).
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from edgeinfer.converters.architectures.llama import DEFAULTS, LlamaConverter
 from edgeinfer.converters.hf_folder import HFCheckpoint
 
 
 class MistralConverter(LlamaConverter):
     hf_architectures = ("MistralForCausalLM",)
-    defaults = {**DEFAULTS, "max_position_embeddings": 32768}
+    defaults: ClassVar[dict[str, Any]] = {**DEFAULTS, "max_position_embeddings": 32768}
 
     def __init__(self, ckpt: HFCheckpoint) -> None:
         super().__init__(ckpt)

@@ -3,6 +3,8 @@ key and value projections and NeoX rotary embedding (no row permutation)."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from edgeinfer.converters.architectures.base import (
     ArchConverter,
     ConfigReader,
@@ -25,7 +27,7 @@ DEFAULTS = {
 class Qwen2Converter(ArchConverter):
     hf_architectures = ("Qwen2ForCausalLM",)
     gguf_arch = "qwen2"
-    LAYER_NAMES = {
+    LAYER_NAMES: ClassVar[dict[str, str]] = {
         **ArchConverter.LAYER_NAMES,
         "attn_q.bias": "self_attn.q_proj.bias",
         "attn_k.bias": "self_attn.k_proj.bias",
@@ -47,4 +49,9 @@ class Qwen2Converter(ArchConverter):
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         hp = self.hp
         q, kv_ = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-        return {**hp.standard_shapes(), "attn_q.bias": (q,), "attn_k.bias": (kv_,), "attn_v.bias": (kv_,)}
+        return {
+            **hp.standard_shapes(),
+            "attn_q.bias": (q,),
+            "attn_k.bias": (kv_,),
+            "attn_v.bias": (kv_,),
+        }

@@ -3,6 +3,8 @@ and key head, and a head size set on its own (it need not be hidden_size / heads
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from edgeinfer.converters.architectures.base import (
     ArchConverter,
     ConfigReader,
@@ -25,7 +27,7 @@ DEFAULTS = {
 class Qwen3Converter(ArchConverter):
     hf_architectures = ("Qwen3ForCausalLM",)
     gguf_arch = "qwen3"
-    LAYER_NAMES = {
+    LAYER_NAMES: ClassVar[dict[str, str]] = {
         **ArchConverter.LAYER_NAMES,
         "attn_q_norm.weight": "self_attn.q_norm.weight",
         "attn_k_norm.weight": "self_attn.k_norm.weight",
@@ -46,4 +48,8 @@ class Qwen3Converter(ArchConverter):
 
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         hd = self.hp.head_dim
-        return {**self.hp.standard_shapes(), "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,)}
+        return {
+            **self.hp.standard_shapes(),
+            "attn_q_norm.weight": (hd,),
+            "attn_k_norm.weight": (hd,),
+        }

@@ -85,7 +85,9 @@ def _scalar(vtype: ValueType, value: Any, key: str) -> bytes:
     return struct.pack(SCALAR_FORMATS[vtype][0], int(value))
 
 
-def encode_value(vtype: ValueType, value: Any, key: str, element_type: ValueType | None = None) -> bytes:
+def encode_value(
+    vtype: ValueType, value: Any, key: str, element_type: ValueType | None = None
+) -> bytes:
     """The bytes of one metadata value (without its type code). Arrays take ``element_type``."""
     if vtype == ValueType.STRING:
         if not isinstance(value, (str, bytes)):
@@ -145,7 +147,9 @@ class GGUFWriter:
 
     # --- metadata ------------------------------------------------------------------------
 
-    def add(self, key: str, vtype: ValueType, value: Any, element_type: ValueType | None = None) -> None:
+    def add(
+        self, key: str, vtype: ValueType, value: Any, element_type: ValueType | None = None
+    ) -> None:
         self._check_open_for_layout()
         if not isinstance(key, str) or not key or len(key.encode()) > 65535:
             raise errors.InvalidOptionError(f"bad metadata key {key!r}")
@@ -169,7 +173,9 @@ class GGUFWriter:
     def add_bool(self, key: str, value: bool) -> None:
         self.add(key, ValueType.BOOL, value)
 
-    def add_array(self, key: str, values: Sequence[Any] | np.ndarray, element_type: ValueType) -> None:
+    def add_array(
+        self, key: str, values: Sequence[Any] | np.ndarray, element_type: ValueType
+    ) -> None:
         self.add(key, ValueType.ARRAY, values, element_type)
 
     def keys(self) -> list[str]:
@@ -177,14 +183,18 @@ class GGUFWriter:
 
     # --- tensor table --------------------------------------------------------------------
 
-    def add_tensor_info(self, name: str, shape: Sequence[int], ggml_type: GGMLType | int) -> PlannedTensor:
+    def add_tensor_info(
+        self, name: str, shape: Sequence[int], ggml_type: GGMLType | int
+    ) -> PlannedTensor:
         """Declares a tensor; ``shape`` in GGML order (row length first)."""
         self._check_open_for_layout()
         ggml_type = GGMLType(ggml_type)
         if name in self.tensors:
             raise errors.DuplicateNameError(f"tensor {name!r} added twice")
         if not name or len(name.encode()) > MAX_NAME_BYTES:
-            raise errors.InvalidOptionError(f"tensor name {name!r} must be 1 to {MAX_NAME_BYTES} bytes")
+            raise errors.InvalidOptionError(
+                f"tensor name {name!r} must be 1 to {MAX_NAME_BYTES} bytes"
+            )
         shape = tuple(int(d) for d in shape)
         if not 1 <= len(shape) <= MAX_DIMS or any(d < 1 for d in shape):
             raise errors.InvalidOptionError(f"tensor {name!r}: bad shape {shape}")
@@ -226,8 +236,11 @@ class GGUFWriter:
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=directory)
         except OSError as e:
-            raise errors.EdgeInferError(f"{self.path}: cannot create a file in {directory} ({e.strerror})") from None
+            raise errors.EdgeInferError(
+                f"{self.path}: cannot create a file in {directory} ({e.strerror})"
+            ) from None
         self._tmp = Path(tmp)
+        _chmod_as_created(fd)
         self._file = os.fdopen(fd, "wb")
         self._write(head)
 
@@ -242,7 +255,11 @@ class GGUFWriter:
         info = self.tensors[name]
         written = 0
         for chunk in chunks:
-            data = memoryview(np.ascontiguousarray(chunk)).cast("B") if isinstance(chunk, np.ndarray) else chunk
+            data = (
+                memoryview(np.ascontiguousarray(chunk)).cast("B")
+                if isinstance(chunk, np.ndarray)
+                else chunk
+            )
             written += len(data)
             if written > info.nbytes:
                 break
@@ -296,7 +313,7 @@ class GGUFWriter:
         if self._file is not None or self._done:
             raise errors.InvalidOptionError("the header is written: metadata and tensors are fixed")
 
-    def __enter__(self) -> GGUFWriter:
+    def __enter__(self) -> GGUFWriter:  # noqa: PYI034 - typing.Self needs Python 3.11
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -308,6 +325,17 @@ class GGUFWriter:
                 raise
         else:
             self.abort()
+
+
+def _chmod_as_created(fd: int) -> None:
+    """mkstemp makes the file private (0600); give it the mode open() would have (0666 less
+    the umask), since it becomes the output."""
+    mask = os.umask(0)
+    os.umask(mask)
+    try:
+        os.fchmod(fd, 0o666 & ~mask)
+    except (AttributeError, OSError):  # no fchmod on Windows; the default mode is fine there
+        pass
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -62,7 +62,11 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "
     blobs, pos = [], 0
     for name, x in tensors.items():
         blob = encode_tensor(x, dtype)
-        header[name] = {"dtype": dtype, "shape": list(x.shape), "data_offsets": [pos, pos + len(blob)]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(x.shape),
+            "data_offsets": [pos, pos + len(blob)],
+        }
         blobs.append(blob)
         pos += len(blob)
     raw = json.dumps(header).encode()
@@ -73,7 +77,9 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "
             f.write(blob)
 
 
-def write_weights(folder: Path, tensors: dict[str, np.ndarray], dtype: str, shards: int = 1) -> None:
+def write_weights(
+    folder: Path, tensors: dict[str, np.ndarray], dtype: str, shards: int = 1
+) -> None:
     if shards == 1:
         write_safetensors(folder / "model.safetensors", tensors, dtype)
         return
@@ -101,7 +107,12 @@ def bpe_tokenizer_json(spec: VocabSpec, style: str) -> dict[str, Any]:
         for i, t in enumerate(spec.tokens) if spec.token_types[i] != NORMAL
     ]  # fmt: skip
     regex = LLAMA3_SPLIT_RE if style == "llama3" else QWEN2_SPLIT_RE
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    byte_level = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": False,
+    }
     if style == "llama3":
         bos = spec.tokens[spec.special_ids["bos"]]
         post: dict[str, Any] = {
@@ -167,7 +178,12 @@ def spm_model_bytes(
         + _field(41, 0, bos_id) + _field(42, 0, eos_id) + _field(43, 0, pad_id)
         + b"".join(_field(45 + k, 2, pieces[i].encode()) for k, i in enumerate((unk_id, bos_id, eos_id, pad_id)))
     )  # fmt: skip
-    normalizer = _field(1, 2, b"identity") + _field(3, 0, int(add_dummy_prefix)) + _field(4, 0, 0) + _field(5, 0, 1)
+    normalizer = (
+        _field(1, 2, b"identity")
+        + _field(3, 0, int(add_dummy_prefix))
+        + _field(4, 0, 0)
+        + _field(5, 0, 1)
+    )
     return out + _field(2, 2, trainer) + _field(3, 2, normalizer)
 
 
@@ -250,7 +266,11 @@ def hf_tensors(spec: CheckpointSpec, n_vocab_rows: int, seed: int = 0) -> dict[s
     def norm(n: int) -> np.ndarray:  # Gemma stores w of x * (1 + w)
         return ((0.0 if gemma else 1.0) + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    out = {"model.embed_tokens.weight": _weight(rng, n_vocab_rows, e, gain=np.sqrt(e) * (0.05 if not gemma else 0.02))}
+    out = {
+        "model.embed_tokens.weight": _weight(
+            rng, n_vocab_rows, e, gain=np.sqrt(e) * (0.05 if not gemma else 0.02)
+        )
+    }
     for i in range(spec.n_layer):
         p = f"model.layers.{i}."
         out[p + "input_layernorm.weight"] = norm(e)
@@ -260,7 +280,9 @@ def hf_tensors(spec: CheckpointSpec, n_vocab_rows: int, seed: int = 0) -> dict[s
         out[p + "self_attn.o_proj.weight"] = _weight(rng, e, q)
         if spec.model_type == "qwen2":
             for name, n in (("q", q), ("k", kv), ("v", kv)):
-                out[p + f"self_attn.{name}_proj.bias"] = (0.1 * rng.standard_normal(n)).astype(np.float32)
+                out[p + f"self_attn.{name}_proj.bias"] = (0.1 * rng.standard_normal(n)).astype(
+                    np.float32
+                )
         if spec.model_type in ("qwen3", "gemma3_text"):
             out[p + "self_attn.q_norm.weight"] = norm(hd)
             out[p + "self_attn.k_norm.weight"] = norm(hd)
@@ -294,7 +316,9 @@ def hf_config(spec: CheckpointSpec, n_vocab_rows: int, special: dict[str, int]) 
     return cfg
 
 
-def write_checkpoint(folder: Path, arch: str, vocabs: dict[str, Any], *, seed: int = 0, **overrides: Any) -> Path:
+def write_checkpoint(
+    folder: Path, arch: str, vocabs: dict[str, Any], *, seed: int = 0, **overrides: Any
+) -> Path:
     """Writes the checkpoint ``arch`` of SPECS into ``folder``; ``vocabs`` holds the
     vocabularies by kind ("llama3", "qwen2": VocabSpec; "spm": SpmVocab)."""
     from dataclasses import replace
@@ -305,7 +329,12 @@ def write_checkpoint(folder: Path, arch: str, vocabs: dict[str, Any], *, seed: i
     tc: dict[str, Any] = {"chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False}
     if spec.vocab == "spm":
         n_tokens = len(vocab.pieces)
-        special = {"bos": vocab.ids["<bos>"], "eos": vocab.ids["<eos>"], "unk": vocab.ids["<unk>"], "pad": vocab.ids["<pad>"]}
+        special = {
+            "bos": vocab.ids["<bos>"],
+            "eos": vocab.ids["<eos>"],
+            "unk": vocab.ids["<unk>"],
+            "pad": vocab.ids["<pad>"],
+        }
         (folder / "tokenizer.model").write_bytes(spm_model_bytes(
             vocab.pieces, vocab.scores, vocab.types, unk_id=special["unk"], bos_id=special["bos"],
             eos_id=special["eos"], pad_id=special["pad"], add_dummy_prefix=arch == "mistral",
@@ -315,13 +344,17 @@ def write_checkpoint(folder: Path, arch: str, vocabs: dict[str, Any], *, seed: i
     else:
         n_tokens = len(vocab.tokens)
         special = dict(vocab.special_ids)
-        (folder / "tokenizer.json").write_text(json.dumps(bpe_tokenizer_json(vocab, spec.vocab), ensure_ascii=False))
+        (folder / "tokenizer.json").write_text(
+            json.dumps(bpe_tokenizer_json(vocab, spec.vocab), ensure_ascii=False)
+        )
         tc.update({f"{role}_token": vocab.tokens[i] for role, i in special.items()})
         if spec.vocab == "qwen2":
             tc["add_bos_token"] = False
     n_rows = n_tokens + spec.extra_vocab_rows
     (folder / "config.json").write_text(json.dumps(hf_config(spec, n_rows, special), indent=1))
     (folder / "tokenizer_config.json").write_text(json.dumps(tc, indent=1))
-    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": special.get("bos"), "eos_token_id": [special["eos"]]}))
+    (folder / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": special.get("bos"), "eos_token_id": [special["eos"]]})
+    )
     write_weights(folder, hf_tensors(spec, n_rows, seed), spec.dtype, spec.shards)
     return folder

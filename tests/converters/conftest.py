@@ -117,7 +117,9 @@ def ggml_quantize(src: Path, dst: Path, ftype: int, pure: bool) -> None:
 
 def leftovers(folder: Path) -> list[str]:
     """Files a failed conversion must not leave: outputs and temporary files."""
-    return sorted(p.name for p in folder.iterdir() if p.suffix in (".gguf", ".part") or p.name.startswith("."))
+    return sorted(
+        p.name for p in folder.iterdir() if p.suffix in (".gguf", ".part") or p.name.startswith(".")
+    )
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import struct
 from pathlib import Path
 
 import pytest
-
-from edgeinfer import errors as ei_errors
 from edgeinfer.converters import errors
 from edgeinfer.converters.convert import ConvertOptions, convert
+
+from edgeinfer import errors as ei_errors
 from tests.converters.checkpoints import write_safetensors
 from tests.converters.conftest import leftovers
 
@@ -84,7 +84,9 @@ def test_shards_without_index(copy_checkpoint, out_dir):
 # --- architectures and configs ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ["GPT2LMHeadModel", "Gemma3ForConditionalGeneration", "MixtralForCausalLM"])
+@pytest.mark.parametrize(
+    "arch", ["GPT2LMHeadModel", "Gemma3ForConditionalGeneration", "MixtralForCausalLM"]
+)
 def test_unsupported_architecture_is_named(copy_checkpoint, out_dir, arch):
     src = copy_checkpoint("llama")
     edit_json(src / "config.json", architectures=[arch])
@@ -138,7 +140,9 @@ def test_unsupported_features(copy_checkpoint, out_dir, arch, changes, match):
 def test_shape_mismatch(copy_checkpoint, out_dir):
     src = copy_checkpoint("llama")
     edit_json(src / "config.json", intermediate_size=768)
-    check_refused(src, out_dir, errors.ShapeMismatchError, r"mlp\.gate_proj.*\[512, 256\].*\[768, 256\]")
+    check_refused(
+        src, out_dir, errors.ShapeMismatchError, r"mlp\.gate_proj.*\[512, 256\].*\[768, 256\]"
+    )
 
 
 def _header(path: Path) -> tuple[dict, bytes]:
@@ -244,7 +248,9 @@ def test_unknown_type(checkpoints, out_dir):
 
 
 def test_impossible_budget_says_by_how_much(checkpoints, out_dir):
-    e = check_refused(checkpoints["llama"], out_dir, errors.BudgetError, "short by", max_memory="1MB", n_ctx=64)
+    e = check_refused(
+        checkpoints["llama"], out_dir, errors.BudgetError, "short by", max_memory="1MB", n_ctx=64
+    )
     assert e.shortfall > 0 and e.needed == e.budget + e.shortfall and e.budget == 1_000_000
 
 

@@ -8,10 +8,10 @@ import ctypes
 
 import numpy as np
 import pytest
-
 from edgeinfer.converters.calibration import ActivationStats, collect_stats
 from edgeinfer.converters.convert import Conversion, ConvertOptions, convert, plan_conversion
 from edgeinfer.converters.fitting import quantization_error, sample_rows
+
 from edgeinfer.gguf import GGUFFile
 from tests.converters.conftest import ggml_quantize  # noqa: F401
 from tests.e2e.parity import PROMPTS
@@ -41,11 +41,15 @@ def test_saved_statistics_round_trip(stats, tmp_path, checkpoints, out_dir):
     assert all((back.sums[k] == v).all() for k, v in stats.sums.items())
     text = tmp_path / "calib.txt"
     text.write_text(CALIB_TEXT)
-    a = plan_conversion(checkpoints["llama"], ConvertOptions(calib=path, max_memory=6_000_000, n_ctx=64))
+    a = plan_conversion(
+        checkpoints["llama"], ConvertOptions(calib=path, max_memory=6_000_000, n_ctx=64)
+    )
     assert a.total_bytes <= 6_000_000
 
 
-def test_calibrated_quantization_is_llama_cpps_imatrix_path(stats, checkpoints, converted, tmp_path):
+def test_calibrated_quantization_is_llama_cpps_imatrix_path(
+    stats, checkpoints, converted, tmp_path
+):
     """Our calibrated q4_k_m equals llama-quantize given the same importance matrix."""
     import llama_cpp
 
@@ -54,18 +58,30 @@ def test_calibrated_quantization_is_llama_cpps_imatrix_path(stats, checkpoints, 
     ours = tmp_path / "ours.gguf"
     convert(checkpoints["llama"], ours, ConvertOptions(type="q4_k_m", calib=path))
     names = sorted(stats.sums)
-    arrays = [np.ascontiguousarray(stats.sums[n] / stats.counts[n], dtype=np.float32) for n in names]
+    arrays = [
+        np.ascontiguousarray(stats.sums[n] / stats.counts[n], dtype=np.float32) for n in names
+    ]
     entries = (llama_cpp.llama_model_imatrix_data * (len(names) + 1))()
     for e, n, a in zip(entries, names, arrays):
-        e.name, e.data, e.size = n.encode(), a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), a.size
+        e.name, e.data, e.size = (
+            n.encode(),
+            a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            a.size,
+        )
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype, params.nthread = 15, 1
     params.imatrix = ctypes.cast(entries, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
     theirs = tmp_path / "ggml.gguf"
-    rc = llama_cpp.llama_model_quantize(str(converted("llama", "f32")).encode(), str(theirs).encode(), ctypes.byref(params))
+    rc = llama_cpp.llama_model_quantize(
+        str(converted("llama", "f32")).encode(), str(theirs).encode(), ctypes.byref(params)
+    )
     assert rc == 0
-    with GGUFFile(ours) as a, GGUFFile(theirs) as b, GGUFFile(converted("llama", "q4_k_m")) as plain:
-        for name, info in b.tensors.items():
+    with (
+        GGUFFile(ours) as a,
+        GGUFFile(theirs) as b,
+        GGUFFile(converted("llama", "q4_k_m")) as plain,
+    ):
+        for name in b.tensors:
             assert bytes(a.tensor_data(name)) == bytes(b.tensor_data(name)), name
         differs = [n for n in b.tensors if bytes(a.tensor_data(n)) != bytes(plain.tensor_data(n))]
         assert "blk.0.attn_q.weight" in differs  # the statistics did change the quantization
@@ -87,7 +103,9 @@ def test_calibration_lowers_the_weighted_error(stats, checkpoints):
     plain = weighted(quants.quantize(rows, quants.GGMLType.Q4_K))
     guided = weighted(quants.quantize(rows, quants.GGMLType.Q4_K, weights=imp))
     assert guided < plain
-    assert quantization_error(rows, quants.GGMLType.Q4_K, imp) == pytest.approx(guided / float((rows**2 @ s).sum()), rel=1e-6)
+    assert quantization_error(rows, quants.GGMLType.Q4_K, imp) == pytest.approx(
+        guided / float((rows**2 @ s).sum()), rel=1e-6
+    )
 
 
 def test_calibration_from_a_text_file(checkpoints, tmp_path, out_dir):

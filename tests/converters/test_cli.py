@@ -12,8 +12,8 @@ import sys
 import time
 
 import pytest
-
 from edgeinfer.apps.convert import add_parser, main, run
+
 from tests.converters.conftest import leftovers
 
 
@@ -23,21 +23,39 @@ def test_plugs_into_subparsers(checkpoints):
     add_parser(sub)
     args = parser.parse_args(["convert", str(checkpoints["llama"]), "-o", "x.gguf", "--type", "q4_k_m",
                               "--max-memory", "2GiB", "--ctx", "512", "--dry-run"])  # fmt: skip
-    assert args.command == "convert" and args.type == "q4_k_m" and args.ctx == 512 and callable(main)
+    assert (
+        args.command == "convert" and args.type == "q4_k_m" and args.ctx == 512 and callable(main)
+    )
 
 
 def test_dry_run_prints_the_plan(checkpoints, out_dir, capsys):
-    assert run([str(checkpoints["gemma3"]), "-o", str(out_dir / "m.gguf"), "--type", "q4_k_m", "--dry-run"]) == 0
+    assert (
+        run(
+            [
+                str(checkpoints["gemma3"]),
+                "-o",
+                str(out_dir / "m.gguf"),
+                "--type",
+                "q4_k_m",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "Gemma3ForCausalLM -> GGUF gemma3, q4_k_m" in out
     assert "token_embd.weight" in out and "Q8_0" in out and "blk.6.ffn_down.weight" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("blk.0.attn_q.weight"))
-    assert line.split()[2:4] == ["Q5_0", "56320"] and float(line.split()[4]) > 0  # type, bytes, error
+    assert (
+        line.split()[2:4] == ["Q5_0", "56320"] and float(line.split()[4]) > 0
+    )  # type, bytes, error
     assert leftovers(out_dir) == []
 
 
 def test_dry_run_with_a_budget(checkpoints, capsys):
-    assert run([str(checkpoints["llama"]), "--max-memory", "8MiB", "--ctx", "256", "--dry-run"]) == 0
+    assert (
+        run([str(checkpoints["llama"]), "--max-memory", "8MiB", "--ctx", "256", "--dry-run"]) == 0
+    )
     out = capsys.readouterr().out
     assert "fitted" in out and "KV cache (f16, 256 tokens)" in out and "fits" in out
 
@@ -45,7 +63,11 @@ def test_dry_run_with_a_budget(checkpoints, capsys):
 def test_dry_run_when_nothing_fits(checkpoints, capsys):
     assert run([str(checkpoints["llama"]), "--max-memory", "1MB", "--ctx", "256", "--dry-run"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("edgeinfer: error: nothing fits") and "short by" in err and err.count("\n") == 1
+    assert (
+        err.startswith("edgeinfer: error: nothing fits")
+        and "short by" in err
+        and err.count("\n") == 1
+    )
 
 
 def test_convert_with_progress(checkpoints, out_dir, capsys):

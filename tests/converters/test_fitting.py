@@ -8,13 +8,12 @@ import itertools
 
 import numpy as np
 import pytest
-
-import edgeinfer
 from edgeinfer.converters import errors
 from edgeinfer.converters.convert import Conversion, ConvertOptions, convert, plan_conversion
 from edgeinfer.converters.fitting import Option, fit
 from edgeinfer.converters.profiles import available_profiles, load_profile, parse_size
-from edgeinfer.gguf import GGUFFile
+
+import edgeinfer
 from edgeinfer.gguf.constants import GGMLType as T
 
 N_CTX = 256
@@ -49,7 +48,9 @@ def test_fitted_files_fit_and_errors_fall(arch, checkpoints, tmp_path):
 
 def test_fitted_plan_mixes_types(checkpoints):
     small, big = plan_bounds(checkpoints["llama"])
-    plan = plan_conversion(checkpoints["llama"], ConvertOptions(max_memory=(small + big) // 2, n_ctx=N_CTX))
+    plan = plan_conversion(
+        checkpoints["llama"], ConvertOptions(max_memory=(small + big) // 2, n_ctx=N_CTX)
+    )
     kinds = {c.ggml_type for c in plan.tensors if c.source.is_matrix}
     assert len(kinds) >= 2
     assert all(c.ggml_type == T.F32 for c in plan.tensors if not c.source.is_matrix)
@@ -74,7 +75,9 @@ def test_kv_cache_counts_against_the_budget(checkpoints):
     # 2 (K, V) x 2 layers x 4096 positions x 2 KV heads x 64 x 2 bytes
     assert plan.kv_bytes == 2 * 2 * 4096 * 2 * 64 * 2
     with pytest.raises(errors.BudgetError):
-        conv.plan(ConvertOptions(type="q8_0", n_ctx=4096, max_memory=plan.file_size + plan.kv_bytes - 1))
+        conv.plan(
+            ConvertOptions(type="q8_0", n_ctx=4096, max_memory=plan.file_size + plan.kv_bytes - 1)
+        )
     conv.plan(ConvertOptions(type="q8_0", n_ctx=4096, max_memory=plan.file_size + plan.kv_bytes))
 
 
@@ -92,8 +95,10 @@ def test_profiles(name, checkpoints):
 
 
 def test_target_with_a_smaller_budget(checkpoints):
-    small, big = plan_bounds(checkpoints["llama"])
-    plan = plan_conversion(checkpoints["llama"], ConvertOptions(target="rpi5", max_memory=small + 1000, n_ctx=N_CTX))
+    small, _ = plan_bounds(checkpoints["llama"])
+    plan = plan_conversion(
+        checkpoints["llama"], ConvertOptions(target="rpi5", max_memory=small + 1000, n_ctx=N_CTX)
+    )
     assert plan.total_bytes <= small + 1000
     assert {c.ggml_type for c in plan.tensors if c.source.is_matrix} <= {T.Q4_0, T.Q4_K}
 
@@ -155,7 +160,9 @@ def test_fit_against_brute_force(seed):
         assert size <= budget
         best = _brute_force(options, fixed, budget)
         # the greedy works on convex hulls: within one tensor's step of the optimum
-        worst_step = max(max(o.error for o in opts) - min(o.error for o in opts) for opts in options.values())
+        worst_step = max(
+            max(o.error for o in opts) - min(o.error for o in opts) for opts in options.values()
+        )
         assert best <= err <= best + worst_step
     with pytest.raises(errors.BudgetError) as info:
         fit(options, fixed, lo - 1)

@@ -110,35 +110,43 @@ def test_duplicates(tmp_path):
 
 def test_misuse_while_writing_leaves_nothing(tmp_path):
     path = tmp_path / "t.gguf"
-    with pytest.raises(errors.InvalidOptionError, match="bytes"):
-        with GGUFWriter(path) as w:
-            w.add_tensor_info("t", (4,), GGMLType.F32)
-            w.add_tensor_info("u", (4,), GGMLType.F32)
-            w.write_header()
-            with pytest.raises(errors.InvalidOptionError, match="order"):
-                w.write_tensor_data("u", [bytes(16)])
-            with pytest.raises(errors.InvalidOptionError, match="fixed"):
-                w.add_string("late", "x")
-            w.write_tensor_data("t", [bytes(20)])  # too many bytes
+    with pytest.raises(errors.InvalidOptionError, match="bytes"), GGUFWriter(path) as w:
+        w.add_tensor_info("t", (4,), GGMLType.F32)
+        w.add_tensor_info("u", (4,), GGMLType.F32)
+        w.write_header()
+        with pytest.raises(errors.InvalidOptionError, match="order"):
+            w.write_tensor_data("u", [bytes(16)])
+        with pytest.raises(errors.InvalidOptionError, match="fixed"):
+            w.add_string("late", "x")
+        w.write_tensor_data("t", [bytes(20)])  # too many bytes
     assert list(tmp_path.iterdir()) == []
 
 
 def test_incomplete_file_is_not_committed(tmp_path):
     path = tmp_path / "t.gguf"
-    with pytest.raises(errors.InvalidOptionError, match="no data"):
-        with GGUFWriter(path) as w:
-            w.add_tensor_info("t", (4,), GGMLType.F32)
-            w.write_header()
+    with pytest.raises(errors.InvalidOptionError, match="no data"), GGUFWriter(path) as w:
+        w.add_tensor_info("t", (4,), GGMLType.F32)
+        w.write_header()
     assert list(tmp_path.iterdir()) == []
 
 
 def test_interrupt_removes_the_temporary_file(tmp_path):
     path = tmp_path / "t.gguf"
     path.write_bytes(b"old")
-    with pytest.raises(KeyboardInterrupt):
-        with GGUFWriter(path) as w:
-            w.add_tensor_info("t", (4,), GGMLType.F32)
-            w.write_header()
-            assert len(list(tmp_path.iterdir())) == 2  # the output and a hidden .part
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), GGUFWriter(path) as w:
+        w.add_tensor_info("t", (4,), GGMLType.F32)
+        w.write_header()
+        assert len(list(tmp_path.iterdir())) == 2  # the output and a hidden .part
+        raise KeyboardInterrupt
     assert [p.name for p in tmp_path.iterdir()] == ["t.gguf"] and path.read_bytes() == b"old"
+
+
+def test_output_has_the_usual_mode(tmp_path):
+    import os
+    import stat
+
+    path = tmp_path / "t.gguf"
+    _write(path)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask

@@ -61,6 +61,8 @@ def test_bf16_source_converts_losslessly_to_bf16(converted):
         assert list(bf.tensors) == list(f.tensors)
         for name, info in bf.tensors.items():
             values = quants.dequantize(bf.tensor_data(name), info.ggml_type, info.shape[::-1])
-            exact = quants.dequantize(f.tensor_data(name), f.tensors[name].ggml_type, info.shape[::-1])
+            exact = quants.dequantize(
+                f.tensor_data(name), f.tensors[name].ggml_type, info.shape[::-1]
+            )
             assert (values == exact).all(), name
             assert info.ggml_type.name == ("BF16" if len(info.shape) == 2 else "F32")

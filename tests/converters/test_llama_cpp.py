@@ -37,7 +37,9 @@ def test_llama_cpp_agrees_on_f32(arch, converted):
     assert kl < 1e-6 and top1 >= 0.97
 
 
-@pytest.mark.parametrize("type_name", ["f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k_m", "q5_k_s", "q6_k"])
+@pytest.mark.parametrize(
+    "type_name", ["f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k_m", "q5_k_s", "q6_k"]
+)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_llama_cpp_loads_and_agrees(arch, type_name, converted):
     """As shipped (F16 cache): llama.cpp's int8 activation roundings flip with summation

@@ -4,10 +4,10 @@ any weights: which layers get more bits, what the output becomes, and the fallba
 from __future__ import annotations
 
 import pytest
-
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures.base import SourceTensor
 from edgeinfer.converters.recipes import Model, fallback, recipe, use_more_bits
+
 from edgeinfer.gguf.constants import GGMLType as T
 
 N_LAYER = 32
@@ -34,7 +34,13 @@ def test_m_mixes_raise_attn_v_and_ffn_down_on_more_bits_layers(name):
     for role in ("attn_v.weight", "ffn_down.weight"):
         got = layer_types(name, role)
         assert got == [T.Q6_K if i in MORE_BITS else base for i in range(N_LAYER)]
-    for role in ("attn_q.weight", "attn_k.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight"):
+    for role in (
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_output.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+    ):
         assert set(layer_types(name, role)) == {base}
 
 
@@ -64,13 +70,19 @@ def test_output_with_rows_that_are_not_256_blocks_is_q8_0():
 
 def test_one_dimensional_tensors_stay_f32():
     for name in ("q4_k_m", "q8_0", "f16", "bf16"):
-        assert recipe(name).choose(tensor("blk.0.attn_norm.weight", (4096,), 0), Model(2, False)) == T.F32
+        assert (
+            recipe(name).choose(tensor("blk.0.attn_norm.weight", (4096,), 0), Model(2, False))
+            == T.F32
+        )
 
 
 def test_pure_gives_every_matrix_the_base_type():
     model = Model(N_LAYER, tied_embeddings=True)
     r = recipe("q4_k_m")
-    for t in (tensor("token_embd.weight", (32000, 4096)), tensor("blk.0.attn_v.weight", (1024, 4096), 0)):
+    for t in (
+        tensor("token_embd.weight", (32000, 4096)),
+        tensor("blk.0.attn_v.weight", (1024, 4096), 0),
+    ):
         assert r.choose(t, model, pure=True) == T.Q4_K
 
 

@@ -44,11 +44,15 @@ def wide_checkpoint(tmp_path_factory, vocabs):
     vocab = vocabs["qwen2"]
     rows = 65536
     tensors = hf_tensors(spec, 8, seed=0)
-    tensors["model.embed_tokens.weight"] = np.random.default_rng(1).standard_normal((rows, 768), dtype=np.float32)
+    tensors["model.embed_tokens.weight"] = np.random.default_rng(1).standard_normal(
+        (rows, 768), dtype=np.float32
+    )
     write_safetensors(folder / "model.safetensors", tensors)
     del tensors
     (folder / "config.json").write_text(json.dumps(hf_config(spec, rows, dict(vocab.special_ids))))
-    (folder / "tokenizer.json").write_text(json.dumps(bpe_tokenizer_json(vocab, "qwen2"), ensure_ascii=False))
+    (folder / "tokenizer.json").write_text(
+        json.dumps(bpe_tokenizer_json(vocab, "qwen2"), ensure_ascii=False)
+    )
     return folder
 
 
@@ -62,6 +66,8 @@ def test_peak_memory_stays_below_the_largest_tensor(wide_checkpoint, tmp_path, t
     )  # fmt: skip
     rss = json.loads(result.stdout)
     extra = rss["peak"] - rss["opened"]
-    print(f"{type_name}: peak {rss['peak'] >> 20} MiB, {extra >> 20} MiB above the opened checkpoint")
+    print(
+        f"{type_name}: peak {rss['peak'] >> 20} MiB, {extra >> 20} MiB above the opened checkpoint"
+    )
     assert out.stat().st_size > largest // 4
     assert extra < largest // 2

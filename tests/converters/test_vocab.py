@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
-
-import edgeinfer
 from edgeinfer.converters import errors
 from edgeinfer.converters.hf_folder import HFCheckpoint
 from edgeinfer.converters.sentencepiece_model import parse_sentencepiece
 from edgeinfer.converters.vocab import convert_vocabulary, pre_tokenizer_name
+
+import edgeinfer
 from edgeinfer.gguf import GGUFFile
 from tests.converters.checkpoints import CHAT_TEMPLATE
 from tests.e2e.parity import PROMPTS
@@ -32,7 +32,10 @@ def test_bpe_tokenizes_like_hf_tokenizers(arch, checkpoints, converted):
     hf = tokenizers.Tokenizer.from_file(str(checkpoints[arch] / "tokenizer.json"))
     with edgeinfer.load(converted(arch, "q8_0"), n_ctx=64, engine="reference") as model:
         for text in TEXTS:
-            assert model.tokenize(text, add_special=False) == hf.encode(text, add_special_tokens=False).ids, text
+            assert (
+                model.tokenize(text, add_special=False)
+                == hf.encode(text, add_special_tokens=False).ids
+            ), text
             assert model.tokenize(text) == hf.encode(text).ids, text
 
 
@@ -48,7 +51,12 @@ def test_sentencepiece_parse_matches_the_library(checkpoints):
             assert (t == 2) == lib.is_unknown(i) and (t == 3) == lib.is_control(i)
             assert (t == 6) == lib.is_byte(i) and (t == 5) == lib.is_unused(i)
         roles = ("bos", "eos", "unk", "pad")
-        assert [ours.special_id(r) for r in roles] == [lib.bos_id(), lib.eos_id(), lib.unk_id(), lib.pad_id()]
+        assert [ours.special_id(r) for r in roles] == [
+            lib.bos_id(),
+            lib.eos_id(),
+            lib.unk_id(),
+            lib.pad_id(),
+        ]
         assert min(ours.special_id(r) for r in roles) >= 0
 
 
@@ -69,7 +77,9 @@ def test_sentencepiece_vocabulary_tokenizes_like_llama_cpp(converted):
     try:
         with edgeinfer.load(path, n_ctx=64, engine="reference") as model:
             for text in TEXTS:
-                assert model.tokenize(text) == llm.tokenize(text.encode(), add_bos=True, special=False), text
+                assert model.tokenize(text) == llm.tokenize(
+                    text.encode(), add_bos=True, special=False
+                ), text
     finally:
         llm.close()
 
@@ -84,7 +94,10 @@ def test_metadata_of_a_sentencepiece_vocabulary(converted, vocabs):
         assert md["tokenizer.ggml.bos_token_id"] == spm.ids["<bos>"]
         assert md["tokenizer.ggml.eos_token_id"] == spm.ids["<eos>"]
         assert md["tokenizer.ggml.padding_token_id"] == spm.ids["<pad>"]
-        assert md["tokenizer.ggml.add_bos_token"] is True and md["tokenizer.ggml.add_eos_token"] is False
+        assert (
+            md["tokenizer.ggml.add_bos_token"] is True
+            and md["tokenizer.ggml.add_eos_token"] is False
+        )
         assert md["tokenizer.ggml.add_space_prefix"] is True  # mistral's model says so
         assert md["tokenizer.chat_template"] == CHAT_TEMPLATE
     with GGUFFile(converted("gemma3", "q8_0")) as f:
@@ -100,7 +113,9 @@ def test_metadata_of_a_bpe_vocabulary(converted, vocabs):
         tokens = md["tokenizer.ggml.tokens"]
         assert md["tokenizer.ggml.model"] == "gpt2" and md["tokenizer.ggml.pre"] == "qwen2"
         assert tokens[: len(v.tokens)] == v.tokens
-        assert tokens[len(v.tokens) :] == [f"[PAD{i}]" for i in range(len(v.tokens), len(v.tokens) + 40)]
+        assert tokens[len(v.tokens) :] == [
+            f"[PAD{i}]" for i in range(len(v.tokens), len(v.tokens) + 40)
+        ]
         types = md["tokenizer.ggml.token_type"].tolist()
         assert types[len(v.tokens) :] == [5] * 40
         assert types[v.token_id("<|im_end|>")] == 3 and types[v.token_id("<tool_call>")] == 4
@@ -128,7 +143,10 @@ def test_pre_tokenizer_names():
     digits = {"type": "Sequence", "pretokenizers": [
         {"type": "Digits", "individual_digits": True}, {"type": "ByteLevel", "use_regex": True}]}  # fmt: skip
     assert _tj(digits, clean=False) == "smollm" and _tj(digits, clean=True) == "starcoder"
-    other = {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "x+"}}, byte_level]}
+    other = {
+        "type": "Sequence",
+        "pretokenizers": [{"type": "Split", "pattern": {"Regex": "x+"}}, byte_level],
+    }
     with pytest.raises(errors.TokenizerConversionError, match="regex"):
         _tj(other)
     with pytest.raises(errors.TokenizerConversionError, match="Metaspace"):
@@ -147,10 +165,15 @@ def test_merges_with_spaces_and_chat_template_files(copy_checkpoint):
     vocab = convert_vocabulary(HFCheckpoint(src))
     assert vocab.merges[0] == "aĠb c"
     assert vocab.chat_templates == {"": "{{ messages }}"}
-    tc["chat_template"] = [{"name": "default", "template": "A"}, {"name": "tool_use", "template": "B"}]
+    tc["chat_template"] = [
+        {"name": "default", "template": "A"},
+        {"name": "tool_use", "template": "B"},
+    ]
     (src / "tokenizer_config.json").write_text(json.dumps(tc))
     items = {k: v for k, _, v, _ in convert_vocabulary(HFCheckpoint(src)).metadata()}
-    assert items["tokenizer.chat_template"] == "A" and items["tokenizer.chat_template.tool_use"] == "B"
+    assert (
+        items["tokenizer.chat_template"] == "A" and items["tokenizer.chat_template.tool_use"] == "B"
+    )
 
 
 def test_broken_tokenizer_files(copy_checkpoint):
