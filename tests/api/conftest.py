@@ -11,10 +11,11 @@ import pytest
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 
-# The engine under test. The reference engine is the oracle and these tests check exact
-# equalities (logits, llama.cpp's greedy tokens), so it is the default; run the same suite
-# against another engine with EDGEINFER_TEST_ENGINE=native.
-ENGINE = os.environ.get("EDGEINFER_TEST_ENGINE", "reference")
+# The engine under test: by default what users get ("auto": the native engine where it is
+# built, else the reference engine). These tests check exact equalities (logits, llama.cpp's
+# greedy tokens), which both engines meet; run the suite on one of them with
+# EDGEINFER_TEST_ENGINE=reference or =native.
+ENGINE = os.environ.get("EDGEINFER_TEST_ENGINE", "auto")
 
 
 def load(path, **options):
