@@ -192,23 +192,31 @@ class Model:
         min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed),
         or a ready ``sampler`` callable ``(logits, history) -> token``."""
         self._check_open()
-        unknown = set(sampling) - _SAMPLING_FIELDS
-        if unknown:
-            raise errors.InvalidOptionError(f"unknown option(s): {', '.join(sorted(unknown))}")
-        if sampler is None:
-            sampler = Sampler(SamplingParams(**sampling))
-        elif sampling:
-            raise errors.InvalidOptionError("pass either a sampler or sampling options, not both")
-        elif not callable(sampler):
-            raise errors.InvalidOptionError("sampler must be a callable (logits, history) -> token id")
-        else:
-            sampler = _CheckedSampler(sampler, self.n_vocab)
+        sampler = self._sampler(sampler, sampling)
         if isinstance(max_tokens, (int, np.integer)) and max_tokens == -1:
             max_tokens = self.n_ctx
         elif isinstance(max_tokens, (int, np.integer)) and max_tokens < 0:
             raise errors.InvalidOptionError(f"max_tokens must be >= 0 or -1, got {max_tokens}")
         max_tokens = _int_option("max_tokens", max_tokens, 0)
         stops = _stop_strings(stop)
+        ids = self._prompt_ids(prompt, add_special, parse_special)
+        self._acquire()
+        return TextStream(self, ids, sampler, max_tokens, stops)
+
+    def _sampler(self, sampler: Any, sampling: dict[str, Any]) -> Any:
+        unknown = set(sampling) - _SAMPLING_FIELDS
+        if unknown:
+            raise errors.InvalidOptionError(f"unknown option(s): {', '.join(sorted(unknown))}")
+        if sampler is None:
+            return Sampler(SamplingParams(**sampling))
+        if sampling:
+            raise errors.InvalidOptionError("pass either a sampler or sampling options, not both")
+        if not callable(sampler):
+            raise errors.InvalidOptionError("sampler must be a callable (logits, history) -> token id")
+        return _CheckedSampler(sampler, self.n_vocab)
+
+    def _prompt_ids(self, prompt: Any, add_special: bool, parse_special: bool) -> list[int]:
+        """The prompt's token ids, checked to leave room for one generated token."""
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_special=add_special, parse_special=parse_special)
         else:
@@ -220,8 +228,7 @@ class Model:
                 f"the prompt has {len(ids)} tokens; the context holds {self.n_ctx} "
                 "(room is needed for at least one generated token)"
             )
-        self._acquire()
-        return TextStream(self, ids, sampler, max_tokens, stops)
+        return ids
 
     def cancel(self) -> None:
         """Stops the generation in progress (from any thread) at the next token or chunk."""
