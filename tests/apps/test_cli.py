@@ -279,3 +279,38 @@ def test_prompt_too_long_for_the_context(fixture_models):
     proc = cli("run", fixture_models["llama"], "-p", "word " * 100, "-c", "32")
     line = assert_one_line_error(proc)
     assert "context" in line
+
+
+def test_run_in_a_terminal_and_ctrl_c(fixture_models):
+    import pexpect
+
+    path = fixture_models["qwen3"]
+    args = ["run", str(path), "-p", "Go", "-n", "3", "--temp", "0", *engine_args()]
+    child = pexpect.spawn(EDGEINFER, args, encoding="utf-8", timeout=60)
+    child.expect(pexpect.EOF)
+    child.close()
+    with load(path) as model:
+        text = model.generate("Go", max_tokens=3, temperature=0).text
+    # on a terminal the continuation is followed by a newline, then the stats
+    assert child.exitstatus == 0
+    assert child.before.replace("\r\n", "\n").startswith(text.replace("\r\n", "\n") + "\n[load ")
+    args = [
+        "run",
+        str(path),
+        "-p",
+        "Go",
+        "-n",
+        "100000",
+        "-c",
+        "2048",
+        "--temp",
+        "0",
+        *engine_args(),
+    ]
+    child = pexpect.spawn(EDGEINFER, args, encoding="utf-8", timeout=60)
+    child.expect(r"(?s).{20}")
+    child.sendintr()
+    child.expect(r"stop: cancelled\]")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 130
