@@ -47,7 +47,7 @@ EI_AVX2_INLINE void tile_legacy(const int type, const int nc, int n, int nr, flo
         EI_UNROLL
         for (int r = 0; r < 4; r++) {
             w[r] = unpack_legacy(type, row[r] + ox);
-            aw[r] = L.w_signed ? _mm256_abs_epi8(w[r]) : w[r];
+            aw[r] = L.offset < 0 ? _mm256_abs_epi8(w[r]) : w[r];
         }
         /* the fp16 scales (and minimum terms) of the 4 rows and of the 4 columns */
         const __m256d dx = _mm256_cvtps_pd(avx2_f16x4(row[0] + ox, row[1] + ox, row[2] + ox, row[3] + ox));
@@ -60,9 +60,10 @@ EI_AVX2_INLINE void tile_legacy(const int type, const int nc, int n, int nr, flo
         EI_UNROLL
         for (int c = 0; c < nc; c++) {
             const __m256i yv = _mm256_loadu_si256((const __m256i *)(col[c] + oy + L.yqs));
+            const __m256i yoff = offset_pairs(&L, yv);
             __m256i p[4];
             EI_UNROLL
-            for (int r = 0; r < 4; r++) p[r] = pair_products(w[r], aw[r], yv, L.w_signed);
+            for (int r = 0; r < 4; r++) p[r] = pair_products(&L, w[r], aw[r], yv, yoff);
             const __m256d isum = _mm256_cvtepi32_pd(block_sums4(p[0], p[1], p[2], p[3], L.wide));
             /* d_x * isum and d_w * (d_x * isum) are exact: one rounding, where the reference adds */
             const __m256d prod = _mm256_mul_pd(isum, nc == 1 ? dy : lane_pd(dy, c));
