@@ -13,16 +13,12 @@
 
 /* ---- shared steps ------------------------------------------------------------------------ */
 
-/* p[r][c] (16 lanes each) -> two vectors, lane 4r + c the sum of lanes 0..7 (first) and of
- * lanes 8..15 (second) of p[r][c]: the isums of blocks A and B of every pair */
-EI_INLINE void reduce_pairs2(const __m512i p[4][4], __m512i *va, __m512i *vb) {
-    __m512i y[4];
-    EI_UNROLL for (int r = 0; r < 4; r++) {
-        const __m512i x0 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[r][0], p[r][1]), _mm512_unpackhi_epi32(p[r][0], p[r][1]));
-        const __m512i x1 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[r][2], p[r][3]), _mm512_unpackhi_epi32(p[r][2], p[r][3]));
-        /* per 128-bit lane: the four columns' sums of that lane */
-        y[r] = _mm512_add_epi32(_mm512_unpacklo_epi64(x0, x1), _mm512_unpackhi_epi64(x0, x1));
-    }
+EI_INLINE void column_sums(const __m512i p[4][4], __m512i y[4]);
+
+/* y[r] per 128-bit lane k: the sums of lane k of p[r][c], c = 0..3 -> two vectors, lane
+ * 4r + c the sum over lanes 0, 1 (first) and over lanes 2, 3 (second): for p[r][c] holding
+ * blocks A and B in its halves, the isums of A and B of every pair */
+EI_INLINE void lanes_to_pairs(const __m512i y[4], __m512i *va, __m512i *vb) {
     const __m512i a01 = _mm512_shuffle_i64x2(y[0], y[1], _MM_SHUFFLE(1, 0, 1, 0));
     const __m512i a23 = _mm512_shuffle_i64x2(y[2], y[3], _MM_SHUFFLE(1, 0, 1, 0));
     const __m512i b01 = _mm512_shuffle_i64x2(y[0], y[1], _MM_SHUFFLE(3, 2, 3, 2));
@@ -33,8 +29,9 @@ EI_INLINE void reduce_pairs2(const __m512i p[4][4], __m512i *va, __m512i *vb) {
 
 /* p[r][c] -> one vector, lane 4r + c the sum of all 16 lanes of p[r][c] */
 EI_INLINE __m512i reduce_pairs(const __m512i p[4][4]) {
-    __m512i va, vb;
-    reduce_pairs2(p, &va, &vb);
+    __m512i y[4], va, vb;
+    column_sums(p, y);
+    lanes_to_pairs(y, &va, &vb);
     return _mm512_add_epi32(va, vb);
 }
 
@@ -70,87 +67,194 @@ EI_INLINE void store_tile(float *s, size_t ss, int nr, int nc, __m512d lo, __m51
         for (int r = 0; r < nr; r++) s[(size_t)c * ss + r] = t[4 * r + c];
 }
 
-/* 4 fp16 fields, one in each of 4 blocks, as doubles */
-EI_INLINE __m256d f16x4(const uint8_t *const p[4], size_t off) {
-    ei_f16 h[4];
-    EI_UNROLL for (int i = 0; i < 4; i++) memcpy(&h[i], p[i] + off, 2);
-    return _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)h)));
-}
-
 /* ---- legacy blocks ----------------------------------------------------------------------- */
 
-/* one tile over all blocks; BT/AT the weight and activation block types. Blocks go in pairs
- * (A, B); an odd count ends with a pair padded by zero blocks, which add exact zeros. */
-#define TILE_LEGACY(NAME, BT, AT, UNPACK, OFFSET, HAS_MIN, MINF, SUMF)                                  \
-    EI_INLINE void NAME##_pair(const uint8_t *const xr[4], const uint8_t *const ya[4], int vnni,        \
-                               __m512d *acc_lo, __m512d *acc_hi) {                                       \
-        __m512i u[4], a[4], corr[4], p[4][4];                                                           \
-        EI_UNROLL for (int r = 0; r < 4; r++) u[r] = UNPACK((const BT *)xr[r]);                                   \
-        EI_UNROLL for (int c = 0; c < 4; c++) {                                                                   \
-            const AT *yb = (const AT *)ya[c];                                                           \
-            a[c] = bytes2(yb[0].qs, yb[1].qs);                                                          \
-            corr[c] = _mm512_setzero_si512();                                                           \
-            if (OFFSET) /* -offset * sum(a), lane by lane: the offsets of u come back out */            \
-                corr[c] = _mm512_sub_epi32(_mm512_setzero_si512(),                                      \
-                                           dot_u8s8(_mm512_setzero_si512(), _mm512_set1_epi8((char)(OFFSET)), a[c], vnni)); \
-        }                                                                                               \
-        EI_UNROLL for (int r = 0; r < 4; r++)                                                                     \
-            EI_UNROLL for (int c = 0; c < 4; c++) p[r][c] = dot_u8s8(corr[c], u[r], a[c], vnni);                  \
-        __m512i v[2];                                                                                   \
-        reduce_pairs2(p, &v[0], &v[1]);                                                                 \
-        EI_UNROLL for (int b = 0; b < 2; b++) {                                                                   \
-            const size_t ox = (size_t)b * sizeof(BT), oy = (size_t)b * sizeof(AT);                      \
-            const uint8_t *const xo[4] = {xr[0] + ox, xr[1] + ox, xr[2] + ox, xr[3] + ox};              \
-            const uint8_t *const yo[4] = {ya[0] + oy, ya[1] + oy, ya[2] + oy, ya[3] + oy};              \
-            __m512d s_lo, s_hi;                                                                         \
-            pair_products(f16x4(xo, offsetof(BT, d)), f16x4(yo, offsetof(AT, d)), &s_lo, &s_hi);        \
-            if (HAS_MIN) { /* d_w d_x isum + m s, rounded once, then added */                           \
-                __m512d m_lo, m_hi;                                                                     \
-                pair_products(f16x4(xo, offsetof(BT, MINF)), f16x4(yo, offsetof(AT, SUMF)), &m_lo, &m_hi); \
-                *acc_lo = _mm512_add_pd(*acc_lo, _mm512_fmadd_pd(cvt_lo(v[b]), s_lo, m_lo));           \
-                *acc_hi = _mm512_add_pd(*acc_hi, _mm512_fmadd_pd(cvt_hi(v[b]), s_hi, m_hi));           \
-            } else { /* (d_w d_x) isum is exact: one rounding, where the reference adds */             \
-                *acc_lo = _mm512_fmadd_pd(cvt_lo(v[b]), s_lo, *acc_lo);                                 \
-                *acc_hi = _mm512_fmadd_pd(cvt_hi(v[b]), s_hi, *acc_hi);                                 \
-            }                                                                                           \
-        }                                                                                               \
-    }                                                                                                   \
-    EI_INLINE void NAME##_impl(int n, int nr, int nc, float *s, size_t ss, const void *vx, size_t xs,   \
-                               const void *vy, size_t ys, int vnni) {                                   \
-        const int nb = n / 32;                                                                          \
-        __m512d acc_lo = _mm512_setzero_pd(), acc_hi = _mm512_setzero_pd();                             \
-        const uint8_t *xr[4], *ya[4];                                                                   \
-        EI_UNROLL for (int i = 0; i < 4; i++) {                                                                   \
-            xr[i] = (const uint8_t *)vx + (size_t)(i < nr ? i : 0) * xs;                                \
-            ya[i] = (const uint8_t *)vy + (size_t)(i < nc ? i : 0) * ys;                                \
-        }                                                                                               \
-        int i = 0;                                                                                      \
-        for (; i + 2 <= nb; i += 2) {                                                                   \
-            const uint8_t *const xi[4] = {xr[0] + i * sizeof(BT), xr[1] + i * sizeof(BT),              \
-                                          xr[2] + i * sizeof(BT), xr[3] + i * sizeof(BT)};              \
-            const uint8_t *const yi[4] = {ya[0] + i * sizeof(AT), ya[1] + i * sizeof(AT),              \
-                                          ya[2] + i * sizeof(AT), ya[3] + i * sizeof(AT)};              \
-            NAME##_pair(xi, yi, vnni, &acc_lo, &acc_hi);                                                \
-        }                                                                                               \
-        if (i < nb) {                                                                                   \
-            BT xp[4][2]; AT yp[4][2];                                                                   \
-            memset(xp, 0, sizeof(xp)); memset(yp, 0, sizeof(yp));                                       \
-            EI_UNROLL for (int r = 0; r < 4; r++) {                                                               \
-                memcpy(&xp[r][0], xr[r] + i * sizeof(BT), sizeof(BT));                                  \
-                memcpy(&yp[r][0], ya[r] + i * sizeof(AT), sizeof(AT));                                  \
-            }                                                                                           \
-            const uint8_t *const xi[4] = {(uint8_t *)xp[0], (uint8_t *)xp[1], (uint8_t *)xp[2], (uint8_t *)xp[3]}; \
-            const uint8_t *const yi[4] = {(uint8_t *)yp[0], (uint8_t *)yp[1], (uint8_t *)yp[2], (uint8_t *)yp[3]}; \
-            NAME##_pair(xi, yi, vnni, &acc_lo, &acc_hi);                                                \
-        }                                                                                               \
-        store_tile(s, ss, nr, nc, acc_lo, acc_hi);                                                      \
+/* y[r] per 128-bit lane: the four columns' sums of that lane of p[r][c], for lane sums below
+ * 2^14 in magnitude: two vpackssdw / vpmaddwd rounds (exact, nothing saturates) */
+EI_INLINE void column_sums_packed(const __m512i p[4][4], __m512i y[4]) {
+    const __m512i ones = _mm512_set1_epi16(1);
+    EI_UNROLL for (int r = 0; r < 4; r++) {
+        const __m512i m0 = _mm512_madd_epi16(_mm512_packs_epi32(p[r][0], p[r][1]), ones);
+        const __m512i m1 = _mm512_madd_epi16(_mm512_packs_epi32(p[r][2], p[r][3]), ones);
+        y[r] = _mm512_madd_epi16(_mm512_packs_epi32(m0, m1), ones);
+    }
+}
+
+EI_INLINE void column_sums(const __m512i p[4][4], __m512i y[4]) {
+    EI_UNROLL for (int r = 0; r < 4; r++) { /* unpack and add: lane sums of any size */
+        const __m512i x0 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[r][0], p[r][1]), _mm512_unpackhi_epi32(p[r][0], p[r][1]));
+        const __m512i x1 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[r][2], p[r][3]), _mm512_unpackhi_epi32(p[r][2], p[r][3]));
+        y[r] = _mm512_add_epi32(_mm512_unpacklo_epi64(x0, x1), _mm512_unpackhi_epi64(x0, x1));
+    }
+}
+
+/* the fp16 fields at base + off[j], j < 8, as doubles */
+EI_INLINE __m512d f16_gather8(const uint8_t *base, __m256i off) {
+    const __m256i g = _mm256_i32gather_epi32((const int *)base, off, 1);
+    return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)));
+}
+
+/* lanes (b, i) = b * block + i * stride for 2 blocks and 4 rows */
+EI_INLINE __m256i offsets2x4(size_t block, const int stride[4]) {
+    const __m256i i4 = _mm256_setr_epi32(stride[0], stride[1], stride[2], stride[3], stride[0], stride[1], stride[2], stride[3]);
+    return _mm256_add_epi32(i4, _mm256_setr_epi32(0, 0, 0, 0, (int)block, (int)block, (int)block, (int)block));
+}
+
+/* pair products of 8 row values w (lanes (b, r)) and 8 column values x (lanes (b, c)) for
+ * block b, lane 4r + c, rows 0, 1 (lo) and 2, 3 (hi) */
+EI_INLINE void block_products(__m512d w, __m512d x, int b, __m512d *lo, __m512d *hi) {
+    const __m512d xb = _mm512_permutexvar_pd(_mm512_add_epi64(_mm512_setr_epi64(0, 1, 2, 3, 0, 1, 2, 3), _mm512_set1_epi64(4 * b)), x);
+    *lo = _mm512_mul_pd(_mm512_permutexvar_pd(_mm512_add_epi64(_mm512_set1_epi64(4 * b), _mm512_setr_epi64(0, 0, 0, 0, 1, 1, 1, 1)), w), xb);
+    *hi = _mm512_mul_pd(_mm512_permutexvar_pd(_mm512_add_epi64(_mm512_set1_epi64(4 * b), _mm512_setr_epi64(2, 2, 2, 2, 3, 3, 3, 3)), w), xb);
+}
+
+/* 16 fp16 fields at base + off[j] as doubles, lanes 0..7 and 8..15 */
+EI_INLINE void f16_gather16(const uint8_t *base, __m512i off, __m512d out[2]) {
+    const __m512 f = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(off, (const void *)base, 1)));
+    out[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+    out[1] = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+}
+
+/* Tiles and 4-row decoding for one legacy type. BT/AT: weight and activation block types;
+ * OFFSET: of the unsigned weight bytes; PACKED: lane sums fit the packed reduction (all but
+ * Q8_0); MINF/SUMF: the _1 types' minimum and activation-sum fields. */
+#define LEGACY(T, BT, AT, UNPACK, OFFSET, PACKED, HAS_MIN, MINF, SUMF)                                    \
+    /* two blocks (A at x + xo[r], B right after) of 4 rows x 4 columns, added to acc */                  \
+    EI_INLINE void T##_tile2(const uint8_t *x, const int xo[4], const uint8_t *y, const int yo[4], int vnni, \
+                             __m512d *acc_lo, __m512d *acc_hi) {                                          \
+        __m512i u[4], a[4], corr[4], p[4][4], col[4];                                                     \
+        EI_UNROLL for (int r = 0; r < 4; r++) u[r] = UNPACK((const BT *)(x + xo[r]));                      \
+        EI_UNROLL for (int c = 0; c < 4; c++) {                                                           \
+            const AT *yb = (const AT *)(y + yo[c]);                                                       \
+            a[c] = bytes2(yb[0].qs, yb[1].qs);                                                            \
+            corr[c] = _mm512_setzero_si512(); /* -offset * sum(a) per lane takes the offsets back out */  \
+            if (OFFSET) corr[c] = _mm512_sub_epi32(corr[c], dot_u8s8(corr[c], _mm512_set1_epi8((char)(OFFSET)), a[c], vnni)); \
+        }                                                                                                 \
+        EI_UNROLL for (int r = 0; r < 4; r++)                                                             \
+            EI_UNROLL for (int c = 0; c < 4; c++) p[r][c] = dot_u8s8(corr[c], u[r], a[c], vnni);          \
+        if (PACKED) column_sums_packed(p, col);                                                           \
+        else column_sums(p, col);                                                                         \
+        __m512i v[2];                                                                                     \
+        lanes_to_pairs(col, &v[0], &v[1]);                                                                \
+        const __m256i xoff = offsets2x4(sizeof(BT), xo), yoff = offsets2x4(sizeof(AT), yo);              \
+        const __m512d dw = f16_gather8(x + offsetof(BT, d), xoff), dx = f16_gather8(y + offsetof(AT, d), yoff); \
+        __m512d mw = dw, sx = dx;                                                                         \
+        if (HAS_MIN) { mw = f16_gather8(x + offsetof(BT, MINF), xoff); sx = f16_gather8(y + offsetof(AT, SUMF), yoff); } \
+        EI_UNROLL for (int b = 0; b < 2; b++) {                                                           \
+            __m512d s_lo, s_hi;                                                                           \
+            block_products(dw, dx, b, &s_lo, &s_hi);                                                      \
+            if (HAS_MIN) { /* d_w d_x isum + m s, rounded once, then added */                             \
+                __m512d m_lo, m_hi;                                                                       \
+                block_products(mw, sx, b, &m_lo, &m_hi);                                                  \
+                *acc_lo = _mm512_add_pd(*acc_lo, _mm512_fmadd_pd(cvt_lo(v[b]), s_lo, m_lo));             \
+                *acc_hi = _mm512_add_pd(*acc_hi, _mm512_fmadd_pd(cvt_hi(v[b]), s_hi, m_hi));             \
+            } else { /* (d_w d_x) isum is exact: one rounding, where the reference adds */               \
+                *acc_lo = _mm512_fmadd_pd(cvt_lo(v[b]), s_lo, *acc_lo);                                   \
+                *acc_hi = _mm512_fmadd_pd(cvt_hi(v[b]), s_hi, *acc_hi);                                   \
+            }                                                                                             \
+        }                                                                                                 \
+    }                                                                                                     \
+    EI_INLINE void tile_##T##_impl(int n, int nr, int nc, float *s, size_t ss, const void *vx, size_t xs,  \
+                                   const void *vy, size_t ys, int vnni) {                                 \
+        const int nb = n / 32;                                                                            \
+        const uint8_t *x = vx, *y = vy;                                                                   \
+        int xo[4], yo[4];                                                                                 \
+        EI_UNROLL for (int i = 0; i < 4; i++) {                                                           \
+            xo[i] = (int)((size_t)(i < nr ? i : 0) * xs);                                                 \
+            yo[i] = (int)((size_t)(i < nc ? i : 0) * ys);                                                 \
+        }                                                                                                 \
+        __m512d acc_lo = _mm512_setzero_pd(), acc_hi = _mm512_setzero_pd();                               \
+        int i = 0;                                                                                        \
+        for (; i + 2 <= nb; i += 2) T##_tile2(x + i * sizeof(BT), xo, y + i * sizeof(AT), yo, vnni, &acc_lo, &acc_hi); \
+        if (i < nb) { /* the last block, paired with zero blocks that add exact zeros */                  \
+            BT xp[4][2]; AT yp[4][2];                                                                     \
+            memset(xp, 0, sizeof(xp)); memset(yp, 0, sizeof(yp));                                         \
+            int po[4], qo[4];                                                                             \
+            EI_UNROLL for (int r = 0; r < 4; r++) {                                                       \
+                memcpy(&xp[r][0], x + xo[r] + i * sizeof(BT), sizeof(BT));                                 \
+                memcpy(&yp[r][0], y + yo[r] + i * sizeof(AT), sizeof(AT));                                 \
+                po[r] = (int)(r * sizeof(xp[0])); qo[r] = (int)(r * sizeof(yp[0]));                         \
+            }                                                                                             \
+            T##_tile2((const uint8_t *)xp, po, (const uint8_t *)yp, qo, vnni, &acc_lo, &acc_hi);          \
+        }                                                                                                 \
+        store_tile(s, ss, nr, nc, acc_lo, acc_hi);                                                        \
+    }                                                                                                     \
+    /* one activation row, 4 weight rows: 8 blocks at a time, the rows' sums in 4 lanes */                \
+    EI_INLINE void rows4_##T##_impl(int n, int nr, float *s, const void *vx, size_t xs, const void *vy, int vnni) { \
+        const int nb = n / 32;                                                                            \
+        const uint8_t *x = vx;                                                                            \
+        const AT *y = vy;                                                                                 \
+        int xo[4];                                                                                        \
+        EI_UNROLL for (int r = 0; r < 4; r++) xo[r] = (int)((size_t)(r < nr ? r : 0) * xs);               \
+        __m256d acc = _mm256_setzero_pd();                                                                \
+        for (int i = 0; i < nb; i += 8) {                                                                 \
+            const int cnt = nb - i < 8 ? nb - i : 8;                                                      \
+            BT xp[4][2]; AT yp[2];                                                                        \
+            __m512i a[4], corr[4], p[4][4], col[4];                                                       \
+            EI_UNROLL for (int k = 0; k < 4; k++) {                                                       \
+                /* pair k: blocks 2k, 2k + 1; a lone last block gets a zero partner; pairs past the   \
+                 * end repeat pair 0 and are not added */                                                  \
+                const int b = 2 * k < cnt ? i + 2 * k : i;                                                \
+                const AT *yb = y + b;                                                                     \
+                const uint8_t *xb[4];                                                                     \
+                EI_UNROLL for (int r = 0; r < 4; r++) xb[r] = x + xo[r] + (size_t)b * sizeof(BT);          \
+                if (2 * k + 1 == cnt) {                                                                   \
+                    memset(xp, 0, sizeof(xp)); memset(yp, 0, sizeof(yp));                                 \
+                    yp[0] = y[b];                                                                         \
+                    EI_UNROLL for (int r = 0; r < 4; r++) { memcpy(&xp[r][0], xb[r], sizeof(BT)); xb[r] = (const uint8_t *)xp[r]; } \
+                    yb = yp;                                                                              \
+                }                                                                                         \
+                a[k] = bytes2(yb[0].qs, yb[1].qs);                                                        \
+                corr[k] = _mm512_setzero_si512();                                                         \
+                if (OFFSET) corr[k] = _mm512_sub_epi32(corr[k], dot_u8s8(corr[k], _mm512_set1_epi8((char)(OFFSET)), a[k], vnni)); \
+                /* p[k][r]: the reduction's "rows" are pairs of blocks, its "columns" weight rows */   \
+                EI_UNROLL for (int r = 0; r < 4; r++) p[k][r] = dot_u8s8(corr[k], UNPACK((const BT *)xb[r]), a[k], vnni); \
+            }                                                                                             \
+            if (PACKED) column_sums_packed(p, col);                                                       \
+            else column_sums(p, col);                                                                     \
+            __m512i va, vb; /* lane 4k + r: block 2k (va) or 2k + 1 (vb) of row r */                      \
+            lanes_to_pairs(col, &va, &vb);                                                                \
+            /* blocks in order, four rows each: 0..3 in z[0], 4..7 in z[1] */                            \
+            const __m512i z[2] = {                                                                        \
+                _mm512_permutex2var_epi32(va, _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23), vb), \
+                _mm512_permutex2var_epi32(va, _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31), vb)}; \
+            EI_UNROLL for (int h = 0; h < 2; h++) {                                                       \
+                /* lanes (b, r): blocks 4h..4h+3 (clamped to the row), rows 0..3 */                        \
+                __m512i bo = _mm512_min_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(cnt - 1 - 4 * h)); \
+                bo = _mm512_max_epi32(bo, _mm512_setzero_si512());                                        \
+                bo = _mm512_add_epi32(bo, _mm512_set1_epi32(4 * h + i));                                   \
+                const __m512i xoff = _mm512_add_epi32(_mm512_mullo_epi32(bo, _mm512_set1_epi32((int)sizeof(BT))), \
+                                                      _mm512_setr_epi32(xo[0], xo[1], xo[2], xo[3], xo[0], xo[1], xo[2], xo[3], \
+                                                                        xo[0], xo[1], xo[2], xo[3], xo[0], xo[1], xo[2], xo[3])); \
+                const __m512i yoff = _mm512_mullo_epi32(bo, _mm512_set1_epi32((int)sizeof(AT)));           \
+                __m512d w2[2], x2[2], m2[2], s2[2];                                                       \
+                f16_gather16(x + offsetof(BT, d), xoff, w2);                                              \
+                f16_gather16((const uint8_t *)y + offsetof(AT, d), yoff, x2);                             \
+                if (HAS_MIN) {                                                                            \
+                    f16_gather16(x + offsetof(BT, MINF), xoff, m2);                                       \
+                    f16_gather16((const uint8_t *)y + offsetof(AT, SUMF), yoff, s2);                      \
+                }                                                                                         \
+                EI_UNROLL for (int q = 0; q < 2; q++) {                                                   \
+                    const __m512d isum = q ? cvt_hi(z[h]) : cvt_lo(z[h]);                                 \
+                    const __m512d scale = _mm512_mul_pd(w2[q], x2[q]);                                    \
+                    const __m512d term = HAS_MIN ? _mm512_fmadd_pd(isum, scale, _mm512_mul_pd(m2[q], s2[q])) \
+                                                 : _mm512_mul_pd(isum, scale);                            \
+                    const int b0 = 4 * h + 2 * q; /* the two blocks of this half, in order */             \
+                    if (b0 < cnt) acc = _mm256_add_pd(acc, _mm512_castpd512_pd256(term));                 \
+                    if (b0 + 1 < cnt) acc = _mm256_add_pd(acc, _mm512_extractf64x4_pd(term, 1));          \
+                }                                                                                         \
+            }                                                                                             \
+        }                                                                                                 \
+        float t[4];                                                                                       \
+        _mm_storeu_ps(t, _mm256_cvtpd_ps(acc));                                                           \
+        for (int r = 0; r < nr; r++) s[r] = t[r];                                                         \
     }
 
-TILE_LEGACY(tile_q4_0, block_q4_0, block_q8_0, unpack2_q4_0, OFFSET_Q4_0, 0, d, d)
-TILE_LEGACY(tile_q5_0, block_q5_0, block_q8_0, unpack2_q5_0, OFFSET_Q5_0, 0, d, d)
-TILE_LEGACY(tile_q8_0, block_q8_0, block_q8_0, unpack2_q8_0, OFFSET_Q8_0, 0, d, d)
-TILE_LEGACY(tile_q4_1, block_q4_1, block_q8_1, unpack2_q4_1, 0, 1, m, s)
-TILE_LEGACY(tile_q5_1, block_q5_1, block_q8_1, unpack2_q5_1, 0, 1, m, s)
+LEGACY(q4_0, block_q4_0, block_q8_0, unpack2_q4_0, OFFSET_Q4_0, 1, 0, d, d)
+LEGACY(q5_0, block_q5_0, block_q8_0, unpack2_q5_0, OFFSET_Q5_0, 1, 0, d, d)
+LEGACY(q8_0, block_q8_0, block_q8_0, unpack2_q8_0, OFFSET_Q8_0, 0, 0, d, d)
+LEGACY(q4_1, block_q4_1, block_q8_1, unpack2_q4_1, 0, 1, 1, m, s)
+LEGACY(q5_1, block_q5_1, block_q8_1, unpack2_q5_1, 0, 1, 1, m, s)
 
 /* ---- K blocks ---------------------------------------------------------------------------- */
 
@@ -219,27 +323,29 @@ EI_INLINE void rows_by_dot(int type, int vnni, int n, int nr, float *s, const vo
     for (int r = 0; r < nr; r++) dot(n, &s[r], (const uint8_t *)x + (size_t)r * xs, y);
 }
 
-#define GEMM(T, TYPE)                                                                                    \
+#define GEMM(T, TYPE, ROWS4)                                                                             \
     static void gemm_##T##_vnni(int n, int nr, int nc, float *s, size_t ss, const void *x, size_t xs,    \
                                 const void *y, size_t ys) {                                              \
-        if (nc == 1) rows_by_dot(TYPE, 1, n, nr, s, x, xs, y);                               \
+        if (nc == 1) ROWS4(T, TYPE, 1);                                                                  \
         else tile_##T##_impl(n, nr, nc, s, ss, x, xs, y, ys, 1);                                         \
     }                                                                                                    \
     static void gemm_##T(int n, int nr, int nc, float *s, size_t ss, const void *x, size_t xs,           \
                          const void *y, size_t ys) {                                                     \
-        if (nc == 1) rows_by_dot(TYPE, 0, n, nr, s, x, xs, y);                               \
+        if (nc == 1) ROWS4(T, TYPE, 0);                                                                  \
         else tile_##T##_impl(n, nr, nc, s, ss, x, xs, y, ys, 0);                                         \
     }
-GEMM(q4_0, EI_TYPE_Q4_0)
-GEMM(q4_1, EI_TYPE_Q4_1)
-GEMM(q5_0, EI_TYPE_Q5_0)
-GEMM(q5_1, EI_TYPE_Q5_1)
-GEMM(q8_0, EI_TYPE_Q8_0)
-GEMM(q2_K, EI_TYPE_Q2_K)
-GEMM(q3_K, EI_TYPE_Q3_K)
-GEMM(q4_K, EI_TYPE_Q4_K)
-GEMM(q5_K, EI_TYPE_Q5_K)
-GEMM(q6_K, EI_TYPE_Q6_K)
+#define ROWS4_TILE(T, TYPE, VNNI) rows4_##T##_impl(n, nr, s, x, xs, y, VNNI)
+#define ROWS_BY_DOT(T, TYPE, VNNI) rows_by_dot(TYPE, VNNI, n, nr, s, x, xs, y)
+GEMM(q4_0, EI_TYPE_Q4_0, ROWS4_TILE)
+GEMM(q4_1, EI_TYPE_Q4_1, ROWS4_TILE)
+GEMM(q5_0, EI_TYPE_Q5_0, ROWS4_TILE)
+GEMM(q5_1, EI_TYPE_Q5_1, ROWS4_TILE)
+GEMM(q8_0, EI_TYPE_Q8_0, ROWS4_TILE)
+GEMM(q2_K, EI_TYPE_Q2_K, ROWS_BY_DOT)
+GEMM(q3_K, EI_TYPE_Q3_K, ROWS_BY_DOT)
+GEMM(q4_K, EI_TYPE_Q4_K, ROWS_BY_DOT)
+GEMM(q5_K, EI_TYPE_Q5_K, ROWS_BY_DOT)
+GEMM(q6_K, EI_TYPE_Q6_K, ROWS_BY_DOT)
 
 void ei_avx512_gemm_kernels(ei_kernels *k, int vnni) {
 #define SET(T, TYPE) k->gemm[TYPE] = vnni ? gemm_##T##_vnni : gemm_##T

@@ -163,67 +163,74 @@ static void to_float_bf16(const void *vx, float *y, int64_t n) {
 
 /* ---- dot products of legacy blocks ------------------------------------------------------- */
 
-/* the four block sums of p (blocks 0, 1 in its halves) and q (blocks 2, 3) */
-EI_INLINE __m128i block_sums4(__m512i p, __m512i q) {
-    const __m512i a = _mm512_add_epi32(_mm512_shuffle_i64x2(p, q, _MM_SHUFFLE(2, 0, 2, 0)),
-                                       _mm512_shuffle_i64x2(p, q, _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512i b = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, _MM_PERM_BADC));
-    const __m512i c = _mm512_add_epi32(b, _mm512_shuffle_epi32(b, _MM_PERM_CDAB));
-    return _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12), c));
-}
-
-/* exact integer dot of two blocks of unsigned weights (offset o) with their activations */
+/* exact integer dot of two blocks of unsigned weights (offset o) with their activations, in
+ * 8 lanes per block */
 EI_INLINE __m512i isum2(__m512i u, __m512i a, int offset, int vnni) {
     __m512i p = dot_u8s8(_mm512_setzero_si512(), u, a, vnni);
     if (offset) p = _mm512_sub_epi32(p, dot_u8s8(_mm512_setzero_si512(), _mm512_set1_epi8((char)offset), a, vnni));
     return p;
 }
 
+/* the eight block sums of p[k] (blocks 2k, 2k + 1 in its halves), in block order */
+EI_INLINE __m256i block_sums8(const __m512i p[4]) {
+    const __m512i a = _mm512_add_epi32(_mm512_shuffle_i64x2(p[0], p[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                       _mm512_shuffle_i64x2(p[0], p[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i b = _mm512_add_epi32(_mm512_shuffle_i64x2(p[2], p[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                       _mm512_shuffle_i64x2(p[2], p[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* 128-bit lane k of a: block k, of b: block k + 4, four partial sums each */
+    const __m512i c = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    const __m512i d = _mm512_add_epi32(c, _mm512_unpackhi_epi64(c, c));
+    return _mm512_castsi512_si256(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), d));
+}
+
+/* the fp16 fields at base + j * stride, j < 8, as doubles */
+EI_INLINE __m512d f16_fields8(const void *base, int stride) {
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    const __m256i g = _mm256_i32gather_epi32((const int *)base, idx, 1);
+    return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)));
+}
+
 /* sum over blocks of d_w * d_x * isum (+ m * s for the _1 types), in block order, as the
- * reference adds them. BT/AT: weight and activation block types */
-#define DOT_LEGACY(NAME, BT, AT, UNPACK, OFFSET, HAS_MIN)                                             \
+ * reference adds them; eight blocks at a time, the last group padded with zero blocks */
+#define DOT_LEGACY(NAME, BT, AT, UNPACK, OFFSET, HAS_MIN, MINF, SUMF)                                  \
     EI_INLINE void NAME##_impl(int n, float *s, const void *vx, const void *vy, int vnni) {           \
         const BT *x = vx; const AT *y = vy;                                                          \
         const int nb = n / 32;                                                                       \
         double sum = 0.0;                                                                            \
-        for (int i = 0; i < nb; i += 4) {                                                            \
-            BT xp[4]; AT yp[4];                                                                      \
+        for (int i = 0; i < nb; i += 8) {                                                            \
+            BT xp[8]; AT yp[8];                                                                      \
             const BT *xb = x + i; const AT *yb = y + i;                                              \
-            const int cnt = nb - i < 4 ? nb - i : 4;                                                 \
-            if (cnt < 4) { /* a zero block adds an exact zero */                                     \
+            const int cnt = nb - i < 8 ? nb - i : 8;                                                 \
+            if (cnt < 8) { /* zero blocks add exact zeros, and are not added anyway */              \
                 memset(xp, 0, sizeof(xp)); memset(yp, 0, sizeof(yp));                               \
                 memcpy(xp, xb, cnt * sizeof(BT)); memcpy(yp, yb, cnt * sizeof(AT));                  \
                 xb = xp; yb = yp;                                                                    \
             }                                                                                        \
-            const __m512i p = isum2(UNPACK(xb), bytes2(yb[0].qs, yb[1].qs), OFFSET, vnni);           \
-            const __m512i q = isum2(UNPACK(xb + 2), bytes2(yb[2].qs, yb[3].qs), OFFSET, vnni);       \
-            int is[4];                                                                               \
-            _mm_storeu_si128((__m128i *)is, block_sums4(p, q));                                      \
-            for (int j = 0; j < cnt; j++) {                                                          \
-                double t = (double)f16_to_f32(xb[j].d) * f16_to_f32(yb[j].d) * is[j];                \
-                if (HAS_MIN) t += (double)f16_to_f32(xb[j].MINF) * f16_to_f32(yb[j].SUMF);           \
-                sum += t;                                                                            \
-            }                                                                                        \
+            __m512i p[4];                                                                            \
+            EI_UNROLL for (int k = 0; k < 4; k++)                                                    \
+                p[k] = isum2(UNPACK(xb + 2 * k), bytes2(yb[2 * k].qs, yb[2 * k + 1].qs), OFFSET, vnni); \
+            const __m512d isum = _mm512_cvtepi32_pd(block_sums8(p));                                 \
+            const __m512d scale = _mm512_mul_pd(f16_fields8(&xb->d, sizeof(BT)), f16_fields8(&yb->d, sizeof(AT))); \
+            __m512d term; /* exact, or A + B rounded once as the reference's term */                 \
+            if (HAS_MIN)                                                                             \
+                term = _mm512_fmadd_pd(isum, scale, _mm512_mul_pd(f16_fields8(&xb->MINF, sizeof(BT)), \
+                                                                  f16_fields8(&yb->SUMF, sizeof(AT)))); \
+            else                                                                                     \
+                term = _mm512_mul_pd(isum, scale);                                                   \
+            double t[8];                                                                             \
+            _mm512_storeu_pd(t, term);                                                               \
+            for (int j = 0; j < cnt; j++) sum += t[j];                                               \
         }                                                                                            \
         *s = (float)sum;                                                                             \
     }                                                                                                \
     static void NAME##_vnni(int n, float *s, const void *x, const void *y) { NAME##_impl(n, s, x, y, 1); } \
     static void NAME(int n, float *s, const void *x, const void *y) { NAME##_impl(n, s, x, y, 0); }
 
-/* the _0 types have no minimum: MINF/SUMF name fields that exist and go unused */
-#define MINF d
-#define SUMF d
-DOT_LEGACY(dot_q4_0, block_q4_0, block_q8_0, unpack2_q4_0, OFFSET_Q4_0, 0)
-DOT_LEGACY(dot_q5_0, block_q5_0, block_q8_0, unpack2_q5_0, OFFSET_Q5_0, 0)
-DOT_LEGACY(dot_q8_0, block_q8_0, block_q8_0, unpack2_q8_0, OFFSET_Q8_0, 0)
-#undef MINF
-#undef SUMF
-#define MINF m
-#define SUMF s
-DOT_LEGACY(dot_q4_1, block_q4_1, block_q8_1, unpack2_q4_1, 0, 1)
-DOT_LEGACY(dot_q5_1, block_q5_1, block_q8_1, unpack2_q5_1, 0, 1)
-#undef MINF
-#undef SUMF
+DOT_LEGACY(dot_q4_0, block_q4_0, block_q8_0, unpack2_q4_0, OFFSET_Q4_0, 0, d, d)
+DOT_LEGACY(dot_q5_0, block_q5_0, block_q8_0, unpack2_q5_0, OFFSET_Q5_0, 0, d, d)
+DOT_LEGACY(dot_q8_0, block_q8_0, block_q8_0, unpack2_q8_0, OFFSET_Q8_0, 0, d, d)
+DOT_LEGACY(dot_q4_1, block_q4_1, block_q8_1, unpack2_q4_1, 0, 1, m, s)
+DOT_LEGACY(dot_q5_1, block_q5_1, block_q8_1, unpack2_q5_1, 0, 1, m, s)
 
 /* ---- dot products of K blocks ------------------------------------------------------------ */
 
