@@ -177,7 +177,7 @@ class Conversion:
         budget = parse_size(options.max_memory) if options.max_memory is not None else None
         if budget is None and profile is not None:
             budget = profile.budget
-        n_ctx = options.n_ctx or (profile.ctx if profile else None)
+        n_ctx = options.n_ctx if options.n_ctx is not None else (profile.ctx if profile else None)
         if n_ctx is not None and n_ctx < 1:
             raise errors.InvalidSizeError(f"--ctx must be positive, not {n_ctx}")
         if budget is not None and n_ctx is None:
@@ -234,14 +234,9 @@ class Conversion:
         return 2 if self.model.tied_embeddings and t.name == "token_embd.weight" else 1
 
     def _importance(self, stats: ActivationStats | None, t: SourceTensor) -> np.ndarray | None:
-        if stats is None:
-            return None
-        name = (
-            "token_embd.weight"
-            if t.name == "token_embd.weight" and self.model.tied_embeddings
-            else t.name
-        )
-        return stats.importance(name, t.row_length)
+        # statistics are those of the products the engine computes: a tied embedding has
+        # the output's, an untied one (a lookup) none
+        return None if stats is None else stats.importance(t.name, t.row_length)
 
     def _fitted_plan(
         self, types: tuple[GGMLType, ...], budget: int, n_ctx: int, options: ConvertOptions,
