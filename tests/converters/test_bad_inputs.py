@@ -265,6 +265,7 @@ def test_recipe_over_budget(checkpoints, out_dir):
     [({"max_memory": "lots", "n_ctx": 64}, errors.InvalidSizeError, "lots"),
      ({"max_memory": "1GiB"}, errors.InvalidSizeError, "--ctx"),
      ({"max_memory": "1GiB", "n_ctx": -5}, errors.InvalidSizeError, "ctx"),
+     ({"max_memory": "1GiB", "n_ctx": 0}, errors.InvalidSizeError, "ctx"),
      ({"target": "toaster"}, errors.ProfileError, "rpi5"),
      ({"format": "onnx"}, errors.NotAvailableError, "ONNX"),
      ({"format": "tflite"}, errors.UnknownTypeError, "tflite")],
