@@ -13,6 +13,7 @@ from tests.converters.conftest import ARCHS, ggml_quantize, prompt_tokens
 from tests.e2e.parity import compare, llama_cpp_logits
 
 pytest.importorskip("llama_cpp")
+pytestmark = pytest.mark.slow  # ~100 conversions and llama.cpp loads: two minutes on two cores
 
 # --type -> (llama_ftype, pure)
 LLAMA_FTYPES = {
