@@ -116,6 +116,60 @@ EI_AVX2_INLINE void tile_k(const int type, const int nc, int n, int nr, float *s
     for (int c = 0; c < nc; c++) store_rows(s + (size_t)c * ss, acc[c], nr);
 }
 
+/* ---- float rows (F32, F16, BF16) ----------------------------------------------------
+ * Every product of two such values is exact in double; each row's lane adds its products
+ * in index order, as the reference does: the 4 rows are transposed into lanes, 4 values at
+ * a time, and shared by the columns. */
+
+EI_AVX2_INLINE __m128 load4_as_float(int type, const uint8_t *p) {
+    if (type == EI_TYPE_F32) return _mm_loadu_ps((const float *)p);
+    const __m128i h = _mm_loadl_epi64((const __m128i *)p);
+    if (type == EI_TYPE_F16) return _mm_cvtph_ps(h);
+    return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
+}
+
+EI_AVX2_INLINE float scalar_as_float(int type, const uint8_t *p) {
+    if (type == EI_TYPE_F32) { float f; memcpy(&f, p, 4); return f; }
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return type == EI_TYPE_F16 ? ei_fp16_to_fp32(h) : ei_bf16_to_fp32(h);
+}
+
+EI_AVX2_INLINE void tile_float(const int type, const int nc, int n, int nr, float *s, size_t ss,
+                               const uint8_t *x, size_t xs, const uint8_t *y, size_t ys) {
+    const size_t es = type == EI_TYPE_F32 ? 4 : 2;
+    const uint8_t *row[4], *col[4];
+    tile_rows(x, xs, nr, row);
+    tile_rows(y, ys, nc, col);
+    __m256d acc[EI_TILE];
+    EI_UNROLL
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_pd();
+    int d = 0;
+    for (; d + 4 <= n; d += 4) {
+        __m128 r0 = load4_as_float(type, row[0] + d * es), r1 = load4_as_float(type, row[1] + d * es);
+        __m128 r2 = load4_as_float(type, row[2] + d * es), r3 = load4_as_float(type, row[3] + d * es);
+        _MM_TRANSPOSE4_PS(r0, r1, r2, r3); /* r0 = the rows' values at d, r1 at d + 1, ... */
+        const __m256d w0 = _mm256_cvtps_pd(r0), w1 = _mm256_cvtps_pd(r1);
+        const __m256d w2 = _mm256_cvtps_pd(r2), w3 = _mm256_cvtps_pd(r3);
+        EI_UNROLL
+        for (int c = 0; c < nc; c++) {
+            const __m256d v = _mm256_cvtps_pd(load4_as_float(type, col[c] + d * es));
+            acc[c] = _mm256_fmadd_pd(w0, _mm256_permute4x64_pd(v, 0x00), acc[c]);
+            acc[c] = _mm256_fmadd_pd(w1, _mm256_permute4x64_pd(v, 0x55), acc[c]);
+            acc[c] = _mm256_fmadd_pd(w2, _mm256_permute4x64_pd(v, 0xaa), acc[c]);
+            acc[c] = _mm256_fmadd_pd(w3, _mm256_permute4x64_pd(v, 0xff), acc[c]);
+        }
+    }
+    for (; d < n; d++) {
+        const __m256d w = _mm256_setr_pd(scalar_as_float(type, row[0] + d * es), scalar_as_float(type, row[1] + d * es),
+                                         scalar_as_float(type, row[2] + d * es), scalar_as_float(type, row[3] + d * es));
+        EI_UNROLL
+        for (int c = 0; c < nc; c++) acc[c] = _mm256_fmadd_pd(w, _mm256_set1_pd(scalar_as_float(type, col[c] + d * es)), acc[c]);
+    }
+    EI_UNROLL
+    for (int c = 0; c < nc; c++) store_rows(s + (size_t)c * ss, acc[c], nr);
+}
+
 /* one function per type; the column count is a constant inside each inlined tile */
 #define GEMM(T, TILE, TYPE)                                                                     \
     static void avx2_gemm_##T(int n, int nr, int nc, float *s, size_t ss, const void *x, size_t xs, \
@@ -137,6 +191,9 @@ GEMM(q3_K, tile_k, EI_TYPE_Q3_K)
 GEMM(q4_K, tile_k, EI_TYPE_Q4_K)
 GEMM(q5_K, tile_k, EI_TYPE_Q5_K)
 GEMM(q6_K, tile_k, EI_TYPE_Q6_K)
+GEMM(f32, tile_float, EI_TYPE_F32)
+GEMM(f16, tile_float, EI_TYPE_F16)
+GEMM(bf16, tile_float, EI_TYPE_BF16)
 
 void ei_avx2_gemm_kernels(ei_kernels *k) {
     k->gemm[EI_TYPE_Q4_0] = avx2_gemm_q4_0;
@@ -149,4 +206,7 @@ void ei_avx2_gemm_kernels(ei_kernels *k) {
     k->gemm[EI_TYPE_Q4_K] = avx2_gemm_q4_K;
     k->gemm[EI_TYPE_Q5_K] = avx2_gemm_q5_K;
     k->gemm[EI_TYPE_Q6_K] = avx2_gemm_q6_K;
+    k->gemm[EI_TYPE_F32] = avx2_gemm_f32;
+    k->gemm[EI_TYPE_F16] = avx2_gemm_f16;
+    k->gemm[EI_TYPE_BF16] = avx2_gemm_bf16;
 }

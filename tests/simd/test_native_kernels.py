@@ -634,6 +634,7 @@ TILE_DRIVER = r"""
 #include "../common/ei_kernels.h"
 void EI_CHECK_INIT(ei_kernels *k);
 
+enum { MAX_N = 80 * 256 + 3 };
 static unsigned long long st = 0x2545F4914F6CDD1Dull;
 static unsigned rnd(void) {
     st ^= st << 13; st ^= st >> 7; st ^= st << 17;
@@ -662,15 +663,27 @@ static void scale_fields(int type, int off[2]) {
     if (type == EI_TYPE_Q6_K) off[0] = 208;
 }
 
-/* 4 weight rows of n values, wr bytes apart: float types from gaussians, blocks from random
- * bytes with small scales */
-static void weights(int type, int n, uint8_t *w, size_t wr, const ei_kernels *ref) {
+/* tiny values but for giant pairs that cancel in a dot with another such vector: a sum in
+ * any order but the reference's shows (float rows only) */
+static void cancelling(float *x, int n, float giant_lo, float giant_hi) {
+    for (int i = 0; i < n; i++) x[i] = gauss() * 1e-4f;
+    for (int lo = 1; lo < n - 1; lo += 37) {
+        const int hi = lo + 1 + lo * 7 % 30 < n ? lo + 1 + lo * 7 % 30 : n - 1;
+        x[lo] = giant_lo;
+        x[hi] = giant_hi;
+    }
+}
+
+/* 4 weight rows of n values, wr bytes apart: float types from gaussians (or cancelling
+ * giants), blocks from random bytes with small scales */
+static void weights(int type, int n, uint8_t *w, size_t wr, const ei_kernels *ref, int giants) {
     const int bs = ei_block_size(type);
-    float x[4096];
+    static float x[MAX_N];
     for (size_t i = 0; i < 4 * wr; i++) w[i] = (uint8_t)rnd();
     for (int r = 0; r < 4; r++) {
         if (bs == 1) {
-            for (int i = 0; i < n; i++) x[i] = gauss();
+            if (giants) cancelling(x, n, 200.0f, -200.0f);
+            else for (int i = 0; i < n; i++) x[i] = gauss();
             ref->from_float[type](x, w + r * wr, n);
             continue;
         }
@@ -693,19 +706,21 @@ int main(void) {
     const int types[] = {EI_TYPE_Q4_0, EI_TYPE_Q4_1, EI_TYPE_Q5_0, EI_TYPE_Q5_1, EI_TYPE_Q8_0,
                          EI_TYPE_Q2_K, EI_TYPE_Q3_K, EI_TYPE_Q4_K, EI_TYPE_Q5_K, EI_TYPE_Q6_K,
                          EI_TYPE_F16, EI_TYPE_BF16, EI_TYPE_F32};
-    const int counts[] = {1, 2, 3, 5, 8, 13};
+    const int counts[] = {1, 2, 3, 5, 8, 13, 80};
     enum { PAD = 7, SS = 5 }; /* odd row strides; output columns SS floats apart */
-    for (unsigned ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+    for (unsigned ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
+    for (int giants = 0; giants < 2; giants++) {
         const int type = types[ti], pt = ei_partner_type(type), bs = ei_block_size(type);
-        if (!var.gemm[type]) continue;
+        if (!var.gemm[type] || (giants && bs > 1)) continue;
         for (unsigned ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
-            const int n = counts[ci] * (bs == 1 ? 8 : bs);
+            const int n = counts[ci] * (bs == 1 ? 8 : bs) + (bs == 1 ? (int)ci % 4 : 0);
             const size_t wr = ei_row_size(type, n) + PAD, ar = ei_row_size(pt, n) + PAD;
             uint8_t *w = malloc(4 * wr), *act = malloc(4 * ar);
-            float x[4096];
-            weights(type, n, w, wr, &ref);
+            static float x[MAX_N];
+            weights(type, n, w, wr, &ref, giants);
             for (int c = 0; c < 4; c++) {
-                for (int i = 0; i < n; i++) x[i] = gauss() * (c == 2 && i % 29 == 0 ? 30.0f : 1);
+                if (giants) cancelling(x, n, 256.0f, 256.0f);
+                else for (int i = 0; i < n; i++) x[i] = gauss() * (c == 2 && i % 29 == 0 ? 30.0f : 1);
                 ref.from_float[pt](x, act + c * ar, n);
             }
             for (int nr = 1; nr <= EI_TILE; nr++)
