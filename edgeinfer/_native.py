@@ -20,7 +20,7 @@ from edgeinfer.gguf import GGUFFile, TensorInfo
 from edgeinfer.models.base import DecoderConfig
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 1
+API_VERSION = 2
 
 c_int, c_int32, c_int64, c_float, c_size_t = ctypes.c_int, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_size_t
 c_void_p, c_char_p = ctypes.c_void_p, ctypes.c_char_p
@@ -37,14 +37,16 @@ _LAYER_TENSORS = (
 
 
 class LayerDesc(ctypes.Structure):
-    _fields_ = [(name, Tensor) for name in _LAYER_TENSORS] + [("window", c_int32), ("rope_base", c_float)]
+    _fields_ = [(name, Tensor) for name in _LAYER_TENSORS] + [
+        ("window", c_int32), ("rope_base", c_float), ("rope_scale", c_float),
+    ]  # fmt: skip
 
 
 class ModelDesc(ctypes.Structure):
     _fields_ = [
         *[(n, c_int32) for n in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim",
                                  "head_dim_v", "n_ff", "n_rot", "rope_neox", "act_gelu", "scale_q")],
-        *[(n, c_float) for n in ("norm_eps", "embed_scale", "kq_scale", "rope_freq_scale", "final_softcap")],
+        *[(n, c_float) for n in ("norm_eps", "embed_scale", "kq_scale", "final_softcap")],
         *[(n, Tensor) for n in ("tok_embd", "output_norm", "output", "rope_freqs")],
         ("layers", ctypes.POINTER(LayerDesc)),
     ]  # fmt: skip
@@ -210,12 +212,13 @@ class NativeEngine:
                 setattr(desc, field, tensor(getattr(lt, field)))
             desc.window = cfg.layer_window(il)
             desc.rope_base = cfg.layer_rope_base(il)
+            desc.rope_scale = cfg.layer_rope_scale(il)
         m = ModelDesc(
             n_vocab=cfg.n_vocab, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head,
             n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, head_dim_v=cfg.head_dim_v, n_ff=cfg.n_ff,
             n_rot=cfg.n_rot, rope_neox=int(cfg.rope_neox), act_gelu=int(cfg.activation == "gelu"),
             scale_q=int(cfg.scale_q), norm_eps=cfg.norm_eps, embed_scale=cfg.embed_scale,
-            kq_scale=cfg.kq_scale, rope_freq_scale=cfg.rope_freq_scale,
+            kq_scale=cfg.kq_scale,
             final_softcap=cfg.final_logit_softcap, tok_embd=tensor("token_embd.weight"),
             output_norm=tensor("output_norm.weight"), output=tensor(cfg.output_tensor),
             rope_freqs=tensor(cfg.rope_freqs_tensor), layers=self._layers,

@@ -52,7 +52,7 @@ def gemma_llama_cpp(gemma_path):
     llm.close()
 
 
-FIXTURE_VERSION = 1  # bump when tests/fixtures/models.py changes what it writes
+FIXTURE_VERSION = 2  # bump when tests/fixtures/models.py changes what it writes
 
 
 def _fixture_models(gemma_path: Path, all_f32: bool) -> dict[str, Path]:

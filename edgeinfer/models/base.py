@@ -85,6 +85,10 @@ class DecoderConfig:
     def layer_rope_base(self, il: int) -> float:
         return self.rope_base_swa if self.is_swa(il) else self.rope_base
 
+    def layer_rope_scale(self, il: int) -> float:
+        # as llama.cpp: the file's rope scaling applies to the global layers only
+        return 1.0 if self.is_swa(il) else self.rope_freq_scale
+
     def layer_window(self, il: int) -> int:
         return self.sliding_window if self.is_swa(il) else 0
 

@@ -309,7 +309,7 @@ class ReferenceEngine:
             q = rms_norm(q, cfg.norm_eps) * self.vector(lt.q_norm)
             k = rms_norm(k, cfg.norm_eps) * self.vector(lt.k_norm)
         cos, sin = rope_cos_sin(
-            pos, cfg.n_rot, cfg.layer_rope_base(il), cfg.rope_freq_scale, self._freq_factors
+            pos, cfg.n_rot, cfg.layer_rope_base(il), cfg.layer_rope_scale(il), self._freq_factors
         )
         q = apply_rope(q, cos, sin, cfg.n_rot, cfg.rope_neox)
         k = apply_rope(k, cos, sin, cfg.n_rot, cfg.rope_neox)

@@ -34,7 +34,7 @@ struct ei_engine {
     size_t act_row[EI_TYPE_COUNT];
     double *scratch; /* (n_threads, 2 * n_ctx) attention weights and scores */
     float *rope;     /* (MAX_BASES, n_batch, n_rot) cos/sin pairs per token */
-    float bases[MAX_BASES];
+    float bases[MAX_BASES], scales[MAX_BASES]; /* distinct (rope base, rope scale) pairs */
     int n_bases, *layer_base; /* (n_layer) index into bases */
     float *freq_factors; /* (n_rot / 2) or NULL */
     ei_f16 *gelu;    /* (65536) GELU of every fp16 value, as fp16 */
@@ -97,7 +97,7 @@ static ei_status check_model(const ei_model_desc *m, const ei_kernels *k) {
             (!l->q_norm.data || vector_ok(&l->q_norm, m->head_dim)) &&
             (!l->k_norm.data || vector_ok(&l->k_norm, m->head_dim)) &&
             (!l->attn_post_norm.data || vector_ok(&l->attn_post_norm, e)) &&
-            (!l->ffn_post_norm.data || vector_ok(&l->ffn_post_norm, e)) && l->window >= 0 && l->rope_base > 0;
+            (!l->ffn_post_norm.data || vector_ok(&l->ffn_post_norm, e)) && l->window >= 0 && l->rope_base > 0 && l->rope_scale > 0;
         if (!ok) return ei_fail(EI_ERR_UNSUPPORTED, "layer %d: a tensor has a bad shape or an unsupported type", il);
     }
     return EI_OK;
@@ -167,10 +167,11 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     for (int il = 0; il < m->n_layer; il++) {
         const ei_layer_desc *l = &e->layers[il];
         int b = 0;
-        while (b < e->n_bases && e->bases[b] != l->rope_base) b++;
+        while (b < e->n_bases && (e->bases[b] != l->rope_base || e->scales[b] != l->rope_scale)) b++;
         if (b == e->n_bases) {
             if (e->n_bases == MAX_BASES) { ei_engine_free(e); return ei_fail(EI_ERR_UNSUPPORTED, "more than %d rope bases", MAX_BASES); }
-            e->bases[e->n_bases++] = l->rope_base;
+            e->bases[e->n_bases] = l->rope_base;
+            e->scales[e->n_bases++] = l->rope_scale;
         }
         e->layer_base[il] = b;
         note_partner(e, &l->wq); note_partner(e, &l->wk); note_partner(e, &l->wv); note_partner(e, &l->wo);
@@ -395,7 +396,7 @@ static void rope_tables(ei_engine *e, const step *st, int ith, int nth) {
         for (int j = 0; j < half; j++) {
             float th = theta;
             if (e->freq_factors) th = th / e->freq_factors[j];
-            th = m->rope_freq_scale * th;
+            th = e->scales[bi] * th;
             cs[2 * j] = (float)cos((double)th);
             cs[2 * j + 1] = (float)sin((double)th);
             theta *= theta_scale;

@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 1
+#define EI_API_VERSION 2
 
 typedef enum {
     EI_OK = 0,
@@ -42,7 +42,8 @@ typedef struct {
     ei_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, attn_post_norm;
     ei_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, ffn_post_norm;
     int32_t window;  /* keys within this many positions are seen; 0: all */
-    float rope_base; /* rotary frequency base of this layer */
+    float rope_base;  /* rotary frequency base of this layer */
+    float rope_scale; /* its position scale (1 / linear scaling factor) */
 } ei_layer_desc;
 
 typedef struct {
@@ -50,7 +51,7 @@ typedef struct {
     int32_t rope_neox; /* rotate (x[i], x[i + n_rot/2]) instead of (x[2i], x[2i+1]) */
     int32_t act_gelu;  /* gated FFN activation: 1 GELU (tanh form), 0 SiLU */
     int32_t scale_q;   /* multiply queries by kq_scale (else the scores) */
-    float norm_eps, embed_scale, kq_scale, rope_freq_scale, final_softcap;
+    float norm_eps, embed_scale, kq_scale, final_softcap;
     ei_tensor tok_embd, output_norm, output, rope_freqs;
     const ei_layer_desc *layers; /* n_layer of them */
 } ei_model_desc;
