@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any
 
 from edgeinfer import errors
+from edgeinfer.apps import convert as convert_cmd
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
@@ -70,6 +71,18 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true")
     info.add_argument("-c", "--ctx", type=int, default=None, help="context size for the memory estimate")
 
+    bench = sub.add_parser("bench", help="measure prompt and generation speed (like llama-bench)")
+    bench.add_argument("model")
+    bench.add_argument("-t", "--threads", type=int, default=None)
+    bench.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp)")
+    bench.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg)")
+    bench.add_argument("-r", "--repetitions", type=int, default=3)
+    bench.add_argument("--engine", default="auto", choices=["auto", "native", "reference"])
+    bench.add_argument("--isa", default=None, help="force an instruction-set variant")
+    bench.add_argument("--json", action="store_true")
+
+    convert_cmd.add_parser(sub)
+
     doctor = sub.add_parser("doctor", help="describe this machine and the backends found")
     doctor.add_argument("--json", action="store_true")
     return p
@@ -86,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         _parser().print_help()
         return 2
-    handler = {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "doctor": cmd_doctor}[args.command]
+    handler = {
+        "run": cmd_run, "chat": cmd_chat, "info": cmd_info, "doctor": cmd_doctor, "bench": cmd_bench,
+        "convert": convert_cmd.main,
+    }[args.command]  # fmt: skip
     signal.signal(signal.SIGTERM, _terminate)  # unwind (and clean up) as Ctrl-C does
     try:
         return handler(args)
@@ -350,6 +366,28 @@ def cmd_info(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+    return 0
+
+
+# --- bench -----------------------------------------------------------------------------------
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from edgeinfer.bench import run
+
+    r = run(
+        args.model, n_prompt=args.n_prompt, n_gen=args.n_gen, n_threads=args.threads,
+        repetitions=args.repetitions, engine=args.engine, isa=args.isa,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"{os.path.basename(r['model'])}: {r['engine']} engine ({r['isa']}), {r['threads']} threads")
+    print(f"pp{r['n_prompt']:<5} {r['pp_tok_s']:9.1f} ± {r['pp_tok_s_sd']:.1f} tok/s")
+    print(f"tg{r['n_gen']:<5} {r['tg_tok_s']:9.1f} ± {r['tg_tok_s_sd']:.1f} tok/s")
+    print(f"ttft     {r['ttft_s'] * 1000:9.1f} ms ({r['n_prompt']}-token prompt)")
+    print(f"load     {r['load_s']:9.2f} s")
+    print(f"peak RSS {r['peak_rss_mb']:9.1f} MB")
     return 0
 
 

@@ -505,7 +505,8 @@ def load(
 ) -> Model:
     """Opens a GGUF model file (memory-mapped) and returns a ready :class:`Model`.
 
-    Further options: ``n_batch`` (prompt tokens per engine call), ``engine`` and ``kv_type``.
+    Further options: ``n_batch`` (prompt tokens per engine call), ``engine`` ("auto", "native",
+    "reference"), ``kv_type`` ("f16", "f32") and ``isa`` (force an instruction-set variant).
     """
     unknown = set(options) - _LOAD_OPTIONS
     if unknown:
@@ -513,7 +514,7 @@ def load(
     return Model(path, n_threads=n_threads, n_ctx=n_ctx, **options)
 
 
-_LOAD_OPTIONS = frozenset({"n_batch", "engine", "kv_type"})
+_LOAD_OPTIONS = frozenset({"n_batch", "engine", "kv_type", "isa"})
 
 
 def _int_option(name: str, value: Any, lo: int) -> int:

@@ -66,7 +66,7 @@ static void build(ei_model_desc *m, ei_layer_desc *layers, int gemma) {
     *m = (ei_model_desc){.n_vocab = VOCAB, .n_embd = E, .n_layer = LAYERS, .n_head = HEADS, .n_head_kv = KV_HEADS,
                          .head_dim = HD, .head_dim_v = HD, .n_ff = FF, .n_rot = gemma ? HD : HD / 2,
                          .rope_neox = gemma, .act_gelu = gemma, .scale_q = gemma, .norm_eps = 1e-6f,
-                         .embed_scale = gemma ? 16.0f : 1.0f, .kq_scale = 0.125f, .rope_freq_scale = 1.0f,
+                         .embed_scale = gemma ? 16.0f : 1.0f, .kq_scale = 0.125f,
                          .final_softcap = gemma ? 30.0f : 0.0f};
     m->tok_embd = weight(EI_TYPE_Q8_0, E, VOCAB, 0.02f);
     m->output = weight(gemma ? EI_TYPE_Q8_0 : EI_TYPE_Q6_K, E, VOCAB, 0.02f);
@@ -84,6 +84,7 @@ static void build(ei_model_desc *m, ei_layer_desc *layers, int gemma) {
         l->ffn_up = weight(t[5], E, FF, 0.01f);
         l->ffn_down = weight(t[6], FF, E, 0.01f);
         l->rope_base = il == 1 ? 10000.0f : 1000000.0f;
+        l->rope_scale = il == 1 ? 1.0f : 0.5f;
         if (gemma) {
             l->q_norm = vec(HD, 1.0f);
             l->k_norm = vec(HD, 1.0f);
