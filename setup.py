@@ -22,18 +22,19 @@ SIMD = ROOT / "simd"
 GCC_BASE = ["-O2", "-std=c11", "-ffp-contract=off", "-fvisibility=hidden", "-fno-math-errno", "-Wall"]
 MSVC_BASE = ["/O2", "/std:c11", "/experimental:c11atomics", "/fp:precise"]
 
-# directory -> (gcc/clang flags, msvc flags, extra defines)
+# directory -> (gcc/clang flags, msvc flags, the define that tells the dispatcher it was built)
 X86_VARIANTS = {
-    "x86_avx2": (["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
+    "x86_avx2": (["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"], "EI_HAVE_AVX2"),
     "x86_avx512": (
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma", "-mf16c"],
         ["/arch:AVX512"],
+        "EI_HAVE_AVX512",
     ),
 }
 NEON_LEVELS = {  # the arm_neon sources are compiled once per level
-    0: (["-march=armv8-a"], []),
-    1: (["-march=armv8.2-a+dotprod"], []),
-    2: (["-march=armv8.2-a+dotprod+i8mm"], []),
+    0: (["-march=armv8-a"], [], "EI_HAVE_NEON"),
+    1: (["-march=armv8.2-a+dotprod"], [], "EI_HAVE_NEON_DOTPROD"),
+    2: (["-march=armv8.2-a+dotprod+i8mm"], [], "EI_HAVE_NEON_I8MM"),
 }
 
 
@@ -55,14 +56,20 @@ class BuildNative(build_ext):
         arch = _arch()
         defines: list[tuple[str, str | None]] = []
         groups: list[tuple[list[str], list[str], list[tuple[str, str | None]], str]] = []
+        # a variant whose flags this compiler does not know is left out (an older GCC lacks
+        # +i8mm or -mavx512vnni), and the dispatcher is told which variants exist
         if arch == "x86_64":
-            defines += [("EI_HAVE_AVX2", None), ("EI_HAVE_AVX512", None)]
-            for folder, (gnu, ms) in X86_VARIANTS.items():
-                groups.append((_sources(folder), ms if msvc else gnu, [], folder))
+            for folder, (gnu, ms, define) in X86_VARIANTS.items():
+                flags = ms if msvc else gnu
+                if self._accepts(base + flags):
+                    defines.append((define, None))
+                    groups.append((_sources(folder), flags, [], folder))
         elif arch == "aarch64" and not msvc:  # NEON needs GCC/Clang (__fp16, ACLE feature macros)
-            defines.append(("EI_HAVE_NEON", None))
-            for level, (gnu, ms) in NEON_LEVELS.items():
-                groups.append((_sources("arm_neon"), ms if msvc else gnu, [("EI_NEON_LEVEL", str(level))], f"neon{level}"))
+            for level, (gnu, _, define) in NEON_LEVELS.items():
+                if not self._accepts(base + gnu):
+                    break  # each level needs the ones below it
+                defines.append((define, None))
+                groups.append((_sources("arm_neon"), gnu, [("EI_NEON_LEVEL", str(level))], f"neon{level}"))
         groups.insert(0, (_sources("common") + _sources("ref"), [], defines, "base"))
 
         objects: list[str] = []
@@ -78,6 +85,20 @@ class BuildNative(build_ext):
             export_symbols=self.get_export_symbols(ext), build_temp=self.build_temp,
             target_lang="c",
         )  # fmt: skip
+
+
+    def _accepts(self, flags: list[str]) -> bool:
+        """Whether the compiler builds a trivial file with these flags."""
+        probe_dir = os.path.join(self.build_temp, "probe")
+        os.makedirs(probe_dir, exist_ok=True)
+        src = os.path.join(probe_dir, "probe.c")
+        with open(src, "w", encoding="ascii") as f:
+            f.write("int ei_probe(int x) { return x + 1; }\n")
+        try:
+            self.compiler.compile([src], output_dir=probe_dir, extra_postargs=flags)
+            return True
+        except Exception:  # distutils' CompileError, or the compiler missing a flag
+            return False
 
 
 def _sources(folder: str) -> list[str]:

@@ -120,8 +120,16 @@ static void probe(void) {
     if (i8mm) add_feature("i8mm");
 #ifdef EI_HAVE_NEON
     note(EI_ISA_NEON, 1, 1, "AArch64 baseline Advanced SIMD");
+#endif
+#ifdef EI_HAVE_NEON_DOTPROD
     note(EI_ISA_NEON_DOTPROD, 1, dotprod, dotprod ? "CPU has the dot-product extension" : "CPU lacks the dot-product extension");
+#else
+    note(EI_ISA_NEON_DOTPROD, 0, 0, "not built: the compiler lacks +dotprod");
+#endif
+#ifdef EI_HAVE_NEON_I8MM
     note(EI_ISA_NEON_I8MM, 1, dotprod && i8mm, dotprod && i8mm ? "CPU has dot-product and int8 matrix multiply" : "CPU lacks int8 matrix multiply (i8mm)");
+#else
+    note(EI_ISA_NEON_I8MM, 0, 0, "not built: the compiler lacks +i8mm");
 #endif
 #endif
     g_probed = 1;
@@ -176,7 +184,11 @@ const ei_kernels *ei_kernels_for(int isa) {
 #endif
 #ifdef EI_HAVE_NEON
         case EI_ISA_NEON: ei_kernels_init_neon(&k); break;
+#endif
+#ifdef EI_HAVE_NEON_DOTPROD
         case EI_ISA_NEON_DOTPROD: ei_kernels_init_neon_dotprod(&k); break;
+#endif
+#ifdef EI_HAVE_NEON_I8MM
         case EI_ISA_NEON_I8MM: ei_kernels_init_neon_i8mm(&k); break;
 #endif
         default: ei_kernels_init_ref(&k); break;

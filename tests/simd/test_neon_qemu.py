@@ -106,11 +106,9 @@ def _setup_literals() -> dict:
 def _build_direct(cc: str, temp: Path, lib: Path) -> Path:
     """setup.py's aarch64 build by hand, for interpreters without setuptools."""
     lit = _setup_literals()
-    groups = [("base", ["common", "ref"], ["-DEI_HAVE_NEON"])]
-    groups += [
-        (f"neon{lv}", ["arm_neon"], [*gnu, f"-DEI_NEON_LEVEL={lv}"])
-        for lv, (gnu, _) in lit["NEON_LEVELS"].items()
-    ]
+    levels = lit["NEON_LEVELS"].items()
+    groups = [("base", ["common", "ref"], [f"-D{define}" for _, (_, _, define) in levels])]
+    groups += [(f"neon{lv}", ["arm_neon"], [*gnu, f"-DEI_NEON_LEVEL={lv}"]) for lv, (gnu, _, _) in levels]
     objects = []
     for tag, folders, flags in groups:
         for folder in folders:
