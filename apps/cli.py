@@ -83,6 +83,15 @@ def _parser() -> argparse.ArgumentParser:
 
     convert_cmd.add_parser(sub)
 
+    ppl = sub.add_parser("perplexity", help="perplexity of a text file (as llama-perplexity)")
+    ppl.add_argument("model")
+    ppl.add_argument("-f", "--file", required=True, help="UTF-8 text file")
+    ppl.add_argument("-c", "--ctx", type=int, default=512, help="window size in tokens")
+    ppl.add_argument("--chunks", type=int, default=None, help="score at most this many windows")
+    ppl.add_argument("-t", "--threads", type=int, default=None)
+    ppl.add_argument("--engine", default="auto", choices=["auto", "native", "reference"])
+    ppl.add_argument("--json", action="store_true")
+
     doctor = sub.add_parser("doctor", help="describe this machine and the backends found")
     doctor.add_argument("--json", action="store_true")
     return p
@@ -101,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     handler = {
         "run": cmd_run, "chat": cmd_chat, "info": cmd_info, "doctor": cmd_doctor, "bench": cmd_bench,
-        "convert": convert_cmd.main,
+        "convert": convert_cmd.main, "perplexity": cmd_perplexity,
     }[args.command]  # fmt: skip
     signal.signal(signal.SIGTERM, _terminate)  # unwind (and clean up) as Ctrl-C does
     try:
@@ -388,6 +397,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"ttft     {r['ttft_s'] * 1000:9.1f} ms ({r['n_prompt']}-token prompt)")
     print(f"load     {r['load_s']:9.2f} s")
     print(f"peak RSS {r['peak_rss_mb']:9.1f} MB")
+    return 0
+
+
+# --- perplexity ------------------------------------------------------------------------------
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    import edgeinfer
+    from edgeinfer.perplexity import perplexity
+
+    with open(args.file, encoding="utf-8") as f:
+        text = f.read()
+    with edgeinfer.load(args.model, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine) as model:
+        r = perplexity(model, text, n_ctx=args.ctx, max_windows=args.chunks)
+    if args.json:
+        print(json.dumps(r.as_dict(), indent=2))
+    else:
+        print(f"perplexity {r.perplexity:.4f} over {r.scored_tokens} tokens ({r.windows} windows of {args.ctx})")
     return 0
 
 
