@@ -73,6 +73,10 @@ class ConvertOptions:
     format: str | None = None
     measure: bool = False  # measure every tensor's error even without a budget (dry runs)
     sample_rows: int = SAMPLE_ROWS
+    # ONNX output only (converters/onnx): MatMulNBits block size, zero points, KV cache type
+    block_size: int = 32
+    zero_points: bool = False
+    kv_type: str = "f32"
 
 
 @dataclass
@@ -364,9 +368,11 @@ def convert(
 ) -> Plan:  # fmt: skip
     """Converts the Hugging Face folder ``src`` into ``out``; returns the plan carried out."""
     fmt = output_format(out, options.format)
-    if fmt == "onnx":
-        raise errors.NotAvailableError("the ONNX export is not built yet; write a .gguf file")
     conversion = Conversion(src)
+    if fmt == "onnx":
+        from edgeinfer.converters.onnx.export import export_onnx
+
+        return export_onnx(conversion, out, options, progress)  # type: ignore[return-value]
     stats = load_stats(conversion, options, progress, Path(out).parent)
     plan = conversion.plan(options, stats, progress)
     conversion.write_gguf(plan, out, stats, progress)
