@@ -60,9 +60,15 @@ class Model:
         if n_ctx is not None:
             n_ctx = _int_option("n_ctx", n_ctx, 1)
         self.path = os.fspath(path)
-        self.gguf = GGUFFile(self.path)
+        onnx = os.path.isdir(self.path)  # an exported ONNX folder: edgeinfer.onnx_engine
+        if onnx:
+            from edgeinfer.onnx_engine import OnnxFolder
+
+            self.gguf = OnnxFolder(self.path)
+        else:
+            self.gguf = GGUFFile(self.path)
         try:
-            self.config = config_from_gguf(self.gguf)
+            self.config = self.gguf.config if onnx else config_from_gguf(self.gguf)
             self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
             if self.tokenizer.n_vocab != self.config.n_vocab:
                 raise errors.TokenizerError(
@@ -76,7 +82,10 @@ class Model:
                 raise errors.InvalidOptionError(f"n_ctx must lie in [1, {n_ctx_max}], got {n_ctx}")
             self.n_ctx = n_ctx
             self.n_threads = n_threads or physical_cores()
-            self._engine = self._make_engine(engine, kv_type, isa, n_batch)
+            if onnx:
+                self._engine = self.gguf.engine(engine, self.n_ctx, self.n_threads, kv_type)
+            else:
+                self._engine = self._make_engine(engine, kv_type, isa, n_batch)
         except BaseException:
             self.gguf.close()
             raise

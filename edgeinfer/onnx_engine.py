@@ -1,0 +1,227 @@
+"""The onnxruntime backend: an exported ONNX folder (``edgeinfer convert --format onnx``, or
+any folder whose decoder has onnxruntime-genai's input and output names) run by
+``onnxruntime.InferenceSession``.
+
+:class:`OnnxFolder` opens the folder the way :class:`edgeinfer.gguf.GGUFFile` opens a file:
+it offers ``metadata`` (GGUF-style keys: the tokenizer's ``tokenizer.ggml.*`` values and the
+chat template) and a ``config``. The vocabulary is rebuilt from tokenizer.json (or
+tokenizer.model) by the same code that writes GGUF files (``edgeinfer.converters.vocab``), so
+token ids are those llama.cpp gives for the converted GGUF of the same source.
+
+:class:`OnnxEngine` implements the engine interface of :mod:`edgeinfer.generation` with the KV
+cache held as numpy arrays between calls: ``truncate`` drops positions from their end, which
+is all that reusing a prompt prefix needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer import errors
+
+GENAI_CONFIG = "genai_config.json"
+# onnxruntime-genai model type -> edgeinfer (GGUF) architecture name
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                 "gemma3_text": "gemma3", "gemma3": "gemma3"}  # fmt: skip
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
+                "tensor(int8)": np.int8, "tensor(uint8)": np.uint8}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OnnxConfig:
+    """What :class:`edgeinfer.api.Model` reads of a model's configuration."""
+
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    model_file: str
+
+
+def _read_config(folder: Path) -> OnnxConfig:
+    path = folder / GENAI_CONFIG
+    if not path.is_file():
+        raise errors.ModelFileError(f"{folder}: not an ONNX model folder (no {GENAI_CONFIG})")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        model, decoder = raw["model"], raw["model"]["decoder"]
+        values = {
+            "n_vocab": model["vocab_size"], "n_ctx_train": model["context_length"],
+            "n_embd": decoder["hidden_size"], "n_layer": decoder["num_hidden_layers"],
+            "n_head": decoder["num_attention_heads"], "n_head_kv": decoder["num_key_value_heads"],
+            "head_dim": decoder["head_size"],
+        }  # fmt: skip
+        model_type, filename = model["type"], decoder["filename"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise errors.ModelFileError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1 << 31:
+            raise errors.AbsurdValueError(f"{path}: {key} = {value!r}")
+    arch = ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None
+    if arch is None:
+        raise errors.UnknownArchitectureError(
+            f"{path}: model type {model_type!r} is not supported ({', '.join(sorted(ARCHITECTURES))})"
+        )
+    if not isinstance(filename, str) or Path(filename).name != filename:
+        raise errors.ModelFileError(f"{path}: bad decoder filename {filename!r}")
+    if not (folder / filename).is_file():
+        raise errors.ModelFileError(f"{folder}: the decoder file {filename} is missing")
+    return OnnxConfig(arch=arch, model_file=filename, **values)
+
+
+def _tokenizer_metadata(folder: Path, config: OnnxConfig) -> dict[str, Any]:
+    """GGUF tokenizer metadata rebuilt from the folder's tokenizer files."""
+    from edgeinfer.converters import errors as conversion_errors
+    from edgeinfer.converters.hf_folder import HFCheckpoint
+    from edgeinfer.converters.vocab import convert_vocabulary
+
+    class TokenizerFiles(HFCheckpoint):
+        """The folder's JSON and tokenizer files; its weights are ONNX, not safetensors."""
+
+        def _load_tensors(self) -> dict:
+            return {}
+
+    try:
+        vocab = convert_vocabulary(TokenizerFiles(folder), max_tokens=config.n_vocab)
+        vocab.resize(config.n_vocab, str(folder))
+    except conversion_errors.MissingSourceFileError as e:
+        raise errors.TokenizerError(str(e)) from None
+    metadata = metadata_as_read(vocab.metadata())
+    metadata["general.architecture"] = config.arch
+    metadata["general.name"] = folder.resolve().name
+    return metadata
+
+
+def metadata_as_read(items: list[tuple[str, Any, Any, Any]]) -> dict[str, Any]:
+    """GGUF metadata items (key, type, value, element type) as GGUFFile.metadata holds them:
+    numeric arrays as numpy arrays of their element type."""
+    from edgeinfer.gguf.constants import SCALAR_FORMATS, ValueType
+
+    out = {}
+    for key, vtype, value, etype in items:
+        if vtype == ValueType.ARRAY and etype in SCALAR_FORMATS:
+            value = np.asarray(
+                value, dtype=bool if etype == ValueType.BOOL else SCALAR_FORMATS[etype][1]
+            )
+        out[key] = value
+    return out
+
+
+class OnnxFolder:
+    """An ONNX model folder, opened: configuration and tokenizer metadata, no session yet."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.config = _read_config(self.path)
+        self.metadata: dict[str, Any] = _tokenizer_metadata(self.path, self.config)
+
+    def engine(self, name: str, n_ctx: int, n_threads: int, kv_type: str) -> OnnxEngine:
+        if name not in ("auto", "onnxruntime"):
+            raise errors.InvalidOptionError(
+                f"engine {name!r} runs GGUF files; an ONNX folder runs on onnxruntime (auto)"
+            )
+        del kv_type  # the folder's graph fixed the cache type when it was exported
+        return OnnxEngine(self.path / self.config.model_file, self.config, n_ctx, n_threads)
+
+    def close(self) -> None:
+        pass
+
+
+class OnnxEngine:
+    """One sequence on an onnxruntime session, its KV cache kept as numpy arrays."""
+
+    name = "onnxruntime"
+
+    def __init__(self, model_file: Path, config: OnnxConfig, n_ctx: int, n_threads: int) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise errors.BackendError(
+                "ONNX folders run on onnxruntime: pip install 'edgeinfer[onnx]'"
+            ) from None
+        if n_ctx > config.n_ctx_train:
+            raise errors.InvalidOptionError(
+                f"n_ctx {n_ctx} exceeds the {config.n_ctx_train} positions the graph was exported for"
+            )
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = n_threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(
+                str(model_file), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as e:  # noqa: BLE001 (onnxruntime's exceptions derive from Exception only)
+            raise errors.ModelFileError(f"{model_file}: onnxruntime cannot load it ({e})") from None
+        self.config, self.n_ctx, self.n_past = config, n_ctx, 0
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        self._past_names = [n for n in inputs if n.startswith("past_key_values.")]
+        self._present_names = [
+            n.replace("past_key_values.", "present.", 1) for n in self._past_names
+        ]
+        self._positions = "position_ids" in inputs
+        self._empty = {n: self._empty_cache(inputs[n]) for n in self._past_names}
+        self._cache = dict(self._empty)  # name -> (1, n_head_kv, n_past, cache_dim)
+        if len(self._past_names) != 2 * config.n_layer:
+            raise errors.ModelFileError(
+                f"{model_file}: {len(self._past_names)} cache inputs for {config.n_layer} layers"
+            )
+
+    @staticmethod
+    def _empty_cache(spec: Any) -> np.ndarray:
+        dtype = _NUMPY_TYPES.get(spec.type)
+        heads, dim = spec.shape[1], spec.shape[3]
+        if dtype is None or not isinstance(heads, int) or not isinstance(dim, int):
+            raise errors.ModelFileError(f"cache input {spec.name}: {spec.type} {spec.shape}")
+        return np.zeros((1, heads, 0, dim), dtype=dtype)
+
+    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
+        """Appends ``tokens`` at positions n_past...; returns the last or every token's logits."""
+        ids = np.asarray(tokens, dtype=np.int64).reshape(1, -1)  # (1, n)
+        n = ids.shape[1]
+        if n == 0:
+            raise errors.InvalidOptionError("forward needs at least one token")
+        if self.n_past + n > self.n_ctx:
+            raise errors.ContextOverflowError(
+                f"{self.n_past} cached + {n} new tokens exceed the context of {self.n_ctx}"
+            )
+        if ids.min() < 0 or ids.max() >= self.config.n_vocab:
+            raise errors.InvalidOptionError(f"token ids must lie in [0, {self.config.n_vocab})")
+        feed = {"input_ids": ids, "attention_mask": np.ones((1, self.n_past + n), dtype=np.int64)}
+        if self._positions:
+            feed["position_ids"] = np.arange(self.n_past, self.n_past + n, dtype=np.int64)[None]
+        feed.update(self._cache)
+        try:
+            outputs = self.session.run(["logits", *self._present_names], feed)
+        except Exception as e:  # noqa: BLE001 (as above)
+            raise errors.BackendError(f"onnxruntime failed: {e}") from None
+        self._cache = dict(zip(self._past_names, outputs[1:]))
+        self.n_past += n
+        logits = outputs[0][0]  # (n, n_vocab)
+        return logits if all_logits else logits[-1]
+
+    def truncate(self, n_keep: int) -> None:
+        """Keeps the first ``n_keep`` cached positions."""
+        if not 0 <= n_keep <= self.n_past:
+            raise errors.InvalidOptionError(f"cannot keep {n_keep} of {self.n_past} positions")
+        if n_keep == 0:
+            self._cache = dict(self._empty)
+        elif n_keep < self.n_past:
+            self._cache = {
+                k: np.ascontiguousarray(v[:, :, :n_keep]) for k, v in self._cache.items()
+            }
+        self.n_past = n_keep
+
+    def close(self) -> None:
+        self.session = None  # type: ignore[assignment]
+        self._cache = {}
