@@ -1,7 +1,10 @@
-"""`edgeinfer convert`: a Hugging Face folder to a GGUF file, optionally fitted to a device.
+"""`edgeinfer convert`: a Hugging Face folder to a GGUF file, optionally fitted to a device,
+or to an ONNX folder for onnxruntime(-genai).
 
     edgeinfer convert SRC_DIR -o OUT.gguf [--type q4_k_m] [--target rpi5]
                       [--max-memory 4GiB --ctx 4096] [--calib FILE] [--dry-run]
+    edgeinfer convert SRC_DIR -o OUT_DIR --format onnx [--type f32|int4|int8]
+                      [--block-size 32|64|128] [--zero-points] [--kv-type f32|int8|int4] [--ctx N]
 
 ``--dry-run`` prints the plan (tensor, type, bytes, error) on stdout and writes nothing.
 Progress bars go to stderr when it is a terminal (or with ``--progress``).
@@ -31,11 +34,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "source", metavar="SRC_DIR", help="folder with config.json, *.safetensors, tokenizer files"
     )
     p.add_argument(
-        "-o", "--output", metavar="OUT", help="output .gguf file (required unless --dry-run)"
+        "-o", "--output", metavar="OUT",
+        help="output .gguf file, or a new folder for ONNX (required unless --dry-run)",
     )
     p.add_argument("--format", choices=["gguf", "onnx"], default=None, help="default: from OUT")
     p.add_argument(
-        "--type", default=None, help=f"weight type or llama.cpp mix: {TYPES_HELP} (default f16)"
+        "--type", default=None,
+        help=f"weight type or llama.cpp mix: {TYPES_HELP} (default f16); ONNX: f32, int4 "
+        "(default), int8",
     )
     p.add_argument("--pure", action="store_true", help="every matrix in --type, no mix")
     p.add_argument(
@@ -62,6 +68,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument(
         "--calib-tokens", type=int, default=4096, help="tokens of the calibration text to run"
     )
+    p.add_argument("--block-size", type=int, default=32, choices=[32, 64, 128],
+                   help="ONNX: MatMulNBits block size (default 32)")  # fmt: skip
+    p.add_argument("--zero-points", action="store_true",
+                   help="ONNX: asymmetric blocks with zero points (default symmetric)")  # fmt: skip
+    p.add_argument("--kv-type", default="f32", choices=["f32", "int8", "int4"],
+                   help="ONNX: KV cache type; int8/int4 scales are calibrated on --calib or a "
+                        "built-in text (needs onnxruntime)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars on stderr (default: when it is a terminal)")  # fmt: skip
@@ -107,14 +120,14 @@ def main(args: argparse.Namespace) -> int:
     options = ConvertOptions(
         type=args.type, pure=args.pure, target=args.target, max_memory=args.max_memory,
         n_ctx=args.ctx, calib=args.calib, calib_tokens=args.calib_tokens, format=args.format,
-        measure=args.dry_run,
+        measure=args.dry_run, block_size=args.block_size, zero_points=args.zero_points,
+        kv_type=args.kv_type,
     )  # fmt: skip
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     progress = ProgressBar(sys.stderr) if show else _quiet
-    if args.output is not None and output_format(args.output, args.format) == "onnx":
-        from edgeinfer.converters.errors import NotAvailableError
-
-        raise NotAvailableError("the ONNX export is not built yet; write a .gguf file")
+    fmt = output_format(args.output, args.format) if args.output else (args.format or "gguf")
+    if fmt == "onnx":
+        return _main_onnx(args, options, progress)
     t0 = time.perf_counter()
     conversion = Conversion(args.source)
     workdir = None if args.output is None else _parent(args.output)
@@ -130,6 +143,37 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"wrote {args.output}: {_size(plan.file_size)}, {len(plan.tensors)} tensors ({counts}) "
         f"in {time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _main_onnx(args: argparse.Namespace, options, progress) -> int:  # type: ignore[no-untyped-def]
+    from edgeinfer.converters.convert import Conversion
+    from edgeinfer.converters.onnx.export import export_onnx, onnx_plan
+
+    t0 = time.perf_counter()
+    conversion = Conversion(args.source)
+    tensors = onnx_plan(conversion, options)
+    if args.dry_run:
+        print(f"{conversion.ckpt.architecture} -> ONNX, {options.type or 'int4'} weights, "
+              f"{options.kv_type} KV cache", file=sys.stdout)  # fmt: skip
+        print(f"{'tensor':<36} {'shape':>16} {'stored as':>38} {'bytes':>12}", file=sys.stdout)
+        for t in tensors:
+            shape = "x".join(map(str, t.shape))
+            print(f"{t.name:<36} {shape:>16} {t.kind:>38} {t.nbytes:>12}", file=sys.stdout)
+        total = sum(t.nbytes for t in tensors)
+        print(f"weights {_size(total)} ({total} bytes)", file=sys.stdout)
+        for note in conversion.notes:
+            print(f"note: {note}", file=sys.stdout)
+        return 0
+    result = export_onnx(conversion, args.output, options, progress)
+    for note in result.notes:
+        print(f"edgeinfer: note: {note}", file=sys.stderr)
+    print(
+        f"wrote {args.output}/: {_size(result.file_size)}, {len(tensors)} tensors "
+        f"({result.weight_type} weights, {result.kv_type} KV cache, context "
+        f"{result.context_length}) in {time.perf_counter() - t0:.1f} s",
         file=sys.stderr,
     )
     return 0

@@ -53,6 +53,37 @@ class OnnxExport:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class OnnxTensor:
+    """One weight as the graph stores it."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str  # "MatMulNBits int4 b32", "float32", ...
+    nbytes: int
+
+
+def onnx_plan(conversion: Conversion, options: ConvertOptions) -> list[OnnxTensor]:
+    """How each tensor will be stored (what --dry-run prints); nothing is read or written."""
+    from edgeinfer.converters.onnx.blockwise import BlockLayout
+
+    _, bits = check_options(options)
+    out = []
+    for t in conversion.tensors:
+        if t.name == "rope_freqs.weight":
+            continue  # folded into the rotary tables
+        if bits and t.is_matrix:
+            layout = BlockLayout(*t.shape, bits, options.block_size, not options.zero_points)
+            op = "GatherBlockQuantized" if t.name == "token_embd.weight" else "MatMulNBits"
+            kind = f"{op} int{bits} b{options.block_size}" + (" zp" if options.zero_points else "")
+            if t.name == "token_embd.weight" and conversion.model.tied_embeddings:
+                kind += " + output"
+            out.append(OnnxTensor(t.name, t.shape, kind, layout.nbytes()))
+        else:
+            out.append(OnnxTensor(t.name, t.shape, "float32", 4 * t.n_elements))
+    return out
+
+
 def check_options(options: ConvertOptions) -> tuple[str, int | None]:
     """The weight type and its bits; typed errors for what the ONNX export cannot do."""
     type_name = (options.type or DEFAULT_TYPE).lower()
