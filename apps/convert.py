@@ -34,12 +34,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "source", metavar="SRC_DIR", help="folder with config.json, *.safetensors, tokenizer files"
     )
     p.add_argument(
-        "-o", "--output", metavar="OUT",
+        "-o",
+        "--output",
+        metavar="OUT",
         help="output .gguf file, or a new folder for ONNX (required unless --dry-run)",
     )
     p.add_argument("--format", choices=["gguf", "onnx"], default=None, help="default: from OUT")
     p.add_argument(
-        "--type", default=None,
+        "--type",
+        default=None,
         help=f"weight type or llama.cpp mix: {TYPES_HELP} (default f16); ONNX: f32, int4 "
         "(default), int8",
     )
