@@ -162,7 +162,10 @@ class OnnxEngine:
                 str(model_file), options, providers=["CPUExecutionProvider"]
             )
         except Exception as e:  # noqa: BLE001 (onnxruntime's exceptions derive from Exception only)
-            raise errors.ModelFileError(f"{model_file}: onnxruntime cannot load it ({e})") from None
+            reason = " ".join(str(e).split())  # one line
+            raise errors.ModelFileError(
+                f"{model_file}: onnxruntime cannot load it ({reason})"
+            ) from None
         self.config, self.n_ctx, self.n_past = config, n_ctx, 0
         inputs = {i.name: i for i in self.session.get_inputs()}
         self._past_names = [n for n in inputs if n.startswith("past_key_values.")]
@@ -204,7 +207,7 @@ class OnnxEngine:
         try:
             outputs = self.session.run(["logits", *self._present_names], feed)
         except Exception as e:  # noqa: BLE001 (as above)
-            raise errors.BackendError(f"onnxruntime failed: {e}") from None
+            raise errors.BackendError(f"onnxruntime failed: {' '.join(str(e).split())}") from None
         self._cache = dict(zip(self._past_names, outputs[1:]))
         self.n_past += n
         logits = outputs[0][0]  # (n, n_vocab)

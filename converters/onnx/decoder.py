@@ -10,7 +10,7 @@ Inputs and outputs carry onnxruntime-genai's default names::
     logits                      float32 (batch, seq, n_vocab)
     present.N.key, .value       (batch, n_head_kv, past + seq, head_dim)
 
-Each layer is ``SimplifiedLayerNormalization`` (RMS norm), the projections (``MatMulNBits``
+Each layer is ``RMSNormalization`` (ONNX opset 23), the projections (``MatMulNBits``
 for quantized weights, ``MatMul`` for float32 ones), ``GroupQueryAttention`` (rotary
 embedding from cos/sin tables, grouped KV heads, the sliding window of Gemma's local layers,
 and the KV cache, quantized with static per-channel scales when asked), and the gated FFN.
@@ -35,9 +35,9 @@ from edgeinfer.converters.onnx.spec import DecoderSpec, rotary_tables
 from edgeinfer.converters.onnx.tensor_data import TensorData
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-OPSET = 21
+OPSET = 23
 MS_DOMAIN = "com.microsoft"
-IR_VERSION = 10
+IR_VERSION = 11
 KV_TYPES = {
     "f32": (TensorProto.FLOAT, 0),
     "int8": (TensorProto.INT8, 8),
@@ -284,7 +284,7 @@ class DecoderGraph:
         return y
 
     def _rms_norm(self, x: str, weight: str) -> str:
-        return self._node("SimplifiedLayerNormalization", [x, weight], axis=-1,
+        return self._node("RMSNormalization", [x, weight], axis=-1,
                           epsilon=self.spec.norm_eps, stash_type=1)  # fmt: skip
 
     def _head_norm(self, x: str, weight: str, n_heads: int) -> str:

@@ -267,7 +267,7 @@ def test_recipe_over_budget(checkpoints, out_dir):
      ({"max_memory": "1GiB", "n_ctx": -5}, errors.InvalidSizeError, "ctx"),
      ({"max_memory": "1GiB", "n_ctx": 0}, errors.InvalidSizeError, "ctx"),
      ({"target": "toaster"}, errors.ProfileError, "rpi5"),
-     ({"format": "onnx"}, errors.NotAvailableError, "ONNX"),
+     ({"format": "onnx", "target": "rpi5"}, errors.NotAvailableError, "ONNX"),
      ({"format": "tflite"}, errors.UnknownTypeError, "tflite")],
 )  # fmt: skip
 def test_bad_options(checkpoints, out_dir, options, error, match):

@@ -86,7 +86,7 @@ def test_no_progress_when_not_a_terminal(checkpoints, out_dir, capsys):
 @pytest.mark.parametrize(
     "argv, match",
     [(["--type", "q9", "--dry-run"], "unknown type 'q9'"), ([], "needs -o OUT"),
-     (["-o", "OUT/folder"], "ONNX export is not built yet")],
+     (["-o", "OUT/folder"], "OUT: no such folder")],
 )  # fmt: skip
 def test_errors(checkpoints, capsys, argv, match):
     assert run([str(checkpoints["llama"]), *argv]) == 1
