@@ -120,7 +120,7 @@ def test_interrupted_export_leaves_nothing(checkpoints, out_dir, exc):
 
 def test_late_failure_leaves_nothing(checkpoints, out_dir, monkeypatch):
     """A failure after every weight is written (here: writing genai_config.json)."""
-    import edgeinfer.converters.onnx.genai_config as genai_config
+    from edgeinfer.converters.onnx import genai_config
 
     def fail(*args, **kwargs):
         raise OSError(28, "No space left on device")
