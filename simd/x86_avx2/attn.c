@@ -154,7 +154,15 @@ static void avx2_attn(const ei_attn_params *p, const float *q, const void *k, co
         scratch[t] = exp((double)(scores[t] - max));
         sum += scratch[t];
     }
-    for (int t = 0; t < n; t++) { /* the weights as the cache type rounds them, back in scratch */
+    /* the weights as the cache type rounds them, back in scratch: (float)(e / sum), then fp16 */
+    int t = 0;
+    const __m256d vsum = _mm256_set1_pd(sum);
+    for (; t + 4 <= n; t += 4) {
+        __m128 pr = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_loadu_pd(scratch + t), vsum));
+        if (!f32) pr = _mm_cvtph_ps(_mm_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT));
+        _mm256_storeu_pd(scratch + t, _mm256_cvtps_pd(pr));
+    }
+    for (; t < n; t++) {
         float pr = (float)(scratch[t] / sum);
         if (!f32) pr = ei_fp16_to_fp32(ei_fp32_to_fp16(pr));
         scratch[t] = pr;
