@@ -12,12 +12,14 @@
 #include "../common/ei_kernels.h"
 #include "intrinsics.h"
 
+/* The loops over tile rows, columns and vector quarters must unroll and the helpers inline:
+ * their arrays of vectors live in registers only then (-O2 does not unroll on its own).
+ * Under SIMDe, where every intrinsic is a function, both would only make compiling slow. */
+#if (defined(__clang__) || defined(__GNUC__)) && !defined(EI_USE_SIMDE)
 #define EI_INLINE static inline __attribute__((always_inline))
-/* the loops over tile rows, columns and vector quarters must unroll: their arrays of vectors
- * live in registers only then (-O2 does not unroll on its own) */
-#if defined(__clang__) || defined(__GNUC__)
 #define EI_UNROLL _Pragma("GCC unroll 16")
 #else
+#define EI_INLINE static inline
 #define EI_UNROLL
 #endif
 

@@ -119,6 +119,15 @@ static inline __m256i ei_simde_cvtepi32_epi16(__m512i a) {
 #define _mm512_cvtepi32_epi16(a) ei_simde_cvtepi32_epi16(a)
 #endif
 
+#ifndef _mm256_cvtepi32_epi16
+static inline __m128i ei_simde_cvtepi32_epi16_256(__m256i a) {
+    EI_LANES(int32_t, d, a); int16_t r[8];
+    for (int i = 0; i < 8; i++) r[i] = (int16_t)d[i];
+    return _mm_loadu_si128((const __m128i *)r);
+}
+#define _mm256_cvtepi32_epi16(a) ei_simde_cvtepi32_epi16_256(a)
+#endif
+
 #ifndef _mm512_cvtepu16_epi32
 static inline __m512i ei_simde_cvtepu16_epi32(__m256i a) {
     EI_LANES(uint16_t, w, a); int32_t r[16];
