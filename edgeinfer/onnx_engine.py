@@ -9,8 +9,9 @@ tokenizer.model) by the same code that writes GGUF files (``edgeinfer.converters
 token ids are those llama.cpp gives for the converted GGUF of the same source.
 
 :class:`OnnxEngine` implements the engine interface of :mod:`edgeinfer.generation` with the KV
-cache held as numpy arrays between calls: ``truncate`` drops positions from their end, which
-is all that reusing a prompt prefix needs.
+cache held between calls: ``truncate`` drops positions from its end, which is all that reusing
+a prompt prefix needs. A float cache is one buffer of the whole context per tensor that
+onnxruntime updates in place; a quantized one grows by copies.
 """
 
 from __future__ import annotations
@@ -168,25 +169,14 @@ class OnnxEngine:
             ) from None
         self.config, self.n_ctx, self.n_past = config, n_ctx, 0
         inputs = {i.name: i for i in self.session.get_inputs()}
-        self._past_names = [n for n in inputs if n.startswith("past_key_values.")]
-        self._present_names = [
-            n.replace("past_key_values.", "present.", 1) for n in self._past_names
-        ]
-        self._positions = "position_ids" in inputs
-        self._empty = {n: self._empty_cache(inputs[n]) for n in self._past_names}
-        self._cache = dict(self._empty)  # name -> (1, n_head_kv, n_past, cache_dim)
-        if len(self._past_names) != 2 * config.n_layer:
+        past = [inputs[n] for n in inputs if n.startswith("past_key_values.")]
+        if len(past) != 2 * config.n_layer:
             raise errors.ModelFileError(
-                f"{model_file}: {len(self._past_names)} cache inputs for {config.n_layer} layers"
+                f"{model_file}: {len(past)} cache inputs for {config.n_layer} layers"
             )
-
-    @staticmethod
-    def _empty_cache(spec: Any) -> np.ndarray:
-        dtype = _NUMPY_TYPES.get(spec.type)
-        heads, dim = spec.shape[1], spec.shape[3]
-        if dtype is None or not isinstance(heads, int) or not isinstance(dim, int):
-            raise errors.ModelFileError(f"cache input {spec.name}: {spec.type} {spec.shape}")
-        return np.zeros((1, heads, 0, dim), dtype=dtype)
+        self._positions = "position_ids" in inputs
+        floats = all(_NUMPY_TYPES.get(p.type) in (np.float32, np.float16) for p in past)
+        self._cache = _SharedCache(ort, past, n_ctx) if floats else _GrowingCache(past)
 
     def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
         """Appends ``tokens`` at positions n_past...; returns the last or every token's logits."""
@@ -203,28 +193,89 @@ class OnnxEngine:
         feed = {"input_ids": ids, "attention_mask": np.ones((1, self.n_past + n), dtype=np.int64)}
         if self._positions:
             feed["position_ids"] = np.arange(self.n_past, self.n_past + n, dtype=np.int64)[None]
-        feed.update(self._cache)
         try:
-            outputs = self.session.run(["logits", *self._present_names], feed)
+            logits = self._cache.run(self.session, feed)[0]  # (n, n_vocab)
         except Exception as e:  # noqa: BLE001 (as above)
             raise errors.BackendError(f"onnxruntime failed: {' '.join(str(e).split())}") from None
-        self._cache = dict(zip(self._past_names, outputs[1:]))
         self.n_past += n
-        logits = outputs[0][0]  # (n, n_vocab)
         return logits if all_logits else logits[-1]
 
     def truncate(self, n_keep: int) -> None:
         """Keeps the first ``n_keep`` cached positions."""
         if not 0 <= n_keep <= self.n_past:
             raise errors.InvalidOptionError(f"cannot keep {n_keep} of {self.n_past} positions")
-        if n_keep == 0:
-            self._cache = dict(self._empty)
-        elif n_keep < self.n_past:
-            self._cache = {
-                k: np.ascontiguousarray(v[:, :, :n_keep]) for k, v in self._cache.items()
-            }
+        self._cache.truncate(n_keep)
         self.n_past = n_keep
 
     def close(self) -> None:
         self.session = None  # type: ignore[assignment]
-        self._cache = {}
+        self._cache = None  # type: ignore[assignment]
+
+
+def _cache_shape(spec: Any, length: int) -> tuple[np.dtype, tuple[int, ...]]:
+    """dtype and (1, n_head_kv, length, cache_dim) of a past_key_values input."""
+    dtype = _NUMPY_TYPES.get(spec.type)
+    heads, dim = spec.shape[1], spec.shape[3]
+    if dtype is None or not isinstance(heads, int) or not isinstance(dim, int):
+        raise errors.ModelFileError(f"cache input {spec.name}: {spec.type} {spec.shape}")
+    return np.dtype(dtype), (1, heads, length, dim)
+
+
+def _present(past_name: str) -> str:
+    return past_name.replace("past_key_values.", "present.", 1)
+
+
+class _GrowingCache:
+    """Past and present as separate arrays: each step's present (past + new positions)
+    becomes the next step's past. Quantized caches, whose kernels keep them apart, use this."""
+
+    def __init__(self, specs: list[Any]) -> None:
+        self.empty = {}
+        for spec in specs:
+            dtype, shape = _cache_shape(spec, 0)
+            self.empty[spec.name] = np.zeros(shape, dtype=dtype)
+        self.arrays = dict(self.empty)  # name -> (1, n_head_kv, n_past, cache_dim)
+
+    def run(self, session: Any, feed: dict[str, np.ndarray]) -> np.ndarray:
+        names = list(self.arrays)
+        outputs = session.run(["logits", *map(_present, names)], {**feed, **self.arrays})
+        self.arrays = dict(zip(names, outputs[1:]))
+        return outputs[0]
+
+    def truncate(self, n_keep: int) -> None:
+        if n_keep == 0:
+            self.arrays = dict(self.empty)
+        else:
+            self.arrays = {
+                k: np.ascontiguousarray(v[:, :, :n_keep]) for k, v in self.arrays.items()
+            }
+
+
+class _SharedCache:
+    """One buffer of the whole context per cache tensor, bound as both the past input and the
+    present output, so that GroupQueryAttention writes new positions in place (what
+    onnxruntime-genai calls past_present_share_buffer). The attention mask's length says how
+    many positions are valid; truncating needs no copy."""
+
+    def __init__(self, ort: Any, specs: list[Any], n_ctx: int) -> None:
+        self.buffers = {}
+        for spec in specs:
+            dtype, shape = _cache_shape(spec, n_ctx)
+            self.buffers[spec.name] = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=dtype))
+        self.binding: Any = None
+
+    def run(self, session: Any, feed: dict[str, np.ndarray]) -> np.ndarray:
+        if self.binding is None:
+            self.binding = session.io_binding()
+            self.binding.bind_output("logits")  # first: outputs come back in binding order
+            for name, buffer in self.buffers.items():
+                self.binding.bind_ortvalue_input(name, buffer)
+                self.binding.bind_ortvalue_output(_present(name), buffer)
+        for name, value in feed.items():
+            self.binding.bind_cpu_input(name, value)
+        self.binding.bind_output("logits")  # again: its shape follows the number of tokens
+        session.run_with_iobinding(self.binding)
+        return np.array(self.binding.get_outputs()[0].numpy())  # a copy: ours to keep
+
+    def truncate(self, n_keep: int) -> None:
+        pass

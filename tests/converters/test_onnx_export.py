@@ -134,9 +134,11 @@ def test_load_generates_as_the_gguf_does(arch, exported, converted):
         assert again.tokens == ref.chat(turn, max_tokens=6, temperature=0).tokens
 
 
-def test_logits_and_prefix_reuse_agree(exported):
-    """Chunked evaluation with a truncated cache gives the logits of one pass."""
-    with edgeinfer.load(exported("gemma3", "int4"), n_ctx=128, n_batch=7) as model:
+@pytest.mark.parametrize("kv_type", ["f32", "int8"])
+def test_logits_and_prefix_reuse_agree(kv_type, exported):
+    """Chunked evaluation with a truncated cache gives the logits of one pass, with the float
+    cache updated in place and with the quantized one that grows by copies."""
+    with edgeinfer.load(exported("gemma3", "int4", kv_type), n_ctx=128, n_batch=7) as model:
         tokens = prompt_tokens(model.n_vocab, n=30, seed=3)
         whole = model.logits(tokens)
         engine = model._engine
