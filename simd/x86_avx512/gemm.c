@@ -88,6 +88,28 @@ EI_INLINE void column_sums(const __m512i p[4][4], __m512i y[4]) {
     }
 }
 
+/* per 128-bit lane k: the sums of lane k of v[0..3] (as column_sums for one row) */
+EI_INLINE __m512i row_sums(const __m512i v[4], int packed) {
+    if (packed) {
+        const __m512i ones = _mm512_set1_epi16(1);
+        const __m512i m0 = _mm512_madd_epi16(_mm512_packs_epi32(v[0], v[1]), ones);
+        const __m512i m1 = _mm512_madd_epi16(_mm512_packs_epi32(v[2], v[3]), ones);
+        return _mm512_madd_epi16(_mm512_packs_epi32(m0, m1), ones);
+    }
+    const __m512i x0 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+    const __m512i x1 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(x0, x1), _mm512_unpackhi_epi64(x0, x1));
+}
+
+/* offset * (sum of each block of a[0..3]), blocks A and B in the halves of a[j]: lanes 0..3
+ * hold block A's four sums, lanes 8..11 block B's */
+EI_INLINE __m512i offset_sums(const __m512i a[4], int offset, int packed, int vnni) {
+    __m512i s[4];
+    EI_UNROLL for (int j = 0; j < 4; j++) s[j] = dot_u8s8(_mm512_setzero_si512(), _mm512_set1_epi8((char)offset), a[j], vnni);
+    const __m512i y = row_sums(s, packed);
+    return _mm512_add_epi32(y, _mm512_shuffle_i64x2(y, y, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
 /* the fp16 fields at base + off[j], j < 8, as doubles */
 EI_INLINE __m512d f16_gather8(const uint8_t *base, __m256i off) {
     const __m256i g = _mm256_i32gather_epi32((const int *)base, off, 1);
@@ -122,20 +144,23 @@ EI_INLINE void f16_gather16(const uint8_t *base, __m512i off, __m512d out[2]) {
     /* two blocks (A at x + xo[r], B right after) of 4 rows x 4 columns, added to acc */                  \
     EI_INLINE void T##_tile2(const uint8_t *x, const int xo[4], const uint8_t *y, const int yo[4], int vnni, \
                              __m512d *acc_lo, __m512d *acc_hi) {                                          \
-        __m512i u[4], a[4], corr[4], p[4][4], col[4];                                                     \
+        __m512i u[4], a[4], p[4][4], col[4];                                                              \
         EI_UNROLL for (int r = 0; r < 4; r++) u[r] = UNPACK((const BT *)(x + xo[r]));                      \
         EI_UNROLL for (int c = 0; c < 4; c++) {                                                           \
             const AT *yb = (const AT *)(y + yo[c]);                                                       \
             a[c] = bytes2(yb[0].qs, yb[1].qs);                                                            \
-            corr[c] = _mm512_setzero_si512(); /* -offset * sum(a) per lane takes the offsets back out */  \
-            if (OFFSET) corr[c] = _mm512_sub_epi32(corr[c], dot_u8s8(corr[c], _mm512_set1_epi8((char)(OFFSET)), a[c], vnni)); \
         }                                                                                                 \
         EI_UNROLL for (int r = 0; r < 4; r++)                                                             \
-            EI_UNROLL for (int c = 0; c < 4; c++) p[r][c] = dot_u8s8(corr[c], u[r], a[c], vnni);          \
+            EI_UNROLL for (int c = 0; c < 4; c++) p[r][c] = dot_u8s8(_mm512_setzero_si512(), u[r], a[c], vnni); \
         if (PACKED) column_sums_packed(p, col);                                                           \
         else column_sums(p, col);                                                                         \
         __m512i v[2];                                                                                     \
         lanes_to_pairs(col, &v[0], &v[1]);                                                                \
+        if (OFFSET) { /* the weights' offset times each column's block sums, out of every row */         \
+            const __m512i o = offset_sums(a, OFFSET, PACKED, vnni);                                       \
+            v[0] = _mm512_sub_epi32(v[0], _mm512_shuffle_i64x2(o, o, _MM_SHUFFLE(0, 0, 0, 0)));           \
+            v[1] = _mm512_sub_epi32(v[1], _mm512_shuffle_i64x2(o, o, _MM_SHUFFLE(2, 2, 2, 2)));           \
+        }                                                                                                 \
         const __m256i xoff = offsets2x4(sizeof(BT), xo), yoff = offsets2x4(sizeof(AT), yo);              \
         const __m512d dw = f16_gather8(x + offsetof(BT, d), xoff), dx = f16_gather8(y + offsetof(AT, d), yoff); \
         __m512d mw = dw, sx = dx;                                                                         \
@@ -190,7 +215,7 @@ EI_INLINE void f16_gather16(const uint8_t *base, __m512i off, __m512d out[2]) {
         for (int i = 0; i < nb; i += 8) {                                                                 \
             const int cnt = nb - i < 8 ? nb - i : 8;                                                      \
             BT xp[4][2]; AT yp[2];                                                                        \
-            __m512i a[4], corr[4], p[4][4], col[4];                                                       \
+            __m512i a[4], p[4][4], col[4];                                                                \
             EI_UNROLL for (int k = 0; k < 4; k++) {                                                       \
                 /* pair k: blocks 2k, 2k + 1; a lone last block gets a zero partner; pairs past the   \
                  * end repeat pair 0 and are not added */                                                  \
@@ -205,15 +230,18 @@ EI_INLINE void f16_gather16(const uint8_t *base, __m512i off, __m512d out[2]) {
                     yb = yp;                                                                              \
                 }                                                                                         \
                 a[k] = bytes2(yb[0].qs, yb[1].qs);                                                        \
-                corr[k] = _mm512_setzero_si512();                                                         \
-                if (OFFSET) corr[k] = _mm512_sub_epi32(corr[k], dot_u8s8(corr[k], _mm512_set1_epi8((char)(OFFSET)), a[k], vnni)); \
                 /* p[k][r]: the reduction's "rows" are pairs of blocks, its "columns" weight rows */   \
-                EI_UNROLL for (int r = 0; r < 4; r++) p[k][r] = dot_u8s8(corr[k], UNPACK((const BT *)xb[r]), a[k], vnni); \
+                EI_UNROLL for (int r = 0; r < 4; r++) p[k][r] = dot_u8s8(_mm512_setzero_si512(), UNPACK((const BT *)xb[r]), a[k], vnni); \
             }                                                                                             \
             if (PACKED) column_sums_packed(p, col);                                                       \
             else column_sums(p, col);                                                                     \
             __m512i va, vb; /* lane 4k + r: block 2k (va) or 2k + 1 (vb) of row r */                      \
             lanes_to_pairs(col, &va, &vb);                                                                \
+            if (OFFSET) { /* the offset times the sums of block 2k (lane k) and 2k + 1 (lane 8 + k) */   \
+                const __m512i o = offset_sums(a, OFFSET, PACKED, vnni);                                   \
+                va = _mm512_sub_epi32(va, _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), o)); \
+                vb = _mm512_sub_epi32(vb, _mm512_permutexvar_epi32(_mm512_setr_epi32(8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11), o)); \
+            }                                                                                             \
             /* blocks in order, four rows each: 0..3 in z[0], 4..7 in z[1] */                            \
             const __m512i z[2] = {                                                                        \
                 _mm512_permutex2var_epi32(va, _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23), vb), \

@@ -189,35 +189,41 @@ static double key_dot_f32(const float *q, const float *k, int hd) {
     return sum;
 }
 
-/* acc[d] = sum over t in order of p[t] * v_t[d], d < hv, one double lane per dimension */
-static void weighted_sum(const double *p, const void *v, int f32, size_t stride, int n, int hv, double *acc) {
-    enum { W = 128 }; /* dimensions per pass: 16 accumulators */
-    int d0 = 0;
-    for (; d0 + 16 <= hv; d0 += W) {
-        const int w = hv - d0 < W ? (hv - d0) / 16 * 16 : W;
-        __m512d a[W / 8];
-        EI_UNROLL for (int i = 0; i < W / 8; i++) a[i] = _mm512_setzero_pd();
-        for (int t = 0; t < n; t++) {
-            const __m512d pt = _mm512_set1_pd(p[t]);
-            EI_UNROLL for (int i = 0; i < W / 16; i++) {
-                if (16 * i >= w) break;
-                __m512d lo, hi;
-                if (f32) {
-                    const float *row = (const float *)v + (size_t)t * stride + d0 + 16 * i;
-                    lo = _mm512_cvtps_pd(_mm256_loadu_ps(row));
-                    hi = _mm512_cvtps_pd(_mm256_loadu_ps(row + 8));
-                } else {
-                    f16x16_pd(_mm256_loadu_si256((const __m256i *)((const ei_f16 *)v + (size_t)t * stride + d0 + 16 * i)), &lo, &hi);
-                }
-                a[2 * i] = _mm512_fmadd_pd(lo, pt, a[2 * i]);
-                a[2 * i + 1] = _mm512_fmadd_pd(hi, pt, a[2 * i + 1]);
-            }
-        }
-        EI_UNROLL for (int i = 0; i < W / 8; i++)
-            if (8 * i < w) _mm512_storeu_pd(acc + d0 + 8 * i, a[i]);
-        if (w < W) { d0 += w; break; }
+/* 16 cache values of row t from dimension d0 as doubles */
+EI_INLINE void v_row16(const void *v, int f32, size_t at, __m512d *lo, __m512d *hi) {
+    if (f32) {
+        *lo = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)v + at));
+        *hi = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)v + at + 8));
+    } else {
+        f16x16_pd(_mm256_loadu_si256((const __m256i *)((const ei_f16 *)v + at)), lo, hi);
     }
-    for (int d = d0; d < hv; d++) {
+}
+
+/* acc[d0 + j] = sum over t in order of p[t] * v_t[d0 + j] for j < 16 * G, one double lane per
+ * dimension; every product is exact */
+#define WEIGHTED_SUM(G)                                                                              \
+    static void weighted_sum##G(const double *p, const void *v, int f32, size_t stride, int n, int d0, double *acc) { \
+        __m512d a[2 * G];                                                                            \
+        EI_UNROLL for (int i = 0; i < 2 * G; i++) a[i] = _mm512_setzero_pd();                         \
+        for (int t = 0; t < n; t++) {                                                                \
+            const __m512d pt = _mm512_set1_pd(p[t]);                                                 \
+            EI_UNROLL for (int i = 0; i < G; i++) {                                                  \
+                __m512d lo, hi;                                                                      \
+                v_row16(v, f32, (size_t)t * stride + d0 + 16 * i, &lo, &hi);                         \
+                a[2 * i] = _mm512_fmadd_pd(lo, pt, a[2 * i]);                                        \
+                a[2 * i + 1] = _mm512_fmadd_pd(hi, pt, a[2 * i + 1]);                                \
+            }                                                                                        \
+        }                                                                                            \
+        EI_UNROLL for (int i = 0; i < 2 * G; i++) _mm512_storeu_pd(acc + d0 + 8 * i, a[i]);           \
+    }
+WEIGHTED_SUM(8)
+WEIGHTED_SUM(1)
+
+static void weighted_sum(const double *p, const void *v, int f32, size_t stride, int n, int hv, double *acc) {
+    int d = 0;
+    for (; d + 128 <= hv; d += 128) weighted_sum8(p, v, f32, stride, n, d, acc);
+    for (; d + 16 <= hv; d += 16) weighted_sum1(p, v, f32, stride, n, d, acc);
+    for (; d < hv; d++) {
         double s = 0.0;
         for (int t = 0; t < n; t++)
             s += p[t] * (f32 ? ((const float *)v)[(size_t)t * stride + d] : ei_fp16_to_fp32(((const ei_f16 *)v)[(size_t)t * stride + d]));
@@ -260,7 +266,14 @@ static void attn(const ei_attn_params *p, const float *q, const void *k, const v
         scratch[t] = exp((double)(scores[t] - max));
         sum += scratch[t];
     }
-    for (int t = 0; t < n; t++) { /* the weights as the cache type rounds them, back in scratch */
+    /* the weights as the cache type rounds them, back in scratch */
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        __m256 pr = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_loadu_pd(scratch + t), _mm512_set1_pd(sum)));
+        if (!f32) pr = _mm256_cvtph_ps(_mm256_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_storeu_pd(scratch + t, _mm512_cvtps_pd(pr));
+    }
+    for (; t < n; t++) {
         float pr = (float)(scratch[t] / sum);
         if (!f32) pr = ei_fp16_to_fp32(ei_fp32_to_fp16(pr));
         scratch[t] = pr;
