@@ -32,6 +32,7 @@ import numpy as np
 BITS = (4, 8)
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 _F32 = np.float32
+_CHUNK_VALUES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,15 @@ def quantize(rows: np.ndarray, layout: BlockLayout) -> dict[str, np.ndarray]:
     n, k = rows.shape
     if k != layout.k:
         raise ValueError(f"rows have {k} values, the layout {layout.k}")
+    step = max(1, _CHUNK_VALUES // layout.padded_k)  # keeps each float temporary near 4 MiB
+    if n > step:
+        parts = [_quantize(rows[i : i + step], layout) for i in range(0, n, step)]
+        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+    return _quantize(rows, layout)
+
+
+def _quantize(rows: np.ndarray, layout: BlockLayout) -> dict[str, np.ndarray]:
+    n, k = rows.shape
     x = np.zeros((n, layout.padded_k), dtype=_F32)
     x[:, :k] = rows
     blocks = x.reshape(n, layout.n_blocks, layout.block_size)  # (n, n_blocks, block_size)
