@@ -4,7 +4,7 @@ or to an ONNX folder for onnxruntime(-genai).
     edgeinfer convert SRC_DIR -o OUT.gguf [--type q4_k_m] [--target rpi5]
                       [--max-memory 4GiB --ctx 4096] [--calib FILE] [--dry-run]
     edgeinfer convert SRC_DIR -o OUT_DIR --format onnx [--type f32|int4|int8]
-                      [--block-size 32|64|128] [--zero-points] [--kv-type f32|int8|int4] [--ctx N]
+                      [--block-size 32|64|128] [--zero-points] [--kv-type f32|f16|int8|int4] [--ctx N]
 
 ``--dry-run`` prints the plan (tensor, type, bytes, error) on stdout and writes nothing.
 Progress bars go to stderr when it is a terminal (or with ``--progress``).
@@ -75,8 +75,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="ONNX: MatMulNBits block size (default 32)")  # fmt: skip
     p.add_argument("--zero-points", action="store_true",
                    help="ONNX: asymmetric blocks with zero points (default symmetric)")  # fmt: skip
-    p.add_argument("--kv-type", default="f32", choices=["f32", "int8", "int4"],
-                   help="ONNX: KV cache type; int8/int4 scales are calibrated on --calib or a "
+    p.add_argument("--kv-type", default="f32", choices=["f32", "f16", "int8", "int4"],
+                   help="ONNX: KV cache type (default f32); int8/int4 scales are calibrated on --calib or a "
                         "built-in text (needs onnxruntime)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

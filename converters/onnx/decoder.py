@@ -5,8 +5,8 @@ Inputs and outputs carry onnxruntime-genai's default names::
 
     input_ids                   int64 (batch, seq)
     attention_mask              int64 (batch, past + seq)      ones for every real token
-    past_key_values.N.key       (batch, n_head_kv, past, head_dim)   float32, or int8 codes,
-    past_key_values.N.value                                          or uint8 (head_dim / 2)
+    past_key_values.N.key       (batch, n_head_kv, past, head_dim)   float32, float16, int8
+    past_key_values.N.value                                          codes, or uint8 (head_dim / 2)
     logits                      float32 (batch, seq, n_vocab)
     present.N.key, .value       (batch, n_head_kv, past + seq, head_dim)
 
@@ -40,6 +40,7 @@ MS_DOMAIN = "com.microsoft"
 IR_VERSION = 11
 KV_TYPES = {
     "f32": (TensorProto.FLOAT, 0),
+    "f16": (TensorProto.FLOAT16, 0),
     "int8": (TensorProto.INT8, 8),
     "int4": (TensorProto.UINT8, 4),
 }
@@ -63,8 +64,8 @@ class WeightFormat:
 
 @dataclass(frozen=True)
 class KVCache:
-    """The cache's element type and, quantized, each layer's per-channel (n_head_kv *
-    head_dim,) key and value scales."""
+    """The cache's element type (f32, f16, int8, int4) and, for int8/int4, each layer's
+    per-channel (n_head_kv * head_dim,) key and value scales."""
 
     type: str = "f32"
     scales: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from edgeinfer.converters.convert import Conversion, ConvertOptions, Progress
 
 WEIGHT_TYPES = {"f32": None, "int4": 4, "int8": 8}
-KV_TYPES = ("f32", "int8", "int4")
+KV_TYPES = ("f32", "f16", "int8", "int4")
 BLOCK_SIZES = (32, 64, 128)
 DEFAULT_TYPE = "int4"
 DATA_FILE = "model.onnx.data"
@@ -131,7 +131,8 @@ def export_onnx(
         options.block_size if bits else None, bool(bits and options.zero_points), options.kv_type,
         spec.context_length, notes=list(conversion.notes),
     )  # fmt: skip
-    tokens = _calibration_tokens(conversion, options) if options.kv_type != "f32" else []
+    quantized_kv = options.kv_type in ("int8", "int4")
+    tokens = _calibration_tokens(conversion, options) if quantized_kv else []
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent))
     try:
         _usual_mode(tmp)
@@ -140,14 +141,14 @@ def export_onnx(
         with TensorData(tmp / DATA_FILE) as data:
             graph = DecoderGraph(spec, conversion.tensors, weights, data)
             graph.write_weights(progress)
-        kv = KVCache("f32")
-        if options.kv_type != "f32":
+        kv = KVCache(options.kv_type)
+        if quantized_kv:
             kv = KVCache(
                 options.kv_type, _kv_scales(graph, spec, tmp, tokens, kv_bits(options.kv_type))
             )
             result.notes.append(f"KV cache scales measured on {len(tokens)} tokens")
         _write(tmp / "model.onnx", graph.model(kv).SerializeToString())
-        _write_side_files(conversion, spec, tmp, share_buffer=options.kv_type == "f32")
+        _write_side_files(conversion, spec, tmp, share_buffer=not quantized_kv)
         result.file_size = sum((tmp / name).stat().st_size for name in ("model.onnx", DATA_FILE))
         os.rename(tmp, out)
     except BaseException:

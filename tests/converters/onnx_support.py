@@ -114,7 +114,8 @@ def ort_logits(folder: Path, tokens: list[int]) -> np.ndarray:
         "input_ids": np.array([tokens], dtype=np.int64),
         "attention_mask": np.ones((1, len(tokens)), dtype=np.int64),
     }
-    types = {"tensor(float)": np.float32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8}
+    types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8,
+             "tensor(uint8)": np.uint8}  # fmt: skip
     for i in session.get_inputs():
         if i.name.startswith("past_key_values."):
             feed[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), dtype=types[i.type])

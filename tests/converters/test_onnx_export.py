@@ -149,25 +149,35 @@ def test_logits_and_prefix_reuse_agree(kv_type, exported):
         assert np.abs(rest - whole[12:]).max() < 1e-4
 
 
-@pytest.mark.parametrize("kv_type", ["int8", "int4"])
-def test_quantized_kv_cache(kv_type, exported):
-    """A calibrated int8/int4 cache: the graph's cache tensors are int8 / packed uint8 and the
-    logits stay near the float cache's (Gemma: a real-sized head, a sliding window)."""
+def decode_logits(folder: Path, tokens: list[int]) -> np.ndarray:
+    """Logits of ``tokens`` fed one at a time: every position reads the cache."""
+    with edgeinfer.load(folder, n_ctx=128) as model:
+        return np.stack([model._engine.forward([t]) for t in tokens])
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "int8", "int4"])
+def test_cache_types(kv_type, exported):
+    """A float16 cache, or an int8/int4 one with calibrated scales: the graph's cache tensors
+    have that type (int4: two codes a byte) and token-by-token logits stay near the float32
+    cache's (Gemma: a real-sized head, a sliding window)."""
     folder = exported("gemma3", "f32", kv_type)
     model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
     cache = model.graph.input[2].type.tensor_type
     dims = [d.dim_value or d.dim_param for d in cache.shape.dim]
-    assert cache.elem_type == (
-        onnx.TensorProto.INT8 if kv_type == "int8" else onnx.TensorProto.UINT8
-    )
-    assert dims[3] == (64 if kv_type == "int8" else 32)
+    elem = {
+        "f16": onnx.TensorProto.FLOAT16,
+        "int8": onnx.TensorProto.INT8,
+        "int4": onnx.TensorProto.UINT8,
+    }
+    assert cache.elem_type == elem[kv_type]
+    assert dims[3] == (32 if kv_type == "int4" else 64)
     n_vocab = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
-    tokens = prompt_tokens(n_vocab, n=48)
-    kl, top1, _ = compare(ort_logits(exported("gemma3"), tokens), ort_logits(folder, tokens))
-    print(f"{kv_type} cache: KL {kl:.2e}, top-1 {top1:.3f} against the float cache")
-    assert kl < (1e-3 if kv_type == "int8" else 2e-2)
+    tokens = prompt_tokens(n_vocab, n=40)
+    kl, top1, _ = compare(decode_logits(exported("gemma3"), tokens), decode_logits(folder, tokens))
+    print(f"{kv_type} cache: KL {kl:.2e}, top-1 {top1:.3f} against the float32 cache")
+    assert kl < {"f16": 1e-6, "int8": 1e-3, "int4": 2e-2}[kv_type]
     config = json.loads((folder / "genai_config.json").read_text())
-    assert config["search"]["past_present_share_buffer"] is False
+    assert config["search"]["past_present_share_buffer"] is (kv_type == "f16")
 
 
 # --- onnxruntime-genai ----------------------------------------------------------------------
@@ -189,7 +199,8 @@ def genai_greedy(folder: Path, prompt: list[int], n: int) -> list[int]:
 
 @pytest.mark.parametrize(
     "arch,type_name,kv_type",
-    [(arch, "f32", "f32") for arch in ARCHS] + [("qwen3", "int4", "int8"), ("llama", "int8", "int4")],
+    [(arch, "f32", "f32") for arch in ARCHS]
+    + [("qwen3", "int4", "int8"), ("llama", "int8", "int4"), ("gemma3", "int4", "f16")],
 )  # fmt: skip
 def test_genai_generates_what_edgeinfer_generates(arch, type_name, kv_type, exported):
     folder = exported(arch, type_name, kv_type)
