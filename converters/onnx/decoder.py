@@ -156,10 +156,8 @@ class DecoderGraph:
         s = self.spec
         seqlens_k, total = self._mask_lengths()
         x = self._embedding()
-        presents = []
         for il in range(s.n_layer):
-            x, present = self._layer(il, x, seqlens_k, total, kv)
-            presents += present
+            x = self._layer(il, x, seqlens_k, total, kv)
         x = self._rms_norm(x, "output_norm.weight")
         logits = self._linear(x, "output.weight" if not self.tied else "token_embd.weight")
         if s.final_logit_softcap:
@@ -296,9 +294,7 @@ class DecoderGraph:
         y = self._rms_norm(self._node("Reshape", [x, heads]), weight)
         return self._node("Reshape", [y, flat])
 
-    def _layer(
-        self, il: int, x: str, seqlens_k: str, total: str, kv: KVCache
-    ) -> tuple[str, list[str]]:
+    def _layer(self, il: int, x: str, seqlens_k: str, total: str, kv: KVCache) -> str:
         s, p = self.spec, f"blk.{il}."
         h = self._rms_norm(x, p + "attn_norm.weight")
         q = self._linear(h, p + "attn_q.weight")
@@ -322,7 +318,7 @@ class DecoderGraph:
         d = self._linear(self._node("Mul", [act, up]), p + "ffn_down.weight")
         if p + "post_ffw_norm.weight" in self.tensors:
             d = self._rms_norm(d, p + "post_ffw_norm.weight")
-        return self._node("Add", [x, d]), [f"present.{il}.key", f"present.{il}.value"]
+        return self._node("Add", [x, d])
 
     def _attention(self, il: int, q: str, k: str, v: str, seqlens_k: str, total: str,
                    kv: KVCache) -> str:  # fmt: skip
