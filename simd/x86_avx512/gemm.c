@@ -4,8 +4,9 @@
  * vpmaddubsw + vpdpwssd for K blocks); a transposing reduction turns the 16 vectors into one
  * whose lane 4r + c holds the exact isum of pair (r, c). The block terms are then formed
  * and added in double, lane by lane, in block order: each output is the reference's
- * vec_dot bit for bit. Smaller tiles repeat row 0 / column 0 and store only their part;
- * a single activation row (decoding) goes through vec_dot, which is memory-bound. */
+ * vec_dot bit for bit. Smaller tiles repeat row 0 / column 0 and store only their part.
+ * A single activation row (decoding) is memory-bound: legacy types read 4 weight rows per
+ * pass with the rows' sums in 4 lanes; K types go through vec_dot row by row. */
 #include <stddef.h>
 #include <string.h>
 
@@ -13,9 +14,22 @@
 
 /* ---- shared steps ------------------------------------------------------------------------ */
 
-EI_INLINE void column_sums(const __m512i p[4][4], __m512i y[4]);
+/* per 128-bit lane k: the sums of lane k of v[0..3], c = 0..3 in dwords 0..3. With packed,
+ * for lane values below 2^14 in magnitude: two vpackssdw / vpmaddwd rounds, exact (nothing
+ * saturates) and cheaper than unpacking */
+EI_INLINE __m512i row_sums(const __m512i v[4], int packed) {
+    if (packed) {
+        const __m512i ones = _mm512_set1_epi16(1);
+        const __m512i m0 = _mm512_madd_epi16(_mm512_packs_epi32(v[0], v[1]), ones);
+        const __m512i m1 = _mm512_madd_epi16(_mm512_packs_epi32(v[2], v[3]), ones);
+        return _mm512_madd_epi16(_mm512_packs_epi32(m0, m1), ones);
+    }
+    const __m512i x0 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+    const __m512i x1 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(x0, x1), _mm512_unpackhi_epi64(x0, x1));
+}
 
-/* y[r] per 128-bit lane k: the sums of lane k of p[r][c], c = 0..3 -> two vectors, lane
+/* y[r] = row_sums(p[r]) for r = 0..3 -> two vectors, lane
  * 4r + c the sum over lanes 0, 1 (first) and over lanes 2, 3 (second): for p[r][c] holding
  * blocks A and B in its halves, the isums of A and B of every pair */
 EI_INLINE void lanes_to_pairs(const __m512i y[4], __m512i *va, __m512i *vb) {
@@ -30,7 +44,7 @@ EI_INLINE void lanes_to_pairs(const __m512i y[4], __m512i *va, __m512i *vb) {
 /* p[r][c] -> one vector, lane 4r + c the sum of all 16 lanes of p[r][c] */
 EI_INLINE __m512i reduce_pairs(const __m512i p[4][4]) {
     __m512i y[4], va, vb;
-    column_sums(p, y);
+    EI_UNROLL for (int r = 0; r < 4; r++) y[r] = row_sums(p[r], 0);
     lanes_to_pairs(y, &va, &vb);
     return _mm512_add_epi32(va, vb);
 }
@@ -68,38 +82,6 @@ EI_INLINE void store_tile(float *s, size_t ss, int nr, int nc, __m512d lo, __m51
 }
 
 /* ---- legacy blocks ----------------------------------------------------------------------- */
-
-/* y[r] per 128-bit lane: the four columns' sums of that lane of p[r][c], for lane sums below
- * 2^14 in magnitude: two vpackssdw / vpmaddwd rounds (exact, nothing saturates) */
-EI_INLINE void column_sums_packed(const __m512i p[4][4], __m512i y[4]) {
-    const __m512i ones = _mm512_set1_epi16(1);
-    EI_UNROLL for (int r = 0; r < 4; r++) {
-        const __m512i m0 = _mm512_madd_epi16(_mm512_packs_epi32(p[r][0], p[r][1]), ones);
-        const __m512i m1 = _mm512_madd_epi16(_mm512_packs_epi32(p[r][2], p[r][3]), ones);
-        y[r] = _mm512_madd_epi16(_mm512_packs_epi32(m0, m1), ones);
-    }
-}
-
-EI_INLINE void column_sums(const __m512i p[4][4], __m512i y[4]) {
-    EI_UNROLL for (int r = 0; r < 4; r++) { /* unpack and add: lane sums of any size */
-        const __m512i x0 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[r][0], p[r][1]), _mm512_unpackhi_epi32(p[r][0], p[r][1]));
-        const __m512i x1 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[r][2], p[r][3]), _mm512_unpackhi_epi32(p[r][2], p[r][3]));
-        y[r] = _mm512_add_epi32(_mm512_unpacklo_epi64(x0, x1), _mm512_unpackhi_epi64(x0, x1));
-    }
-}
-
-/* per 128-bit lane k: the sums of lane k of v[0..3] (as column_sums for one row) */
-EI_INLINE __m512i row_sums(const __m512i v[4], int packed) {
-    if (packed) {
-        const __m512i ones = _mm512_set1_epi16(1);
-        const __m512i m0 = _mm512_madd_epi16(_mm512_packs_epi32(v[0], v[1]), ones);
-        const __m512i m1 = _mm512_madd_epi16(_mm512_packs_epi32(v[2], v[3]), ones);
-        return _mm512_madd_epi16(_mm512_packs_epi32(m0, m1), ones);
-    }
-    const __m512i x0 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
-    const __m512i x1 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
-    return _mm512_add_epi32(_mm512_unpacklo_epi64(x0, x1), _mm512_unpackhi_epi64(x0, x1));
-}
 
 /* offset * (sum of each block of a[0..3]), blocks A and B in the halves of a[j]: lanes 0..3
  * hold block A's four sums, lanes 8..11 block B's */
@@ -152,8 +134,7 @@ EI_INLINE void f16_gather16(const uint8_t *base, __m512i off, __m512d out[2]) {
         }                                                                                                 \
         EI_UNROLL for (int r = 0; r < 4; r++)                                                             \
             EI_UNROLL for (int c = 0; c < 4; c++) p[r][c] = dot_u8s8(_mm512_setzero_si512(), u[r], a[c], vnni); \
-        if (PACKED) column_sums_packed(p, col);                                                           \
-        else column_sums(p, col);                                                                         \
+        EI_UNROLL for (int r = 0; r < 4; r++) col[r] = row_sums(p[r], PACKED);                            \
         __m512i v[2];                                                                                     \
         lanes_to_pairs(col, &v[0], &v[1]);                                                                \
         if (OFFSET) { /* the weights' offset times each column's block sums, out of every row */         \
@@ -233,8 +214,7 @@ EI_INLINE void f16_gather16(const uint8_t *base, __m512i off, __m512d out[2]) {
                 /* p[k][r]: the reduction's "rows" are pairs of blocks, its "columns" weight rows */   \
                 EI_UNROLL for (int r = 0; r < 4; r++) p[k][r] = dot_u8s8(_mm512_setzero_si512(), UNPACK((const BT *)xb[r]), a[k], vnni); \
             }                                                                                             \
-            if (PACKED) column_sums_packed(p, col);                                                       \
-            else column_sums(p, col);                                                                     \
+            EI_UNROLL for (int k = 0; k < 4; k++) col[k] = row_sums(p[k], PACKED);                        \
             __m512i va, vb; /* lane 4k + r: block 2k (va) or 2k + 1 (vb) of row r */                      \
             lanes_to_pairs(col, &va, &vb);                                                                \
             if (OFFSET) { /* the offset times the sums of block 2k (lane k) and 2k + 1 (lane 8 + k) */   \
