@@ -19,6 +19,14 @@ EI_AVX2_INLINE void store_rows(float *s, __m256d acc, int nr) {
     for (int r = 0; r < nr; r++) s[r] = t[r];
 }
 
+/* touches the part of the next 4 rows (the tile after this one, when rows are contiguous)
+ * that block i of nb corresponds to: a decoding tile reads 4 interleaved streams, which
+ * the hardware prefetchers follow poorly */
+EI_AVX2_INLINE void prefetch_next(const uint8_t *x, size_t xs, int i, int nb) {
+    const size_t span = 4 * xs, lo = span * (size_t)i / (size_t)nb, hi = span * (size_t)(i + 1) / (size_t)nb;
+    for (size_t off = lo & ~(size_t)63; off < hi; off += 64) _mm_prefetch((const char *)x + span + off, _MM_HINT_T0);
+}
+
 EI_AVX2_INLINE void tile_rows(const uint8_t *x, size_t xs, int nr, const uint8_t *row[4]) {
     EI_UNROLL
     for (int r = 0; r < 4; r++) row[r] = x + (size_t)(r < nr ? r : 0) * xs;
@@ -43,6 +51,7 @@ EI_AVX2_INLINE void tile_legacy(const int type, const int nc, int n, int nr, flo
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_pd();
     for (int i = 0; i < n / 32; i++) {
         const size_t ox = (size_t)i * L.xb, oy = (size_t)i * L.yb;
+        if (nc == 1) prefetch_next(x, xs, i, n / 32);
         __m256i w[4], aw[4];
         EI_UNROLL
         for (int r = 0; r < 4; r++) {
@@ -91,6 +100,7 @@ EI_AVX2_INLINE void tile_k(const int type, const int nc, int n, int nr, float *s
     EI_UNROLL
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_pd();
     for (int i = 0; i < n / QK_K; i++) {
+        if (nc == 1) prefetch_next(x, xs, i, n / QK_K);
         avx2_kblock w[4];
         double d[4], dm[4];
         EI_UNROLL
@@ -146,6 +156,7 @@ EI_AVX2_INLINE void tile_float(const int type, const int nc, int n, int nr, floa
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_pd();
     int d = 0;
     for (; d + 4 <= n; d += 4) {
+        if (nc == 1 && d % 16 == 0) prefetch_next(x, xs, d / 16, (n + 15) / 16);
         __m128 r0 = load4_as_float(type, row[0] + d * es), r1 = load4_as_float(type, row[1] + d * es);
         __m128 r2 = load4_as_float(type, row[2] + d * es), r3 = load4_as_float(type, row[3] + d * es);
         _MM_TRANSPOSE4_PS(r0, r1, r2, r3); /* r0 = the rows' values at d, r1 at d + 1, ... */
