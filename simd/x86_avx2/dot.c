@@ -30,7 +30,7 @@ EI_AVX2_INLINE float dot_legacy(const int type, int n, const void *vx, const voi
         double t[4];
         if (m == 4) {
             const uint8_t *xb = x + (size_t)i * L.xb, *yb = y + (size_t)i * L.yb;
-            /* d_w * d_x is exact in float and its product with the integer sum exact in double */
+            /* d_x * d_y (two fp16) is exact in float, and its product with the block sum in double */
             const __m256d scale = _mm256_mul_pd(f16x4_pd(xb, L.xb, 0), f16x4_pd(yb, L.yb, 0));
             __m256d term = _mm256_mul_pd(scale, isum);
             if (L.with_min) /* the sum of two exact products, rounded once */

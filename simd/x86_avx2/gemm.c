@@ -58,7 +58,7 @@ EI_AVX2_INLINE void tile_legacy(const int type, const int nc, int n, int nr, flo
             w[r] = unpack_legacy(type, row[r] + ox);
             aw[r] = L.offset < 0 ? _mm256_abs_epi8(w[r]) : w[r];
         }
-        /* the fp16 scales (and minimum terms) of the 4 rows and of the 4 columns */
+        /* the fp16 scales (and minimum terms) of the 4 weight rows (x) and of the 4 columns (y) */
         const __m256d dx = _mm256_cvtps_pd(avx2_f16x4(row[0] + ox, row[1] + ox, row[2] + ox, row[3] + ox));
         const __m256d dy = _mm256_cvtps_pd(avx2_f16x4(col[0] + oy, col[1] + oy, col[2] + oy, col[3] + oy));
         __m256d mx = _mm256_setzero_pd(), sy = mx;
@@ -74,7 +74,8 @@ EI_AVX2_INLINE void tile_legacy(const int type, const int nc, int n, int nr, flo
             EI_UNROLL
             for (int r = 0; r < 4; r++) p[r] = pair_products(&L, w[r], aw[r], yv, yoff);
             const __m256d isum = _mm256_cvtepi32_pd(block_sums4(p[0], p[1], p[2], p[3], L.wide));
-            /* d_x * isum and d_w * (d_x * isum) are exact: one rounding, where the reference adds */
+            /* with fp16 scales, isum * d_y and d_x * (isum * d_y) are exact (at most 31 and 42 bits):
+             * the one rounding is where the reference adds the term */
             const __m256d prod = _mm256_mul_pd(isum, nc == 1 ? dy : lane_pd(dy, c));
             if (L.with_min) {
                 const __m256d term = _mm256_fmadd_pd(dx, prod, _mm256_mul_pd(mx, nc == 1 ? sy : lane_pd(sy, c)));
@@ -114,7 +115,7 @@ EI_AVX2_INLINE void tile_k(const int type, const int nc, int n, int nr, float *s
             EI_UNROLL
             for (int r = 0; r < 4; r++) avx2_kblock_pair(type, &w[r], yb, &is[r], &im[r]);
             const __m256d yd = _mm256_set1_pd((double)yb->d);
-            /* (d_x * d_w) * isum [- (d_x * dmin_w) * imin], each product rounded as the reference */
+            /* (d_y * d_x) * isum [- (d_y * dmin_x) * imin], each product rounded as the reference */
             __m256d term = _mm256_mul_pd(_mm256_mul_pd(yd, dx), _mm256_cvtepi32_pd(avx2_sum4_i32(is[0], is[1], is[2], is[3])));
             if (has_min)
                 term = _mm256_sub_pd(term, _mm256_mul_pd(_mm256_mul_pd(yd, dmx),
