@@ -19,17 +19,30 @@ EI_AVX2_INLINE void store_rows(float *s, __m256d acc, int nr) {
     for (int r = 0; r < nr; r++) s[r] = t[r];
 }
 
-/* touches the part of the next 4 rows (the tile after this one, when rows are contiguous)
- * that block i of nb corresponds to: a decoding tile reads 4 interleaved streams, which
- * the hardware prefetchers follow poorly */
-EI_AVX2_INLINE void prefetch_next(const uint8_t *x, size_t xs, int i, int nb) {
-    const size_t span = 4 * xs, lo = span * (size_t)i / (size_t)nb, hi = span * (size_t)(i + 1) / (size_t)nb;
-    for (size_t off = lo & ~(size_t)63; off < hi; off += 64) _mm_prefetch((const char *)x + span + off, _MM_HINT_T0);
+/* Decoding tiles (one column) read 4 interleaved row streams, which the hardware prefetchers
+ * follow poorly: each block of the tile touches its share of the next 4 rows (the next tile
+ * when rows are contiguous, as in a weight matrix). */
+typedef struct { const char *next; size_t done, step; } row_prefetch;
+
+EI_AVX2_INLINE row_prefetch prefetch_start(const uint8_t *x, size_t xs, int nb) {
+    return (row_prefetch){(const char *)x + 4 * xs, 0, 4 * xs / (size_t)(nb > 0 ? nb : 1) + 1};
 }
 
-EI_AVX2_INLINE void tile_rows(const uint8_t *x, size_t xs, int nr, const uint8_t *row[4]) {
+EI_AVX2_INLINE void prefetch_block(row_prefetch *p) {
+    const size_t end = p->done + p->step;
+    for (size_t off = p->done & ~(size_t)63; off < end; off += 64) _mm_prefetch(p->next + off, _MM_HINT_T0);
+    p->done = end;
+}
+
+/* pointers to the m rows of a tile, rows past the first 'used' repeating row 0 */
+EI_AVX2_INLINE void tile_rows(const uint8_t *x, size_t xs, int used, int m, const uint8_t **row) {
     EI_UNROLL
-    for (int r = 0; r < 4; r++) row[r] = x + (size_t)(r < nr ? r : 0) * xs;
+    for (int r = 0; r < m; r++) row[r] = x + (size_t)(r < used ? r : 0) * xs;
+}
+
+/* the fp16 fields at byte offset off of 4 rows, as doubles */
+EI_AVX2_INLINE __m256d f16x4_at(const uint8_t *const *p, size_t off) {
+    return _mm256_cvtps_pd(avx2_f16x4(p[0] + off, p[1] + off, p[2] + off, p[3] + off));
 }
 
 /* ---- legacy blocks ----------------------------------------------------------------- */
@@ -43,28 +56,30 @@ EI_AVX2_INLINE __m256d lane_pd(__m256d v, int c) {
 EI_AVX2_INLINE void tile_legacy(const int type, const int nc, int n, int nr, float *s, size_t ss,
                                 const uint8_t *x, size_t xs, const uint8_t *y, size_t ys) {
     const legacy_info L = legacy_of(type);
-    const uint8_t *row[4], *col[4];
-    tile_rows(x, xs, nr, row);
-    tile_rows(y, ys, nc, col);
+    const uint8_t *row[4], *col[EI_TILE];
+    tile_rows(x, xs, nr, 4, row);
+    tile_rows(y, ys, nc, EI_TILE, col);
     __m256d acc[EI_TILE];
     EI_UNROLL
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_pd();
+    row_prefetch pf = prefetch_start(x, xs, n / 32);
     for (int i = 0; i < n / 32; i++) {
         const size_t ox = (size_t)i * L.xb, oy = (size_t)i * L.yb;
-        if (nc == 1) prefetch_next(x, xs, i, n / 32);
+        if (nc == 1) prefetch_block(&pf);
         __m256i w[4], aw[4];
         EI_UNROLL
         for (int r = 0; r < 4; r++) {
             w[r] = unpack_legacy(type, row[r] + ox);
             aw[r] = L.offset < 0 ? _mm256_abs_epi8(w[r]) : w[r];
         }
-        /* the fp16 scales (and minimum terms) of the 4 weight rows (x) and of the 4 columns (y) */
-        const __m256d dx = _mm256_cvtps_pd(avx2_f16x4(row[0] + ox, row[1] + ox, row[2] + ox, row[3] + ox));
-        const __m256d dy = _mm256_cvtps_pd(avx2_f16x4(col[0] + oy, col[1] + oy, col[2] + oy, col[3] + oy));
-        __m256d mx = _mm256_setzero_pd(), sy = mx;
-        if (L.with_min) {
-            mx = _mm256_cvtps_pd(avx2_f16x4(row[0] + ox + 2, row[1] + ox + 2, row[2] + ox + 2, row[3] + ox + 2));
-            sy = _mm256_cvtps_pd(avx2_f16x4(col[0] + oy + 2, col[1] + oy + 2, col[2] + oy + 2, col[3] + oy + 2));
+        /* the fp16 scales (and minimum terms) of the 4 weight rows (x) and of the columns (y),
+         * four columns to a vector */
+        const __m256d dx = f16x4_at(row, ox), mx = L.with_min ? f16x4_at(row, ox + 2) : _mm256_setzero_pd();
+        __m256d dy[EI_TILE / 4], sy[EI_TILE / 4];
+        EI_UNROLL
+        for (int g = 0; g < (nc + 3) / 4; g++) {
+            dy[g] = f16x4_at(col + 4 * g, oy);
+            sy[g] = L.with_min ? f16x4_at(col + 4 * g, oy + 2) : _mm256_setzero_pd();
         }
         EI_UNROLL
         for (int c = 0; c < nc; c++) {
@@ -76,9 +91,9 @@ EI_AVX2_INLINE void tile_legacy(const int type, const int nc, int n, int nr, flo
             const __m256d isum = _mm256_cvtepi32_pd(block_sums4(p[0], p[1], p[2], p[3], L.wide));
             /* with fp16 scales, isum * d_y and d_x * (isum * d_y) are exact (at most 31 and 42 bits):
              * the one rounding is where the reference adds the term */
-            const __m256d prod = _mm256_mul_pd(isum, nc == 1 ? dy : lane_pd(dy, c));
+            const __m256d prod = _mm256_mul_pd(isum, nc == 1 ? dy[0] : lane_pd(dy[c / 4], c % 4));
             if (L.with_min) {
-                const __m256d term = _mm256_fmadd_pd(dx, prod, _mm256_mul_pd(mx, nc == 1 ? sy : lane_pd(sy, c)));
+                const __m256d term = _mm256_fmadd_pd(dx, prod, _mm256_mul_pd(mx, nc == 1 ? sy[0] : lane_pd(sy[c / 4], c % 4)));
                 acc[c] = _mm256_add_pd(acc[c], term);
             } else {
                 acc[c] = _mm256_fmadd_pd(dx, prod, acc[c]);
@@ -96,12 +111,13 @@ EI_AVX2_INLINE void tile_k(const int type, const int nc, int n, int nr, float *s
     const size_t xb = avx2_kblock_bytes(type);
     const int has_min = avx2_kblock_has_min(type);
     const uint8_t *row[4];
-    tile_rows(x, xs, nr, row);
+    tile_rows(x, xs, nr, 4, row);
     __m256d acc[EI_TILE];
     EI_UNROLL
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_pd();
+    row_prefetch pf = prefetch_start(x, xs, n / QK_K);
     for (int i = 0; i < n / QK_K; i++) {
-        if (nc == 1) prefetch_next(x, xs, i, n / QK_K);
+        if (nc == 1) prefetch_block(&pf);
         avx2_kblock w[4];
         double d[4], dm[4];
         EI_UNROLL
@@ -149,15 +165,16 @@ EI_AVX2_INLINE float scalar_as_float(int type, const uint8_t *p) {
 EI_AVX2_INLINE void tile_float(const int type, const int nc, int n, int nr, float *s, size_t ss,
                                const uint8_t *x, size_t xs, const uint8_t *y, size_t ys) {
     const size_t es = type == EI_TYPE_F32 ? 4 : 2;
-    const uint8_t *row[4], *col[4];
-    tile_rows(x, xs, nr, row);
-    tile_rows(y, ys, nc, col);
+    const uint8_t *row[4], *col[EI_TILE];
+    tile_rows(x, xs, nr, 4, row);
+    tile_rows(y, ys, nc, EI_TILE, col);
     __m256d acc[EI_TILE];
     EI_UNROLL
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_pd();
+    row_prefetch pf = prefetch_start(x, xs, n / 16);
     int d = 0;
     for (; d + 4 <= n; d += 4) {
-        if (nc == 1 && d % 16 == 0) prefetch_next(x, xs, d / 16, (n + 15) / 16);
+        if (nc == 1 && d % 16 == 0) prefetch_block(&pf);
         __m128 r0 = load4_as_float(type, row[0] + d * es), r1 = load4_as_float(type, row[1] + d * es);
         __m128 r2 = load4_as_float(type, row[2] + d * es), r3 = load4_as_float(type, row[3] + d * es);
         _MM_TRANSPOSE4_PS(r0, r1, r2, r3); /* r0 = the rows' values at d, r1 at d + 1, ... */
@@ -183,15 +200,30 @@ EI_AVX2_INLINE void tile_float(const int type, const int nc, int n, int nr, floa
 }
 
 /* one function per type; the column count is a constant inside each inlined tile */
-#define GEMM(T, TILE, TYPE)                                                                     \
+#if EI_TILE == 4
+#define TILE_CASES(TILE, TYPE, ...) \
+    case 1: TILE(TYPE, 1, __VA_ARGS__); break; \
+    case 2: TILE(TYPE, 2, __VA_ARGS__); break; \
+    case 3: TILE(TYPE, 3, __VA_ARGS__); break; \
+    default: TILE(TYPE, 4, __VA_ARGS__); break;
+#elif EI_TILE == 8
+#define TILE_CASES(TILE, TYPE, ...) \
+    case 1: TILE(TYPE, 1, __VA_ARGS__); break; \
+    case 2: TILE(TYPE, 2, __VA_ARGS__); break; \
+    case 3: TILE(TYPE, 3, __VA_ARGS__); break; \
+    case 4: TILE(TYPE, 4, __VA_ARGS__); break; \
+    case 5: TILE(TYPE, 5, __VA_ARGS__); break; \
+    case 6: TILE(TYPE, 6, __VA_ARGS__); break; \
+    case 7: TILE(TYPE, 7, __VA_ARGS__); break; \
+    default: TILE(TYPE, 8, __VA_ARGS__); break;
+#else
+#error "the AVX2 tiles handle EI_TILE 4 or 8"
+#endif
+
+#define GEMM(T, TILE, TYPE)                                                                          \
     static void avx2_gemm_##T(int n, int nr, int nc, float *s, size_t ss, const void *x, size_t xs, \
-                              const void *y, size_t ys) {                                      \
-        switch (nc) {                                                                          \
-        case 1: TILE(TYPE, 1, n, nr, s, ss, x, xs, y, ys); break;                              \
-        case 2: TILE(TYPE, 2, n, nr, s, ss, x, xs, y, ys); break;                              \
-        case 3: TILE(TYPE, 3, n, nr, s, ss, x, xs, y, ys); break;                              \
-        default: TILE(TYPE, 4, n, nr, s, ss, x, xs, y, ys); break;                             \
-        }                                                                                      \
+                              const void *y, size_t ys) {                                           \
+        switch (nc) { TILE_CASES(TILE, TYPE, n, nr, s, ss, x, xs, y, ys) }                          \
     }
 GEMM(q4_0, tile_legacy, EI_TYPE_Q4_0)
 GEMM(q4_1, tile_legacy, EI_TYPE_Q4_1)
