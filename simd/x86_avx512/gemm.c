@@ -197,18 +197,20 @@ EI_INLINE void f16_gather16(const uint8_t *base, __m512i off, __m512d out[2]) {
             const int cnt = nb - i < 8 ? nb - i : 8;                                                      \
             BT xp[4][2]; AT yp[2];                                                                        \
             __m512i a[4], p[4][4], col[4];                                                                \
+            const AT *yb = y + i;                                                                         \
+            const uint8_t *xb[4];                                                                         \
             EI_UNROLL for (int k = 0; k < 4; k++) {                                                       \
                 /* pair k: blocks 2k, 2k + 1; a lone last block gets a zero partner; pairs past the   \
-                 * end repeat pair 0 and are not added */                                                  \
-                const int b = 2 * k < cnt ? i + 2 * k : i;                                                \
-                const AT *yb = y + b;                                                                     \
-                const uint8_t *xb[4];                                                                     \
-                EI_UNROLL for (int r = 0; r < 4; r++) xb[r] = x + xo[r] + (size_t)b * sizeof(BT);          \
-                if (2 * k + 1 == cnt) {                                                                   \
-                    memset(xp, 0, sizeof(xp)); memset(yp, 0, sizeof(yp));                                 \
-                    yp[0] = y[b];                                                                         \
-                    EI_UNROLL for (int r = 0; r < 4; r++) { memcpy(&xp[r][0], xb[r], sizeof(BT)); xb[r] = (const uint8_t *)xp[r]; } \
-                    yb = yp;                                                                              \
+                 * end repeat the pair before (nothing past the row is read) and are not added */     \
+                if (2 * k < cnt) {                                                                        \
+                    yb = y + i + 2 * k;                                                                   \
+                    EI_UNROLL for (int r = 0; r < 4; r++) xb[r] = x + xo[r] + (size_t)(i + 2 * k) * sizeof(BT); \
+                    if (2 * k + 1 == cnt) {                                                               \
+                        memset(xp, 0, sizeof(xp)); memset(yp, 0, sizeof(yp));                             \
+                        yp[0] = yb[0];                                                                    \
+                        EI_UNROLL for (int r = 0; r < 4; r++) { memcpy(&xp[r][0], xb[r], sizeof(BT)); xb[r] = (const uint8_t *)xp[r]; } \
+                        yb = yp;                                                                          \
+                    }                                                                                     \
                 }                                                                                         \
                 a[k] = bytes2(yb[0].qs, yb[1].qs);                                                        \
                 /* p[k][r]: the reduction's "rows" are pairs of blocks, its "columns" weight rows */   \
@@ -228,9 +230,8 @@ EI_INLINE void f16_gather16(const uint8_t *base, __m512i off, __m512d out[2]) {
                 _mm512_permutex2var_epi32(va, _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31), vb)}; \
             EI_UNROLL for (int h = 0; h < 2; h++) {                                                       \
                 /* lanes (b, r): blocks 4h..4h+3 (clamped to the row), rows 0..3 */                        \
-                __m512i bo = _mm512_min_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(cnt - 1 - 4 * h)); \
-                bo = _mm512_max_epi32(bo, _mm512_setzero_si512());                                        \
-                bo = _mm512_add_epi32(bo, _mm512_set1_epi32(4 * h + i));                                   \
+                const __m512i blk = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(4 * h)); \
+                const __m512i bo = _mm512_add_epi32(_mm512_min_epi32(blk, _mm512_set1_epi32(cnt - 1)), _mm512_set1_epi32(i)); \
                 const __m512i xoff = _mm512_add_epi32(_mm512_mullo_epi32(bo, _mm512_set1_epi32((int)sizeof(BT))), \
                                                       _mm512_setr_epi32(xo[0], xo[1], xo[2], xo[3], xo[0], xo[1], xo[2], xo[3], \
                                                                         xo[0], xo[1], xo[2], xo[3], xo[0], xo[1], xo[2], xo[3])); \
