@@ -220,10 +220,15 @@ EI_AVX2_INLINE void tile_float(const int type, const int nc, int n, int nr, floa
 #error "the AVX2 tiles handle EI_TILE 4 or 8"
 #endif
 
+/* the tiles take 4 weight rows at a time; EI_TILE may allow more */
 #define GEMM(T, TILE, TYPE)                                                                          \
     static void avx2_gemm_##T(int n, int nr, int nc, float *s, size_t ss, const void *x, size_t xs, \
                               const void *y, size_t ys) {                                           \
-        switch (nc) { TILE_CASES(TILE, TYPE, n, nr, s, ss, x, xs, y, ys) }                          \
+        for (int r = 0; r < nr; r += 4) {                                                           \
+            const int m = nr - r < 4 ? nr - r : 4;                                                  \
+            const uint8_t *xr = (const uint8_t *)x + (size_t)r * xs;                                \
+            switch (nc) { TILE_CASES(TILE, TYPE, n, m, s + r, ss, xr, xs, y, ys) }                  \
+        }                                                                                           \
     }
 GEMM(q4_0, tile_legacy, EI_TYPE_Q4_0)
 GEMM(q4_1, tile_legacy, EI_TYPE_Q4_1)

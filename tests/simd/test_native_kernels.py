@@ -674,13 +674,13 @@ static void cancelling(float *x, int n, float giant_lo, float giant_hi) {
     }
 }
 
-/* 4 weight rows of n values, wr bytes apart: float types from gaussians (or cancelling
+/* EI_TILE weight rows of n values, wr bytes apart: float types from gaussians (or cancelling
  * giants), blocks from random bytes with small scales */
 static void weights(int type, int n, uint8_t *w, size_t wr, const ei_kernels *ref, int giants) {
     const int bs = ei_block_size(type);
     static float x[MAX_N];
-    for (size_t i = 0; i < 4 * wr; i++) w[i] = (uint8_t)rnd();
-    for (int r = 0; r < 4; r++) {
+    for (size_t i = 0; i < EI_TILE * wr; i++) w[i] = (uint8_t)rnd();
+    for (int r = 0; r < EI_TILE; r++) {
         if (bs == 1) {
             if (giants) cancelling(x, n, 200.0f, -200.0f);
             else for (int i = 0; i < n; i++) x[i] = gauss();
@@ -707,7 +707,7 @@ int main(void) {
                          EI_TYPE_Q2_K, EI_TYPE_Q3_K, EI_TYPE_Q4_K, EI_TYPE_Q5_K, EI_TYPE_Q6_K,
                          EI_TYPE_F16, EI_TYPE_BF16, EI_TYPE_F32};
     const int counts[] = {1, 2, 3, 5, 8, 13, 80};
-    enum { PAD = 7, SS = 5 }; /* odd row strides; output columns SS floats apart */
+    enum { PAD = 7, SS = EI_TILE + 1 }; /* odd row strides; output columns SS floats apart */
     for (unsigned ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
     for (int giants = 0; giants < 2; giants++) {
         const int type = types[ti], pt = ei_partner_type(type), bs = ei_block_size(type);
@@ -715,10 +715,10 @@ int main(void) {
         for (unsigned ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
             const int n = counts[ci] * (bs == 1 ? 8 : bs) + (bs == 1 ? (int)ci % 4 : 0);
             const size_t wr = ei_row_size(type, n) + PAD, ar = ei_row_size(pt, n) + PAD;
-            uint8_t *w = malloc(4 * wr), *act = malloc(4 * ar);
+            uint8_t *w = malloc(EI_TILE * wr), *act = malloc(EI_TILE * ar);
             static float x[MAX_N];
             weights(type, n, w, wr, &ref, giants);
-            for (int c = 0; c < 4; c++) {
+            for (int c = 0; c < EI_TILE; c++) {
                 if (giants) cancelling(x, n, 256.0f, 256.0f);
                 else for (int i = 0; i < n; i++) x[i] = gauss() * (c == 2 && i % 29 == 0 ? 30.0f : 1);
                 ref.from_float[pt](x, act + c * ar, n);
