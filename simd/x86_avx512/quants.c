@@ -71,7 +71,9 @@ static void from_float_q8_K(const float *x, void *vy, int64_t n) {
         EI_UNROLL for (int k = 0; k < 16; k++) {
             const __mmask16 at = _mm512_cmp_ps_mask(abs_ps(_mm512_loadu_ps(x + 16 * k)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
             if (at) {
-                max = x[16 * k + __builtin_ctz((unsigned)at)];
+                int j = 0;
+                while (!((at >> j) & 1)) j++;
+                max = x[16 * k + j];
                 break;
             }
         }
