@@ -6,12 +6,6 @@
 
 #include "ei_internal.h"
 
-#if defined(_MSC_VER)
-#define EI_THREAD_LOCAL __declspec(thread)
-#else
-#define EI_THREAD_LOCAL _Thread_local
-#endif
-
 static EI_THREAD_LOCAL char g_error[256];
 
 int ei_api_version(void) { return EI_API_VERSION; }

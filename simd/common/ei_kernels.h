@@ -28,6 +28,12 @@ typedef void (*ei_to_float_fn)(const void *x, float *y, int64_t n);
 
 #define EI_MAX_HEAD_DIM 512
 
+#if defined(_MSC_VER)
+#define EI_THREAD_LOCAL __declspec(thread)
+#else
+#define EI_THREAD_LOCAL _Thread_local
+#endif
+
 /* One query head against the cache of one KV head, as llama.cpp's unfused attention rounds:
  * the query is rounded to the cache type; scores[t] = dot(q, k[t]) for t in [t0, t1) (in
  * double, rounded to float), times scale, optionally soft-capped; softmax weights
@@ -46,6 +52,11 @@ typedef struct {
 
 typedef void (*ei_attn_fn)(const ei_attn_params *p, const float *q, const void *k, const void *v,
                            float *out, double *scratch);
+/* nq query heads of one KV head that see the same keys (a grouped-query group at one
+ * position): query i at q + i * q_stride, its output at out + i * out_stride, each exactly as
+ * attn computes it. scratch holds nq * 1.5 * (t1 - t0) doubles. */
+typedef void (*ei_attn_group_fn)(const ei_attn_params *p, int nq, const float *q, size_t q_stride, const void *k,
+                                 const void *v, float *out, size_t out_stride, double *scratch);
 
 typedef struct ei_kernels {
     const char *name;
@@ -68,6 +79,7 @@ typedef struct ei_kernels {
     /* y *= s */
     void (*scale)(int n, float *y, float s);
     ei_attn_fn attn;
+    ei_attn_group_fn attn_group; /* NULL: attn per query */
 } ei_kernels;
 
 /* the partner (vec-dot activation) type of each weight type, as in GGML's CPU backend */

@@ -32,7 +32,8 @@ struct ei_engine {
     float *gate, *up; /* (n_batch, n_ff) */
     uint8_t *act[EI_TYPE_COUNT]; /* (n_batch, row bytes of max_cols) activations per partner type */
     size_t act_row[EI_TYPE_COUNT];
-    double *scratch; /* (n_threads, 2 * n_ctx) attention weights and scores */
+    double *scratch; /* (n_threads, group, 2 * n_ctx) attention weights and scores */
+    int group;       /* query heads per KV head */
     float *rope;     /* (MAX_BASES, n_batch, n_rot) cos/sin pairs per token */
     float bases[MAX_BASES], scales[MAX_BASES]; /* distinct (rope base, rope scale) pairs */
     int n_bases, *layer_base; /* (n_layer) index into bases */
@@ -153,7 +154,8 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     e->t = alloc(e, nb * m->n_embd * 4);
     e->gate = alloc(e, nb * m->n_ff * 4);
     e->up = alloc(e, nb * m->n_ff * 4);
-    e->scratch = alloc(e, (size_t)p.n_threads * 2 * (size_t)p.n_ctx * sizeof(double));
+    e->group = m->n_head / m->n_head_kv;
+    e->scratch = alloc(e, (size_t)p.n_threads * 2 * (size_t)e->group * (size_t)p.n_ctx * sizeof(double));
     e->rope = alloc(e, MAX_BASES * nb * m->n_rot * 4);
     e->gelu = alloc(e, 65536 * sizeof(ei_f16));
     e->layer_base = alloc(e, sizeof(int) * (size_t)m->n_layer);
@@ -350,9 +352,7 @@ static void qkv_post(ei_engine *e, const step *st, int il, int ith, int nth) {
 static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     const ei_model_desc *m = &e->m;
     const int window = e->layers[il].window, group = m->n_head / m->n_head_kv;
-    double *scratch = e->scratch + (size_t)ith * 2 * e->p.n_ctx;
-    int a, b;
-    split(st->n * m->n_head, ith, nth, &a, &b);
+    double *scratch = e->scratch + (size_t)ith * 2 * e->group * e->p.n_ctx;
     ei_attn_params ap = {0};
     ap.head_dim = m->head_dim;
     ap.head_dim_v = m->head_dim_v;
@@ -360,6 +360,25 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     ap.k_stride = (size_t)e->kv_dim;
     ap.v_stride = (size_t)e->v_dim;
     ap.scale = m->scale_q ? 1.0f : m->kq_scale;
+    int a, b;
+    if (e->k->attn_group && group > 1 && st->n >= nth) {
+        /* one unit per (token, KV head): the group's query heads read each cache row once */
+        split(st->n * m->n_head_kv, ith, nth, &a, &b);
+        for (int w = a; w < b; w++) {
+            const int i = w / m->n_head_kv, g = w % m->n_head_kv, pos = st->pos[i];
+            ap.t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+            ap.t1 = pos + 1;
+            const void *kbase = cache_row(e, e->k_cache, e->k_layer, e->kv_dim, st->seq[i], il, 0);
+            const void *vbase = cache_row(e, e->v_cache, e->v_layer, e->v_dim, st->seq[i], il, 0);
+            e->k->attn_group(&ap, group, e->q + (size_t)i * e->q_dim + (size_t)g * group * m->head_dim, (size_t)m->head_dim,
+                             (const uint8_t *)kbase + (size_t)g * m->head_dim * e->kv_elem,
+                             (const uint8_t *)vbase + (size_t)g * m->head_dim_v * e->kv_elem,
+                             e->att + (size_t)i * e->att_dim + (size_t)g * group * m->head_dim_v, (size_t)m->head_dim_v, scratch);
+        }
+        ei_pool_barrier(e->pool);
+        return;
+    }
+    split(st->n * m->n_head, ith, nth, &a, &b);
     for (int w = a; w < b; w++) {
         const int i = w / m->n_head, h = w % m->n_head, g = h / group, pos = st->pos[i];
         ap.t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;

@@ -188,6 +188,19 @@ int main(void) {
                 var.attn(&ap, x[2], f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16, yb, scratch);
                 snprintf(what, sizeof(what), "attn kv_f32 %d t0 %d", f32, t0);
                 check_floats(what, yb, ya, 256);
+                if (!var.attn_group) continue;
+                /* a grouped-query group: up to 9 query heads (more than one pass of 8) */
+                static double gscratch[9 * 2 * 64];
+                static float gout[9 * 256];
+                for (int nq = 1; nq <= 9; nq += 4) {
+                    var.attn_group(&ap, nq, x[3], 256, f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16,
+                                   gout, 256, gscratch);
+                    for (int i = 0; i < nq; i++) {
+                        ref.attn(&ap, x[3] + i * 256, f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16, ya, scratch);
+                        snprintf(what, sizeof(what), "attn_group nq %d query %d kv_f32 %d t0 %d", nq, i, f32, t0);
+                        check_floats(what, gout + i * 256, ya, 256);
+                    }
+                }
             }
     }
     printf("%d passed, %d failed\n", passed, failed);

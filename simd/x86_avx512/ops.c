@@ -286,6 +286,120 @@ static void attn(const ei_attn_params *p, const float *q, const void *k, const v
     for (; d < hv; d++) out[d] = (float)acc[d];
 }
 
+/* ---- attention of a group of query heads ------------------------------------------------- */
+
+/* scores[i][j] = sum over d in order of qT[d][i] * k_j[d] for 8 fp16 keys (j >= m repeats
+ * key 0), one double lane per query: each key row is converted once for all the queries */
+static void group_scores8(const double (*qT)[8], const ei_f16 *k, size_t stride, int hd, int m, double out[8][8]) {
+    const ei_f16 *row[8];
+    for (int j = 0; j < 8; j++) row[j] = k + (size_t)(j < m ? j : 0) * stride;
+    __m512d acc[8];
+    EI_UNROLL for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_pd();
+    for (int d = 0; d < hd; d += 16) {
+        double kd[8][16];
+        EI_UNROLL for (int j = 0; j < 8; j++) {
+            __m512d lo, hi;
+            f16x16_pd(_mm256_loadu_si256((const __m256i *)(row[j] + d)), &lo, &hi);
+            _mm512_storeu_pd(kd[j], lo);
+            _mm512_storeu_pd(kd[j] + 8, hi);
+        }
+        /* the broadcasts below read memory (a load port) rather than permute registers */
+        __asm__ volatile("" ::: "memory");
+        EI_UNROLL for (int e = 0; e < 16; e++) {
+            const __m512d qv = _mm512_loadu_pd(qT[d + e]);
+            EI_UNROLL for (int j = 0; j < 8; j++) acc[j] = _mm512_fmadd_pd(qv, _mm512_set1_pd(kd[j][e]), acc[j]);
+        }
+    }
+    EI_UNROLL for (int j = 0; j < 8; j++) _mm512_storeu_pd(out[j], acc[j]);
+}
+
+/* acc[i][d0 + c] = sum over t in order of w[i][t] * v_t[d0 + c], c < 16 G, for NQ queries */
+#define GROUP_SUM(NQ, G)                                                                             \
+    static void group_sum_##NQ##_##G(const double *w, int n, const ei_f16 *v, size_t stride, int d0, double *out, size_t os) { \
+        __m512d acc[NQ][2 * G];                                                                      \
+        EI_UNROLL for (int i = 0; i < NQ; i++)                                                       \
+            EI_UNROLL for (int c = 0; c < 2 * G; c++) acc[i][c] = _mm512_setzero_pd();               \
+        for (int t = 0; t < n; t++) {                                                                \
+            __m512d vd[2 * G];                                                                       \
+            EI_UNROLL for (int c = 0; c < G; c++)                                                    \
+                f16x16_pd(_mm256_loadu_si256((const __m256i *)(v + (size_t)t * stride + d0 + 16 * c)), &vd[2 * c], &vd[2 * c + 1]); \
+            EI_UNROLL for (int i = 0; i < NQ; i++) {                                                 \
+                const __m512d wt = _mm512_set1_pd(w[(size_t)i * n + t]);                             \
+                EI_UNROLL for (int c = 0; c < 2 * G; c++) acc[i][c] = _mm512_fmadd_pd(vd[c], wt, acc[i][c]); \
+            }                                                                                        \
+        }                                                                                            \
+        EI_UNROLL for (int i = 0; i < NQ; i++)                                                       \
+            EI_UNROLL for (int c = 0; c < 2 * G; c++) _mm512_storeu_pd(out + i * os + d0 + 8 * c, acc[i][c]); \
+    }
+GROUP_SUM(4, 2)
+GROUP_SUM(2, 4)
+GROUP_SUM(1, 8)
+
+static void attn_group(const ei_attn_params *p, int nq, const float *q, size_t qs, const void *k, const void *v,
+                       float *out, size_t os, double *scratch) {
+    const int n = p->t1 - p->t0, hd = p->head_dim, hv = p->head_dim_v;
+    if (p->kv_f32 || hd % 16 || hv % 64) {
+        for (int i = 0; i < nq; i++) attn(p, q + (size_t)i * qs, k, v, out + (size_t)i * os, scratch);
+        return;
+    }
+    for (int i0 = 0; i0 < nq; i0 += 8) { /* eight queries at a time */
+        const int nb = nq - i0 < 8 ? nq - i0 : 8;
+        double *w = scratch;                                /* (nb, n) weights */
+        float *sc = (float *)(scratch + (size_t)nb * n);    /* (nb, n) scores */
+        static EI_THREAD_LOCAL double qT[EI_MAX_HEAD_DIM][8]; /* the queries as fp16 rounds them, transposed */
+        for (int i = 0; i < 8; i++) {
+            const float *qi = q + (size_t)(i0 + (i < nb ? i : 0)) * qs;
+            for (int d = 0; d < hd; d += 16) {
+                const __m512 x = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(qi + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                float f[16];
+                _mm512_storeu_ps(f, x);
+                for (int e = 0; e < 16; e++) qT[d + e][i] = f[e];
+            }
+        }
+        const ei_f16 *kb = (const ei_f16 *)k + (size_t)p->t0 * p->k_stride;
+        for (int t = 0; t < n; t += 8) {
+            const int m = n - t < 8 ? n - t : 8;
+            double dot[8][8];
+            group_scores8((const double (*)[8])qT, kb + (size_t)t * p->k_stride, p->k_stride, hd, m, dot);
+            for (int j = 0; j < m; j++)
+                for (int i = 0; i < nb; i++) {
+                    float s = (float)dot[j][i] * p->scale;
+                    if (p->softcap != 0.0f) s = p->softcap * (float)tanh((double)(s / p->softcap));
+                    sc[(size_t)i * n + t + j] = s;
+                }
+        }
+        for (int i = 0; i < nb; i++) {
+            const float *si = sc + (size_t)i * n;
+            double *wi = w + (size_t)i * n;
+            float max = -INFINITY;
+            for (int t = 0; t < n; t++) max = fmaxf(max, si[t]);
+            double sum = 0.0;
+            for (int t = 0; t < n; t++) {
+                wi[t] = exp((double)(si[t] - max));
+                sum += wi[t];
+            }
+            int t = 0;
+            for (; t + 8 <= n; t += 8) {
+                const __m256 pr = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_loadu_pd(wi + t), _mm512_set1_pd(sum)));
+                _mm512_storeu_pd(wi + t, _mm512_cvtps_pd(_mm256_cvtph_ps(_mm256_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))));
+            }
+            for (; t < n; t++) wi[t] = ei_fp16_to_fp32(ei_fp32_to_fp16((float)(wi[t] / sum)));
+        }
+        /* the outputs, summed in double */
+        static EI_THREAD_LOCAL double acc[8 * EI_MAX_HEAD_DIM]; /* (nb, hv) */
+        const ei_f16 *vb = (const ei_f16 *)v + (size_t)p->t0 * p->v_stride;
+        int i = 0;
+        for (; i + 4 <= nb; i += 4)
+            for (int d = 0; d < hv; d += 32) group_sum_4_2(w + (size_t)i * n, n, vb, p->v_stride, d, acc + (size_t)i * hv, (size_t)hv);
+        for (; i + 2 <= nb; i += 2)
+            for (int d = 0; d < hv; d += 64) group_sum_2_4(w + (size_t)i * n, n, vb, p->v_stride, d, acc + (size_t)i * hv, (size_t)hv);
+        for (; i < nb; i++) weighted_sum(w + (size_t)i * n, vb, 0, p->v_stride, n, hv, acc + (size_t)i * hv);
+        for (int ii = 0; ii < nb; ii++)
+            for (int d = 0; d < hv; d += 8)
+                _mm256_storeu_ps(out + (size_t)(i0 + ii) * os + d, _mm512_cvtpd_ps(_mm512_loadu_pd(acc + (size_t)ii * hv + d)));
+    }
+}
+
 void ei_avx512_float_kernels(ei_kernels *k) {
     k->rms_norm = rms_norm;
     k->rope = rope;
@@ -294,4 +408,5 @@ void ei_avx512_float_kernels(ei_kernels *k) {
     k->add = add;
     k->scale = scale;
     k->attn = attn;
+    k->attn_group = attn_group;
 }
