@@ -423,12 +423,26 @@ static void rope_tables(ei_engine *e, const step *st, int ith, int nth) {
     }
 }
 
+/* the last layer needs only the tokens whose logits are wanted once attention (which reads
+ * every token's keys and values) is done: move their rows to the front */
+static int keep_output_rows(ei_engine *e, step *st, int ith) {
+    if (ith == 0) {
+        for (int j = 0; j < st->n_out; j++) { /* out_rows ascend, so no row is overwritten early */
+            const int i = st->out_rows[j];
+            memmove(e->att + (size_t)j * e->att_dim, e->att + (size_t)i * e->att_dim, (size_t)e->att_dim * 4);
+            memmove(e->x + (size_t)j * e->m.n_embd, e->x + (size_t)i * e->m.n_embd, (size_t)e->m.n_embd * 4);
+        }
+    }
+    ei_pool_barrier(e->pool);
+    return st->n_out;
+}
+
 static void forward_task(void *raw, int ith, int nth) {
     step *st = raw;
     ei_engine *e = st->e;
     const ei_model_desc *m = &e->m;
-    const int n = st->n, E = m->n_embd;
-    int a, b;
+    const int E = m->n_embd;
+    int n = st->n, a, b;
 
     /* embeddings and rope tables */
     split(n, ith, nth, &a, &b);
@@ -449,6 +463,7 @@ static void forward_task(void *raw, int ith, int nth) {
         matmul_group(e, qkv, 3, e->h, E, n, ith, nth);
         qkv_post(e, st, il, ith, nth);
         attention(e, st, il, ith, nth);
+        if (il == m->n_layer - 1 && st->n_out < n) n = keep_output_rows(e, st, ith);
         const mm_job wo = {&l->wo, e->t, E};
         matmul_group(e, &wo, 1, e->att, e->att_dim, n, ith, nth);
 
@@ -479,9 +494,12 @@ static void forward_task(void *raw, int ith, int nth) {
     }
 
     if (st->n_out == 0) return;
+    const int compacted = n == st->n_out; /* output rows are at the front (or every row is one) */
     split(st->n_out, ith, nth, &a, &b);
-    for (int j = a; j < b; j++)
-        e->k->rms_norm(E, e->h + (size_t)j * E, e->x + (size_t)st->out_rows[j] * E, m->output_norm.data, m->norm_eps);
+    for (int j = a; j < b; j++) {
+        const float *x = e->x + (size_t)(compacted ? j : st->out_rows[j]) * E;
+        e->k->rms_norm(E, e->h + (size_t)j * E, x, m->output_norm.data, m->norm_eps);
+    }
     ei_pool_barrier(e->pool);
     const mm_job out = {&m->output, st->logits, m->n_vocab};
     matmul_group(e, &out, 1, e->h, E, st->n_out, ith, nth);
