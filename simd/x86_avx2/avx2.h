@@ -19,7 +19,11 @@ void ei_avx2_gemm_kernels(ei_kernels *k);
 void ei_avx2_op_kernels(ei_kernels *k);
 void ei_avx2_attn_kernels(ei_kernels *k);
 
+#if defined(_MSC_VER) && !defined(__clang__)
+#define EI_AVX2_INLINE static __forceinline
+#else
 #define EI_AVX2_INLINE static inline __attribute__((always_inline))
+#endif
 
 /* fully unrolls a loop of constant trip count, so that its arrays of vectors live in registers */
 #if defined(__clang__)

@@ -75,8 +75,11 @@ static void avx2_from_float_q8_K(const float *x, void *vy, int64_t n) {
         }
         int first = 0; /* the first value of largest magnitude keeps its sign */
         for (int j = 0; j < QK_K; j += 8) {
-            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(abs_ps(_mm256_loadu_ps(x + j)), _mm256_set1_ps(amax), _CMP_EQ_OQ));
-            if (hit) { first = j + __builtin_ctz((unsigned)hit); break; }
+            int hit = _mm256_movemask_ps(_mm256_cmp_ps(abs_ps(_mm256_loadu_ps(x + j)), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+            if (hit) {
+                for (first = j; !(hit & 1); hit >>= 1) first++;
+                break;
+            }
         }
         const float iscale = -127.0f / x[first];
         const __m256 is = _mm256_set1_ps(iscale);
