@@ -22,8 +22,8 @@ EI_AVX2_INLINE float dot_legacy(const int type, int n, const void *vx, const voi
             p[j] = _mm256_setzero_si256();
             if (j < m) {
                 const uint8_t *xb = x + (size_t)(i + j) * L.xb, *yb = y + (size_t)(i + j) * L.yb;
-                const __m256i w = unpack_legacy(type, xb), y = _mm256_loadu_si256((const __m256i *)(yb + L.yqs));
-                p[j] = pair_products(&L, w, _mm256_abs_epi8(w), y, offset_pairs(&L, y));
+                const __m256i w = unpack_legacy(type, xb), yv = _mm256_loadu_si256((const __m256i *)(yb + L.yqs));
+                p[j] = pair_products(&L, w, _mm256_abs_epi8(w), yv, offset_pairs(&L, yv));
             }
         }
         const __m256d isum = _mm256_cvtepi32_pd(block_sums4(p[0], p[1], p[2], p[3], L.wide));

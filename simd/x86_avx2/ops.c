@@ -5,8 +5,8 @@
 #include "avx2.h"
 
 static void avx2_rms_norm(int n, float *y, const float *x, const float *w, float eps) {
-    /* squares rounded to float, summed in double in index order (the sum need not be exact,
-     * so its order is the reference's) */
+    /* squares rounded to float, summed in double in index order: the sum is not exact in
+     * general, so it keeps the reference's order */
     double sum = 0.0;
     int i = 0;
     for (; i + 8 <= n; i += 8) {
