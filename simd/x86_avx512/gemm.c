@@ -14,6 +14,13 @@
 
 /* ---- shared steps ------------------------------------------------------------------------ */
 
+/* touches the part [lo, hi) of the span of the next rows (from x + span on) that the
+ * current position corresponds to: decoding reads several interleaved row streams, which the
+ * hardware prefetchers follow poorly */
+EI_INLINE void prefetch_span(const uint8_t *x, size_t span, size_t lo, size_t hi) {
+    for (size_t off = lo & ~(size_t)63; off < hi; off += 64) _mm_prefetch((const char *)x + span + off, _MM_HINT_T0);
+}
+
 /* per 128-bit lane k: the sums of lane k of v[0..3], c = 0..3 in dwords 0..3. With packed,
  * for lane values below 2^14 in magnitude: two vpackssdw / vpmaddwd rounds, exact (nothing
  * saturates) and cheaper than unpacking */
@@ -195,6 +202,7 @@ EI_INLINE void f16_gather16(const uint8_t *base, __m512i off, __m512d out[2]) {
         __m256d acc = _mm256_setzero_pd();                                                                \
         for (int i = 0; i < nb; i += 8) {                                                                 \
             const int cnt = nb - i < 8 ? nb - i : 8;                                                      \
+            prefetch_span(x, 4 * xs, 4 * xs * (size_t)i / (size_t)nb, 4 * xs * (size_t)(i + cnt) / (size_t)nb); \
             BT xp[4][2]; AT yp[2];                                                                        \
             __m512i a[4], p[4][4], col[4];                                                                \
             const AT *yb = y + i;                                                                         \
@@ -329,7 +337,10 @@ TILE_K(tile_q6_K, block_q6_K, unpack_q6_K, 0)
 /* one activation row (decoding): the weight rows one by one through vec_dot */
 EI_INLINE void rows_by_dot(int type, int vnni, int n, int nr, float *s, const void *x, size_t xs, const void *y) {
     const ei_vec_dot_fn dot = ei_avx512_vec_dot(type, vnni);
-    for (int r = 0; r < nr; r++) dot(n, &s[r], (const uint8_t *)x + (size_t)r * xs, y);
+    for (int r = 0; r < nr; r++) {
+        prefetch_span((const uint8_t *)x + (size_t)r * xs, 4 * xs, 0, xs); /* the row 4 further on */
+        dot(n, &s[r], (const uint8_t *)x + (size_t)r * xs, y);
+    }
 }
 
 #define GEMM(T, TYPE, ROWS4)                                                                             \
