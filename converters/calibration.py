@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from edgeinfer.converters.convert import Conversion
 
 CALIB_CTX = 512
-ALL_LOGITS_BYTES = 1 << 28
 
 
 class ActivationStats:
@@ -111,6 +110,8 @@ def run_text(
     class StatsEngine(ReferenceEngine):
         def linear(self, x, name, bias=None):
             stats.add(name, x)
+            if name == cfg.output_tensor:
+                x = x[-1:]  # the logits themselves are not needed: the last position's only
             return super().linear(x, name, bias)
 
         def matrix(self, name):
@@ -130,9 +131,9 @@ def run_text(
                 progress("calibrate", start, len(tokens))
             window = tokens[start : start + n_ctx]
             engine.truncate(0)
-            # every position's logits, where affordable, so that the output matrix sees
-            # every token's activations rather than the last one's
-            engine.forward(window, all_logits=cfg.n_vocab * len(window) * 8 <= ALL_LOGITS_BYTES)
+            # every position reaches the output matrix, so that its statistics count every
+            # token's activations (a 262k vocabulary would otherwise leave one per window)
+            engine.forward(window, all_logits=True)
         if progress:
             progress("calibrate", len(tokens), len(tokens))
         del engine

@@ -106,6 +106,9 @@ class Plan:
     budget: int | None = None
     profile: Profile | None = None
     notes: list[str] = field(default_factory=list)
+    # quantize with ggml's weighted searches even without statistics (equal weights): fitted
+    # plans owe no bytes to llama-quantize, recipes stay its byte-for-byte equal
+    flat_importance: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -230,17 +233,24 @@ class Conversion:
             if c.source.is_matrix:
                 rows = sample_rows(c.source, options.sample_rows)
                 c.error = self._uses(c.source) * quantization_error(
-                    rows, c.ggml_type, self._importance(stats, c.source)
+                    rows, c.ggml_type, self._importance(stats, c.source, plan.flat_importance)
                 )
         progress("measure", len(plan.tensors), len(plan.tensors))
 
     def _uses(self, t: SourceTensor) -> int:
         return 2 if self.model.tied_embeddings and t.name == "token_embd.weight" else 1
 
-    def _importance(self, stats: ActivationStats | None, t: SourceTensor) -> np.ndarray | None:
+    def _importance(
+        self, stats: ActivationStats | None, t: SourceTensor, flat: bool = False
+    ) -> np.ndarray | None:
         # statistics are those of the products the engine computes: a tied embedding has
         # the output's, an untied one (a lookup) none
-        return None if stats is None else stats.importance(t.name, t.row_length)
+        values = None if stats is None else stats.importance(t.name, t.row_length)
+        if values is None and flat and t.is_matrix:
+            # ggml's plain Q4_0..Q5_1 quantizers take each block's scale from its extreme
+            # value; the weighted searches fit it by least squares, with a much smaller error
+            values = np.ones(t.row_length, dtype=np.float32)
+        return values
 
     def _fitted_plan(
         self, types: tuple[GGMLType, ...], budget: int, n_ctx: int, options: ConvertOptions,
@@ -256,8 +266,9 @@ class Conversion:
         for i, t in enumerate(matrices):
             progress("measure", i, len(matrices))
             options_by_name[t.name] = options_for(
-                t, types, self._importance(stats, t), options.sample_rows, weight=self._uses(t)
-            )
+                t, types, self._importance(stats, t, flat=True), options.sample_rows,
+                weight=self._uses(t),
+            )  # fmt: skip
         progress("measure", len(matrices), len(matrices))
         draft = Plan(self.arch.gguf_arch, self.ckpt.architecture, "fitted", 0, [
             TensorChoice(t, GGMLType.F32, 0) for t in self.tensors
@@ -289,6 +300,7 @@ class Conversion:
             "fitted",
             _dominant_file_type(choices),
             choices,
+            flat_importance=True,
         )
 
     # --- writing -------------------------------------------------------------------------
@@ -308,9 +320,8 @@ class Conversion:
             writer.write_header()
             for i, c in enumerate(plan.tensors):
                 progress("write", i, len(plan.tensors))
-                writer.write_tensor_data(
-                    c.name, self._encoded(c, self._importance(stats, c.source))
-                )
+                importance = self._importance(stats, c.source, plan.flat_importance)
+                writer.write_tensor_data(c.name, self._encoded(c, importance))
             progress("write", len(plan.tensors), len(plan.tensors))
             return writer.commit()
 

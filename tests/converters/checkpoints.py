@@ -169,10 +169,11 @@ def spm_model_bytes(
     eos_id: int, pad_id: int = -1, add_dummy_prefix: bool = False,
 ) -> bytes:  # fmt: skip
     """A SentencePiece ModelProto (BPE, byte fallback) holding these pieces."""
-    out = b""
-    for p, s, t in zip(pieces, scores, types):
-        msg = _field(1, 2, p.encode()) + _field(2, 5, struct.pack("<f", s)) + _field(3, 0, t)
-        out += _field(1, 2, msg)
+    # joined once: growing one bytes object piece by piece is quadratic (minutes at 262k pieces)
+    out = b"".join(
+        _field(1, 2, _field(1, 2, p.encode()) + _field(2, 5, struct.pack("<f", s)) + _field(3, 0, t))
+        for p, s, t in zip(pieces, scores, types)
+    )
     trainer = (
         _field(3, 0, 2) + _field(4, 0, len(pieces)) + _field(35, 0, 1) + _field(40, 0, unk_id)
         + _field(41, 0, bos_id) + _field(42, 0, eos_id) + _field(43, 0, pad_id)
