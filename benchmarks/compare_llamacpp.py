@@ -4,7 +4,11 @@ Each engine runs in its own process (so peak RSS is its own), alternating, `--ro
 every figure is printed with the ratio edgeinfer / llama.cpp (for load time and memory,
 llama.cpp / edgeinfer: above 1 means edgeinfer is better everywhere).
 
-    python benchmarks/compare_llamacpp.py MODEL.gguf [-t 2] [-p 512] [-n 128] [--rounds 2] [--json]
+    python benchmarks/compare_llamacpp.py MODEL.gguf [-t 2] [-p 512] [-n 128] [--rounds 2] [--membw] [--json]
+
+With --membw it also measures the machine's memory read bandwidth with the same threads
+(membw.py) and prints what share of it each engine's generation uses: bytes of weights read
+per token (every tensor but a token embedding that is only looked up) x tokens per second.
 """
 
 from __future__ import annotations
@@ -31,7 +35,19 @@ def _run(cmd: list[str]) -> dict:
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout[out.stdout.index("{"):])
+    return json.loads(out.stdout[out.stdout.index("{") :])
+
+
+def weight_bytes_per_token(model: str) -> int:
+    """Bytes of weights a decoding step reads: all of them, except the rows of a token
+    embedding that is not also the output matrix (one row is looked up per token)."""
+    from edgeinfer.gguf import GGUFFile
+
+    with GGUFFile(model) as f:
+        tied = "output.weight" not in f.tensors
+        return sum(
+            len(f.tensor_data(name)) for name in f.tensors if tied or name != "token_embd.weight"
+        )
 
 
 def main() -> int:
@@ -43,9 +59,21 @@ def main() -> int:
     ap.add_argument("-r", "--repetitions", type=int, default=3, help="measurements per process")
     ap.add_argument("--rounds", type=int, default=2, help="alternating process pairs")
     ap.add_argument("--isa", default=None, help="force edgeinfer's instruction-set variant")
+    ap.add_argument(
+        "--membw", action="store_true", help="measure bandwidth and its use by generation"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    common = ["-t", str(args.threads), "-p", str(args.n_prompt), "-n", str(args.n_gen), "-r", str(args.repetitions)]
+    common = [
+        "-t",
+        str(args.threads),
+        "-p",
+        str(args.n_prompt),
+        "-n",
+        str(args.n_gen),
+        "-r",
+        str(args.repetitions),
+    ]
     ours_cmd = [sys.executable, "-m", "edgeinfer.apps.cli", "bench", args.model, "--json", *common]
     if args.isa:
         ours_cmd += ["--isa", args.isa]
@@ -60,6 +88,17 @@ def main() -> int:
         b = statistics.mean(r[key] for r in theirs)
         ratio = (a / b if higher_better else b / a) if a and b else float("nan")
         result["figures"][key] = {"edgeinfer": a, "llama.cpp": b, "ratio": ratio}
+    if args.membw:
+        import membw
+
+        per_token = weight_bytes_per_token(args.model)
+        gbps = membw.measure(args.threads)
+        tg = result["figures"]["tg_tok_s"]
+        result["bandwidth"] = {
+            "weights_bytes_per_token": per_token, "membw_gb_s": gbps,
+            "edgeinfer_use": per_token * tg["edgeinfer"] / 1e9 / gbps,
+            "llama.cpp_use": per_token * tg["llama.cpp"] / 1e9 / gbps,
+        }  # fmt: skip
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -69,6 +108,11 @@ def main() -> int:
     for key, label, _ in FIGURES:
         f = result["figures"][key]
         print(f"{label:28} {f['edgeinfer']:12.3f} {f['llama.cpp']:12.3f} {f['ratio']:7.2f}x")
+    if args.membw:
+        bw = result["bandwidth"]
+        print(f"generation reads {bw['weights_bytes_per_token'] / 1e6:.1f} MB of weights a token; measured "
+              f"read bandwidth {bw['membw_gb_s']:.1f} GB/s ({args.threads} threads): edgeinfer uses "
+              f"{100 * bw['edgeinfer_use']:.0f}%, llama.cpp {100 * bw['llama.cpp_use']:.0f}%")  # fmt: skip
     return 0
 
 
