@@ -27,7 +27,7 @@ c_void_p, c_char_p = ctypes.c_void_p, ctypes.c_char_p
 
 
 class Tensor(ctypes.Structure):
-    _fields_ = [("data", c_void_p), ("type", c_int32), ("reserved", c_int32), ("ne0", c_int64), ("ne1", c_int64)]
+    _fields_ = [("data", c_void_p), ("type", c_int32), ("layout", c_int32), ("ne0", c_int64), ("ne1", c_int64)]
 
 
 _LAYER_TENSORS = (

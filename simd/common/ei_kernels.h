@@ -20,6 +20,11 @@ typedef void (*ei_vec_dot_fn)(int n, float *s, const void *x, const void *y);
 typedef void (*ei_gemm_fn)(int n, int nr, int nc, float *s, size_t s_stride, const void *x, size_t x_stride,
                            const void *y, size_t y_stride);
 #define EI_TILE 4
+/* EI_X16 weight rows in an interleaved layout (ei_pack_x16) against nc <= EI_TILE activation
+ * rows: s[c * s_stride + r] = dot(row r, activation row c) for r < EI_X16, each exactly as
+ * vec_dot computes it on the rows as stored in the file */
+typedef void (*ei_gemm_x16_fn)(int n, int nc, float *s, size_t s_stride, const void *x, const void *y,
+                               size_t y_stride);
 
 /* y = n activations x converted to a partner type (q8_0, q8_1, q8_K, f16, bf16 blocks) */
 typedef void (*ei_from_float_fn)(const float *x, void *y, int64_t n);
@@ -63,6 +68,7 @@ typedef struct ei_kernels {
     ei_from_float_fn from_float[EI_TYPE_COUNT]; /* indexed by partner type */
     ei_vec_dot_fn vec_dot[EI_TYPE_COUNT];       /* indexed by weight type */
     ei_gemm_fn gemm[EI_TYPE_COUNT];             /* indexed by weight type; NULL: loop vec_dot */
+    ei_gemm_x16_fn gemm_x16[EI_TYPE_COUNT];     /* by weight type; NULL: rows used as stored */
     ei_to_float_fn to_float[EI_TYPE_COUNT];     /* indexed by storage type */
 
     /* y[i] = x[i] * (1/sqrt(mean(x^2) + eps)) * w[i]  (w may be NULL) */
@@ -87,6 +93,9 @@ int ei_partner_type(int weight_type);
 /* bytes of one row of n values of a type; 0 when the type is unknown or n does not fit */
 size_t ei_row_size(int type, int64_t n);
 int ei_block_size(int type);
+/* EI_X16 rows of n values (row_stride bytes apart) rewritten into the interleaved layout of
+ * their type (block_q4_0x16), the same number of bytes; 0 when the type has none */
+int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *out);
 
 void ei_kernels_init_ref(ei_kernels *k);
 void ei_kernels_init_avx2(ei_kernels *k);

@@ -2,15 +2,24 @@
  * or tokens of several sequences), all threads running it together between barriers.
  *
  * Buffers carry their shapes in comments; "n" is the number of tokens in the step. */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE /* madvise under -std=c11 */
+#endif
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 #include "ei_internal.h"
 #include "threadpool.h"
 
 #define MAX_BASES 4     /* distinct rope bases among the layers */
 #define ROW_BLOCK 16    /* weight rows one thread takes at a time (kept in L1 across tokens) */
+#define LAYOUT_X16 1    /* ei_tensor.layout of the engine's interleaved copies */
+static_assert(ROW_BLOCK % EI_X16 == 0, "row blocks hold whole interleaved groups");
 #define MAX_BATCH 4096  /* tokens per internal step */
 
 struct ei_engine {
@@ -39,7 +48,9 @@ struct ei_engine {
     int n_bases, *layer_base; /* (n_layer) index into bases */
     float *freq_factors; /* (n_rot / 2) or NULL */
     ei_f16 *gelu;    /* (65536) GELU of every fp16 value, as fp16 */
-    size_t bytes;
+    void **packed;   /* (n_layer * 7 + 1) interleaved copies of weights, n_packed of them */
+    int n_packed;
+    size_t bytes, packed_bytes;
 };
 
 /* ---- allocation ------------------------------------------------------------------------ */
@@ -63,7 +74,7 @@ void ei_gelu_table(ei_f16 *tab) {
 }
 
 static int tensor_ok(const ei_tensor *t, int64_t ne0, int64_t ne1, const ei_kernels *k, int matmul) {
-    if (!t->data || t->ne0 != ne0 || t->ne1 != ne1) return 0;
+    if (!t->data || t->ne0 != ne0 || t->ne1 != ne1 || t->layout != 0) return 0;
     if (t->type < 0 || t->type >= EI_TYPE_COUNT || ei_block_size(t->type) == 0) return 0;
     if (ne0 % ei_block_size(t->type)) return 0;
     if (matmul) return k->vec_dot[t->type] != NULL;
@@ -102,6 +113,90 @@ static ei_status check_model(const ei_model_desc *m, const ei_kernels *k) {
         if (!ok) return ei_fail(EI_ERR_UNSUPPORTED, "layer %d: a tensor has a bad shape or an unsupported type", il);
     }
     return EI_OK;
+}
+
+/* drops the resident pages of a weight the engine has copied: the mapping stays valid (a
+ * later read faults them in again from the file), but they no longer count in memory use */
+static void release_pages(const void *data, size_t n) {
+#if defined(__unix__) || defined(__APPLE__)
+    const long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) return;
+    const uintptr_t lo = ((uintptr_t)data + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
+    const uintptr_t hi = ((uintptr_t)data + n) & ~(uintptr_t)(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#else
+    (void)data; (void)n;
+#endif
+}
+
+/* Weights the instruction set has an interleaved kernel for are copied into that layout at
+ * load (the product then needs no horizontal sums): the copies cost the tensors' sizes, and
+ * the file's pages are released unless another tensor (a tied embedding) still reads them. */
+typedef struct {
+    ei_tensor *t;
+    uint8_t *copy;
+    int release;
+} pack_item;
+
+typedef struct {
+    pack_item *items;
+    int n_items;
+} pack_task_ctx;
+
+/* 0: out of memory */
+static int plan_pack(ei_engine *e, pack_item *items, ei_tensor *t, const void *shared) {
+    if (!e->k->gemm_x16[t->type] || t->ne1 % EI_X16) return 1;
+    const size_t size = ei_row_size(t->type, t->ne0) * (size_t)t->ne1;
+    pack_item *it = &items[e->n_packed];
+    if (!(it->copy = malloc(size))) return 0;
+    it->t = t;
+    it->release = t->data != shared;
+    e->packed[e->n_packed++] = it->copy;
+    e->bytes += size;
+    e->packed_bytes += size;
+    return 1;
+}
+
+/* the groups of every planned tensor, shared out among the threads */
+static void pack_task(void *arg, int ith, int nth) {
+    const pack_task_ctx *ctx = arg;
+    for (int j = 0; j < ctx->n_items; j++) {
+        const ei_tensor *t = ctx->items[j].t;
+        const size_t row = ei_row_size(t->type, t->ne0);
+        const int64_t groups = t->ne1 / EI_X16, g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
+        const uint8_t *src = (const uint8_t *)t->data + (size_t)g0 * EI_X16 * row;
+        for (int64_t g = g0; g < g1; g++)
+            ei_pack_x16(t->type, (const uint8_t *)t->data + (size_t)g * EI_X16 * row, row, t->ne0,
+                        ctx->items[j].copy + (size_t)g * EI_X16 * row);
+        /* at once, so that the file's pages and the copies are never resident together; only
+         * pages wholly inside this thread's rows */
+        if (ctx->items[j].release) release_pages(src, (size_t)(g1 - g0) * EI_X16 * row);
+    }
+}
+
+/* 0: out of memory */
+static int pack_weights(ei_engine *e) {
+    const int cap = e->m.n_layer * 7 + 1;
+    pack_item *items = calloc((size_t)cap, sizeof(pack_item));
+    if (!items || !(e->packed = calloc((size_t)cap, sizeof(void *)))) { free(items); return 0; }
+    int ok = 1;
+    for (int il = 0; il < e->m.n_layer && ok; il++) {
+        ei_layer_desc *l = &e->layers[il];
+        ei_tensor *w[7] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->ffn_gate, &l->ffn_up, &l->ffn_down};
+        for (int j = 0; j < 7 && ok; j++) ok = plan_pack(e, items, w[j], NULL);
+    }
+    if (ok) ok = plan_pack(e, items, &e->m.output, e->m.tok_embd.data);
+    if (ok && e->n_packed) {
+        pack_task_ctx ctx = {items, e->n_packed};
+        ei_pool_run(e->pool, pack_task, &ctx);
+        for (int j = 0; j < e->n_packed; j++) {
+            ei_tensor *t = items[j].t;
+            t->data = items[j].copy;
+            t->layout = LAYOUT_X16;
+        }
+    }
+    free(items);
+    return ok;
 }
 
 static void note_partner(ei_engine *e, const ei_tensor *t) {
@@ -186,7 +281,7 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     if (m->rope_freqs.data) e->freq_factors = (float *)m->rope_freqs.data;
 
     e->pool = ei_pool_create(p.n_threads);
-    if (!e->pool) goto nomem;
+    if (!e->pool || !pack_weights(e)) goto nomem;
     *out = e;
     return EI_OK;
 nomem:
@@ -221,6 +316,8 @@ void ei_engine_free(ei_engine *e) {
     free(e->x); free(e->h); free(e->q); free(e->kk); free(e->vv); free(e->att); free(e->t);
     free(e->gate); free(e->up); free(e->scratch); free(e->rope); free(e->gelu);
     free(e->layer_base); free(e->layers);
+    for (int i = 0; i < e->n_packed; i++) free(e->packed[i]);
+    free(e->packed);
     free(e);
 }
 
@@ -279,6 +376,7 @@ static void matmul_group(ei_engine *e, const mm_job *jobs, int n_jobs, const flo
         const size_t wrow = ei_row_size(w->type, cols), arow = e->act_row[pt];
         const ei_vec_dot_fn dot = e->k->vec_dot[w->type];
         const ei_gemm_fn gemm = e->k->gemm[w->type];
+        const ei_gemm_x16_fn gemm_x16 = w->layout == LAYOUT_X16 ? e->k->gemm_x16[w->type] : NULL;
         const int r_end = hi * ROW_BLOCK < w->ne1 ? hi * ROW_BLOCK : (int)w->ne1;
         float *out = jobs[j].out;
         const size_t os = (size_t)jobs[j].out_stride;
@@ -287,6 +385,12 @@ static void matmul_group(ei_engine *e, const mm_job *jobs, int n_jobs, const flo
             for (int t0 = 0; t0 < n; t0 += EI_TILE) {
                 const int nc = n - t0 < EI_TILE ? n - t0 : EI_TILE;
                 const uint8_t *act = e->act[pt] + (size_t)t0 * arow;
+                if (gemm_x16) { /* whole groups: packed tensors have a multiple of EI_X16 rows */
+                    for (int r = r0; r < r1; r += EI_X16)
+                        gemm_x16(cols, nc, out + (size_t)t0 * os + r, os, (const uint8_t *)w->data + (size_t)r * wrow,
+                                 act, arow);
+                    continue;
+                }
                 for (int r = r0; r < r1; r += EI_TILE) {
                     const int nr = r1 - r < EI_TILE ? r1 - r : EI_TILE;
                     const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * wrow;

@@ -1,4 +1,6 @@
 /* The weight and activation types the kernels know: block sizes and dot-product partners. */
+#include <string.h>
+
 #include "ei_kernels.h"
 
 typedef struct { int block, bytes, partner; } type_info;
@@ -33,3 +35,15 @@ size_t ei_row_size(int t, int64_t n) {
     return (size_t)(n / ti.block) * (size_t)ti.bytes;
 }
 
+int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *out) {
+    if (type != EI_TYPE_Q4_0 || n % QK4_0) return 0;
+    block_q4_0x16 *dst = out;
+    for (int r = 0; r < EI_X16; r++) {
+        const block_q4_0 *src = (const block_q4_0 *)((const uint8_t *)rows + (size_t)r * row_stride);
+        for (int64_t i = 0; i < n / QK4_0; i++) {
+            dst[i].d[r] = src[i].d;
+            for (int k = 0; k < 4; k++) memcpy(&dst[i].qs[64 * k + 4 * r], &src[i].qs[4 * k], 4);
+        }
+    }
+    return 1;
+}

@@ -34,7 +34,7 @@ enum { EI_ISA_SCALAR = 0, EI_ISA_AVX2, EI_ISA_AVX512, EI_ISA_NEON, EI_ISA_NEON_D
 typedef struct {
     const void *data;
     int32_t type;
-    int32_t reserved;
+    int32_t layout;  /* 0: rows as stored in the file (the engine keeps its own interleaved copies) */
     int64_t ne0, ne1;
 } ei_tensor;
 

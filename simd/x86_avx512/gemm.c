@@ -332,6 +332,74 @@ TILE_K(tile_q4_K, block_q4_K, unpack_q4_K, 1)
 TILE_K(tile_q5_K, block_q5_K, unpack_q5_K, 1)
 TILE_K(tile_q6_K, block_q6_K, unpack_q6_K, 0)
 
+/* ---- Q4_0 rows interleaved by 16 ----------------------------------------------------------- */
+
+/* acc + the sums of four u8 x s8 products per lane, for u below 16 (no 16-bit sum saturates,
+ * so vpmaddubsw + vpmaddwd is exact where there is no VNNI) */
+EI_INLINE __m512i dot_nibbles(__m512i acc, __m512i u, __m512i s, int vnni) {
+    if (vnni) return _mm512_dpbusd_epi32(acc, u, s);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+}
+
+/* the sum of the 32 int8 values of a block */
+EI_INLINE int block_sum_q8(const int8_t *qs) {
+    const __m256i biased = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)qs), _mm256_set1_epi8((char)0x80));
+    const __m256i sad = _mm256_sad_epu8(biased, _mm256_setzero_si256()); /* 4 sums of (q + 128) */
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+    t = _mm_add_epi64(t, _mm_unpackhi_epi64(t, t));
+    return _mm_cvtsi128_si32(t) - 32 * 128;
+}
+
+/* 16 interleaved rows, lane r = row r: per block, 8 products of the rows' bytes with four
+ * broadcast activation bytes give every row's isum without a horizontal reduction; the
+ * weights' offset (8) comes out as 8 times the activation block's sum. The block terms
+ * (d_w d_x) isum are exact in double and added in block order: vec_dot bit for bit. */
+EI_INLINE void gemm_x16_q4_0_impl(int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys,
+                                  int vnni) {
+    const block_q4_0x16 *x = vx;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512d acc[EI_TILE][2];
+    EI_UNROLL for (int c = 0; c < EI_TILE; c++) acc[c][0] = acc[c][1] = _mm512_setzero_pd();
+    for (int i = 0; i < n / QK4_0; i++) {
+        if (nc == 1) /* decoding streams the weights once: ask for them a few blocks ahead */
+            for (int line = 0; line < (int)sizeof(block_q4_0x16); line += 64)
+                _mm_prefetch((const char *)(x + i + 12) + line, _MM_HINT_T0);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x[i].d));
+        const __m512d dw_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(dw));
+        const __m512d dw_hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dw), 1)));
+        __m512i w[8]; /* w[k]: weights 4k..4k+3 of every row, w[4 + k]: 16 + 4k.. */
+        EI_UNROLL for (int k = 0; k < 4; k++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(x[i].qs + 64 * k));
+            w[k] = _mm512_and_si512(v, low);
+            w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        EI_UNROLL for (int c = 0; c < EI_TILE; c++) {
+            if (c >= nc) break;
+            const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i;
+            __m512i isum = _mm512_set1_epi32(-8 * block_sum_q8(y->qs));
+            EI_UNROLL for (int k = 0; k < 8; k++) { /* w[k] meets activations 4k..4k+3 */
+                int32_t a4;
+                memcpy(&a4, y->qs + 4 * k, 4);
+                isum = dot_nibbles(isum, w[k], _mm512_set1_epi32(a4), vnni);
+            }
+            const __m512d dx = _mm512_set1_pd((double)f16_to_f32(y->d));
+            acc[c][0] = _mm512_fmadd_pd(cvt_lo(isum), _mm512_mul_pd(dw_lo, dx), acc[c][0]);
+            acc[c][1] = _mm512_fmadd_pd(cvt_hi(isum), _mm512_mul_pd(dw_hi, dx), acc[c][1]);
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        _mm256_storeu_ps(s + (size_t)c * ss, _mm512_cvtpd_ps(acc[c][0]));
+        _mm256_storeu_ps(s + (size_t)c * ss + 8, _mm512_cvtpd_ps(acc[c][1]));
+    }
+}
+
+static void gemm_x16_q4_0_vnni(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    gemm_x16_q4_0_impl(n, nc, s, ss, x, y, ys, 1);
+}
+static void gemm_x16_q4_0(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    gemm_x16_q4_0_impl(n, nc, s, ss, x, y, ys, 0);
+}
+
 /* ---- the table --------------------------------------------------------------------------- */
 
 /* one activation row (decoding): the weight rows one by one through vec_dot */
@@ -380,4 +448,5 @@ void ei_avx512_gemm_kernels(ei_kernels *k, int vnni) {
     SET(q5_K, EI_TYPE_Q5_K);
     SET(q6_K, EI_TYPE_Q6_K);
 #undef SET
+    k->gemm_x16[EI_TYPE_Q4_0] = vnni ? gemm_x16_q4_0_vnni : gemm_x16_q4_0;
 }

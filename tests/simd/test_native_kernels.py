@@ -738,6 +738,36 @@ int main(void) {
             free(act);
         }
     }
+    /* interleaved groups of EI_X16 rows (the engine's packed copies) against the rows as stored */
+    for (unsigned ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        const int type = types[ti], pt = ei_partner_type(type), bs = ei_block_size(type);
+        if (!var.gemm_x16[type]) continue;
+        for (unsigned ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+            const int n = counts[ci] * bs;
+            const size_t wr = ei_row_size(type, n) + PAD, ar = ei_row_size(pt, n) + PAD;
+            uint8_t *w = malloc(EI_X16 * wr), *packed = malloc(EI_X16 * ei_row_size(type, n)), *act = malloc(EI_TILE * ar);
+            static float x[MAX_N];
+            for (int g = 0; g < EI_X16; g += EI_TILE) weights(type, n, w + g * wr, wr, &ref, 0);
+            if (!ei_pack_x16(type, w, wr, n, packed)) { printf("FAIL pack_x16 type %d\n", type); failed++; }
+            for (int c = 0; c < EI_TILE; c++) {
+                for (int i = 0; i < n; i++) x[i] = gauss() * (c == 2 && i % 29 == 0 ? 30.0f : 1);
+                ref.from_float[pt](x, act + c * ar, n);
+            }
+            for (int nc = 1; nc <= EI_TILE; nc++) {
+                enum { S16 = EI_X16 + 3 };
+                float got[EI_TILE * S16], want[EI_TILE * S16];
+                for (int i = 0; i < EI_TILE * S16; i++) got[i] = want[i] = -12345.0f;
+                var.gemm_x16[type](n, nc, got, S16, packed, act, ar);
+                for (int c = 0; c < nc; c++)
+                    for (int r = 0; r < EI_X16; r++)
+                        ref.vec_dot[type](n, &want[c * S16 + r], w + r * wr, act + c * ar);
+                same("gemm_x16", type, EI_X16, nc, got, want, EI_TILE * S16);
+            }
+            free(w);
+            free(packed);
+            free(act);
+        }
+    }
     for (int n = 1; n <= 70; n += (n < 20 ? 1 : 17)) {
         float a[70], b[70], x[70];
         for (int i = 0; i < n; i++) { a[i] = b[i] = gauss() * 100.0f; x[i] = gauss(); }
