@@ -36,13 +36,25 @@ size_t ei_row_size(int t, int64_t n) {
 }
 
 int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *out) {
-    if (type != EI_TYPE_Q4_0 || n % QK4_0) return 0;
-    block_q4_0x16 *dst = out;
+    if ((type != EI_TYPE_Q4_0 && type != EI_TYPE_Q5_0) || n % QK4_0) return 0;
     for (int r = 0; r < EI_X16; r++) {
-        const block_q4_0 *src = (const block_q4_0 *)((const uint8_t *)rows + (size_t)r * row_stride);
+        const uint8_t *row = (const uint8_t *)rows + (size_t)r * row_stride;
         for (int64_t i = 0; i < n / QK4_0; i++) {
-            dst[i].d[r] = src[i].d;
-            for (int k = 0; k < 4; k++) memcpy(&dst[i].qs[64 * k + 4 * r], &src[i].qs[4 * k], 4);
+            const uint8_t *qs;
+            uint8_t *dst_qs;
+            if (type == EI_TYPE_Q4_0) {
+                const block_q4_0 *src = (const block_q4_0 *)row + i;
+                block_q4_0x16 *dst = (block_q4_0x16 *)out + i;
+                dst->d[r] = src->d;
+                qs = src->qs, dst_qs = dst->qs;
+            } else {
+                const block_q5_0 *src = (const block_q5_0 *)row + i;
+                block_q5_0x16 *dst = (block_q5_0x16 *)out + i;
+                dst->d[r] = src->d;
+                memcpy(dst->qh[r], src->qh, 4);
+                qs = src->qs, dst_qs = dst->qs;
+            }
+            for (int k = 0; k < 4; k++) memcpy(&dst_qs[64 * k + 4 * r], &qs[4 * k], 4);
         }
     }
     return 1;

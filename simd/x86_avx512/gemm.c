@@ -334,7 +334,7 @@ TILE_K(tile_q6_K, block_q6_K, unpack_q6_K, 0)
 
 /* ---- Q4_0 rows interleaved by 16 ----------------------------------------------------------- */
 
-/* acc + the sums of four u8 x s8 products per lane, for u below 16 (no 16-bit sum saturates,
+/* acc + the sums of four u8 x s8 products per lane, for u below 32 (no 16-bit sum saturates,
  * so vpmaddubsw + vpmaddwd is exact where there is no VNNI) */
 EI_INLINE __m512i dot_nibbles(__m512i acc, __m512i u, __m512i s, int vnni) {
     if (vnni) return _mm512_dpbusd_epi32(acc, u, s);
@@ -350,33 +350,49 @@ EI_INLINE int block_sum_q8(const int8_t *qs) {
     return _mm_cvtsi128_si32(t) - 32 * 128;
 }
 
-/* 16 interleaved rows, lane r = row r: per block, 8 products of the rows' bytes with four
- * broadcast activation bytes give every row's isum without a horizontal reduction; the
- * weights' offset (8) comes out as 8 times the activation block's sum. The block terms
- * (d_w d_x) isum are exact in double and added in block order: vec_dot bit for bit. */
-EI_INLINE void gemm_x16_q4_0_impl(int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys,
-                                  int vnni) {
-    const block_q4_0x16 *x = vx;
+/* lane-wise: the 4 bits of v >> shift (bits 0..3) spread to bit 4 of each of the lane's 4 bytes */
+EI_INLINE __m512i high_bits(__m512i v, int shift) {
+    const __m512i spread = _mm512_setr_epi32(0x00000000, 0x00000010, 0x00001000, 0x00001010, 0x00100000, 0x00100010,
+                                             0x00101000, 0x00101010, 0x10000000, 0x10000010, 0x10001000, 0x10001010,
+                                             0x10100000, 0x10100010, 0x10101000, 0x10101010);
+    return _mm512_permutexvar_epi32(_mm512_srli_epi32(v, (unsigned)shift), spread); /* uses bits 0..3 */
+}
+
+/* 16 interleaved rows (block_q4_0x16 or block_q5_0x16), lane r = row r: per block, 8
+ * products of the rows' bytes with four broadcast activation bytes give every row's isum
+ * without a horizontal reduction; the weights' offset (8 or 16) comes out as that times
+ * the activation block's sum. The block terms (d_w d_x) isum are exact in double and added
+ * in block order: vec_dot bit for bit. */
+EI_INLINE void gemm_x16_impl(int q5, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys,
+                             int vnni) {
+    const size_t bytes = q5 ? sizeof(block_q5_0x16) : sizeof(block_q4_0x16);
+    const uint8_t *x = vx;
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512d acc[EI_TILE][2];
     EI_UNROLL for (int c = 0; c < EI_TILE; c++) acc[c][0] = acc[c][1] = _mm512_setzero_pd();
-    for (int i = 0; i < n / QK4_0; i++) {
+    for (int i = 0; i < n / QK4_0; i++, x += bytes) {
         if (nc == 1) /* decoding streams the weights once: ask for them a few blocks ahead */
-            for (int line = 0; line < (int)sizeof(block_q4_0x16); line += 64)
-                _mm_prefetch((const char *)(x + i + 12) + line, _MM_HINT_T0);
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x[i].d));
+            for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + 12 * bytes + line, _MM_HINT_T0);
+        const ei_f16 *d = q5 ? ((const block_q5_0x16 *)x)->d : ((const block_q4_0x16 *)x)->d;
+        const uint8_t *qs = q5 ? ((const block_q5_0x16 *)x)->qs : ((const block_q4_0x16 *)x)->qs;
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d));
         const __m512d dw_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(dw));
         const __m512d dw_hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dw), 1)));
         __m512i w[8]; /* w[k]: weights 4k..4k+3 of every row, w[4 + k]: 16 + 4k.. */
+        const __m512i qh = q5 ? _mm512_loadu_si512((const void *)((const block_q5_0x16 *)x)->qh) : _mm512_setzero_si512();
         EI_UNROLL for (int k = 0; k < 4; k++) {
-            const __m512i v = _mm512_loadu_si512((const void *)(x[i].qs + 64 * k));
+            const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * k));
             w[k] = _mm512_and_si512(v, low);
             w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            if (q5) {
+                w[k] = _mm512_or_si512(w[k], high_bits(qh, 4 * k));
+                w[4 + k] = _mm512_or_si512(w[4 + k], high_bits(qh, 16 + 4 * k));
+            }
         }
         EI_UNROLL for (int c = 0; c < EI_TILE; c++) {
             if (c >= nc) break;
             const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i;
-            __m512i isum = _mm512_set1_epi32(-8 * block_sum_q8(y->qs));
+            __m512i isum = _mm512_set1_epi32((q5 ? -16 : -8) * block_sum_q8(y->qs));
             EI_UNROLL for (int k = 0; k < 8; k++) { /* w[k] meets activations 4k..4k+3 */
                 int32_t a4;
                 memcpy(&a4, y->qs + 4 * k, 4);
@@ -393,12 +409,15 @@ EI_INLINE void gemm_x16_q4_0_impl(int n, int nc, float *s, size_t ss, const void
     }
 }
 
-static void gemm_x16_q4_0_vnni(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
-    gemm_x16_q4_0_impl(n, nc, s, ss, x, y, ys, 1);
-}
-static void gemm_x16_q4_0(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
-    gemm_x16_q4_0_impl(n, nc, s, ss, x, y, ys, 0);
-}
+#define GEMM_X16(T, Q5)                                                                                        \
+    static void gemm_x16_##T##_vnni(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
+        gemm_x16_impl(Q5, n, nc, s, ss, x, y, ys, 1);                                                          \
+    }                                                                                                          \
+    static void gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {     \
+        gemm_x16_impl(Q5, n, nc, s, ss, x, y, ys, 0);                                                          \
+    }
+GEMM_X16(q4_0, 0)
+GEMM_X16(q5_0, 1)
 
 /* ---- the table --------------------------------------------------------------------------- */
 
@@ -449,4 +468,5 @@ void ei_avx512_gemm_kernels(ei_kernels *k, int vnni) {
     SET(q6_K, EI_TYPE_Q6_K);
 #undef SET
     k->gemm_x16[EI_TYPE_Q4_0] = vnni ? gemm_x16_q4_0_vnni : gemm_x16_q4_0;
+    k->gemm_x16[EI_TYPE_Q5_0] = vnni ? gemm_x16_q5_0_vnni : gemm_x16_q5_0;
 }
