@@ -20,7 +20,7 @@ from edgeinfer.gguf import GGUFFile, TensorInfo
 from edgeinfer.models.base import DecoderConfig
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 2
+API_VERSION = 3
 
 c_int, c_int32, c_int64, c_float, c_size_t = ctypes.c_int, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_size_t
 c_void_p, c_char_p = ctypes.c_void_p, ctypes.c_char_p
@@ -70,6 +70,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_engine_seq_clear": (c_int, [c_void_p, c_int32]),
     "ei_engine_isa": (c_int, [c_void_p]),
     "ei_engine_memory": (c_size_t, [c_void_p]),
+    "ei_engine_weight_copies": (c_size_t, [c_void_p]),
     "ei_engine_free": (None, [c_void_p]),
     "ei_kernel_from_float": (c_int, [c_int, c_int, c_void_p, c_void_p, c_int64]),
     "ei_kernel_to_float": (c_int, [c_int, c_int, c_void_p, c_void_p, c_int64]),
@@ -237,6 +238,12 @@ class NativeEngine:
     def memory_bytes(self) -> int:
         """Bytes the engine allocated (buffers and the KV cache reserved so far)."""
         return int(library().ei_engine_memory(self._handle)) if self._handle else 0
+
+    @property
+    def weight_copy_bytes(self) -> int:
+        """Of memory_bytes, the interleaved copies of weights made at load (the file's pages
+        of those weights are released, so they replace rather than add to the mapping)."""
+        return int(library().ei_engine_weight_copies(self._handle)) if self._handle else 0
 
     def truncate(self, n_keep: int) -> None:
         self.n_past = min(self.n_past, max(0, n_keep))

@@ -78,6 +78,7 @@ def run(
             "load_s": load_s,
             "peak_rss_mb": peak_rss_mb(),
             "engine_memory_mb": getattr(eng, "memory_bytes", 0) / (1 << 20),
+            "weight_copies_mb": getattr(eng, "weight_copy_bytes", 0) / (1 << 20),
         }
     finally:
         model.close()

@@ -305,6 +305,7 @@ ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq) {
 
 int ei_engine_isa(const ei_engine *e) { return e ? e->isa : -1; }
 size_t ei_engine_memory(const ei_engine *e) { return e ? e->bytes : 0; }
+size_t ei_engine_weight_copies(const ei_engine *e) { return e ? e->packed_bytes : 0; }
 
 void ei_engine_free(ei_engine *e) {
     if (!e) return;

@@ -54,6 +54,23 @@ def test_every_instruction_set_gives_the_same_greedy_text(gemma_path, isa):
     assert got.tokens == expected.tokens and got.text == expected.text
 
 
+@pytest.mark.parametrize("isa", SUPPORTED_ISAS)
+def test_interleaved_weight_copies_equal_reference(fixture_models, isa):
+    """The llama fixture's Q4_0 matrices are copied into interleaved rows where the
+    instruction set has a kernel for them (avx2, avx512), reported as such, and change no bit."""
+    path = fixture_models["llama"]
+    with edgeinfer.load(path, engine="reference") as ref, \
+            edgeinfer.load(path, engine="native", isa=isa) as nat:  # fmt: skip
+        copies = nat._engine.weight_copy_bytes
+        assert (copies > 0) == (isa in ("avx2", "avx512")), copies
+        assert copies < nat._engine.memory_bytes
+        tokens = ref.tokenize(PROMPTS[1])
+        full = ref.logits(tokens)
+        _assert_same(full, nat.logits(tokens))
+        nat._engine.truncate(0)  # decoding: one activation row
+        np.testing.assert_array_equal(np.stack([nat._engine.forward([t]) for t in tokens]), full)
+
+
 def test_batch_split_and_threads_do_not_change_results(fixture_models):
     path = fixture_models["gemma3"]
     with edgeinfer.load(path, engine="native", n_threads=2) as two:
