@@ -255,49 +255,70 @@ EI_AVX2_INLINE int avx2_block_sum(const int8_t *qs) {
     return _mm_cvtsi128_si32(t) - 32 * 128;
 }
 
-/* Lane r = row r (rows 0..7 in half 0, 8..15 in half 1): per block and half, the 8 products
- * of 4 weight bytes of each row with 4 broadcast activation bytes (vpmaddubsw) add up in 16
- * bits without saturating (weights below 16: at most 8 x 3840), one vpmaddwd makes each
- * row's isum; the weights' offset (8) comes out as 8 times the activation block's sum. Block
- * terms (d_w d_x) isum are exact in double and added in block order: vec_dot bit for bit. */
-static void avx2_gemm_x16_q4_0(int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
-    const block_q4_0x16 *x = vx;
+/* lane-wise: the 4 bits of each 32-bit lane's v >> shift (bits 0..3) as bit 4 of its 4 bytes */
+EI_AVX2_INLINE __m256i avx2_high_bits(__m256i v, int shift) {
+    const __m256i low_byte = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+                                              0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+    const __m256i bit = _mm256_set1_epi32(0x08040201);
+    const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_srli_epi32(v, shift), low_byte), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10));
+}
+
+/* Lane r = row r (rows 0..7 in half 0, 8..15 in half 1) of block_q4_0x16 or block_q5_0x16:
+ * per block and half, the 8 products of 4 weight bytes of each row with 4 broadcast
+ * activation bytes (vpmaddubsw) add up in 16 bits without saturating (weights below 16:
+ * 8 x 3840 at most; below 32, 4 x 7936 before each vpmaddwd), and vpmaddwd makes each row's
+ * isum; the weights' offset (8 or 16) comes out as that times the activation block's sum.
+ * Block terms (d_w d_x) isum are exact in double and added in block order: vec_dot bit for
+ * bit. */
+EI_AVX2_INLINE void avx2_gemm_x16(int q5, int n, int nc, float *s, size_t ss, const void *vx, const void *vy,
+                                  size_t ys) {
+    const size_t bytes = q5 ? sizeof(block_q5_0x16) : sizeof(block_q4_0x16);
+    const uint8_t *x = vx;
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256d acc[EI_TILE][4]; /* (column, rows 4q..4q+3) */
     for (int c = 0; c < EI_TILE; c++)
         for (int q = 0; q < 4; q++) acc[c][q] = _mm256_setzero_pd();
-    for (int i = 0; i < n / QK4_0; i++) {
+    for (int i = 0; i < n / QK4_0; i++, x += bytes) {
         if (nc == 1) /* decoding streams the weights once: ask for them a few blocks ahead */
-            for (int line = 0; line < (int)sizeof(block_q4_0x16); line += 64)
-                _mm_prefetch((const char *)(x + i + 12) + line, _MM_HINT_T0);
+            for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + 12 * bytes + line, _MM_HINT_T0);
+        const ei_f16 *d = q5 ? ((const block_q5_0x16 *)x)->d : ((const block_q4_0x16 *)x)->d;
+        const uint8_t *qs = q5 ? ((const block_q5_0x16 *)x)->qs : ((const block_q4_0x16 *)x)->qs;
         int offset[EI_TILE];
         __m256d dx[EI_TILE];
         for (int c = 0; c < nc; c++) {
             const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i;
-            offset[c] = -8 * avx2_block_sum(y->qs);
+            offset[c] = (q5 ? -16 : -8) * avx2_block_sum(y->qs);
             dx[c] = _mm256_set1_pd((double)avx2_f16(y->d));
         }
         EI_UNROLL
         for (int h = 0; h < 2; h++) {
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x[i].d + 8 * h)));
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + 8 * h)));
             const __m256d dw_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(dw)), dw_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(dw, 1));
+            const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)((const block_q5_0x16 *)x)->qh[8 * h]) : _mm256_setzero_si256();
             __m256i w[8]; /* w[k]: weights 4k..4k+3 of rows 8h..8h+7, w[4 + k]: 16 + 4k.. */
             EI_UNROLL
             for (int k = 0; k < 4; k++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(x[i].qs + 64 * k + 32 * h));
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * k + 32 * h));
                 w[k] = _mm256_and_si256(v, low);
                 w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                if (q5) {
+                    w[k] = _mm256_or_si256(w[k], avx2_high_bits(qh, 4 * k));
+                    w[4 + k] = _mm256_or_si256(w[4 + k], avx2_high_bits(qh, 16 + 4 * k));
+                }
             }
             for (int c = 0; c < nc; c++) {
                 const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i;
-                __m256i p16 = _mm256_setzero_si256();
+                __m256i p16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
                 EI_UNROLL
                 for (int k = 0; k < 8; k++) { /* w[k] meets activations 4k..4k+3 */
                     int32_t a4;
                     memcpy(&a4, y->qs + 4 * k, 4);
-                    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(a4)));
+                    p16[k / 4] = _mm256_add_epi16(p16[k / 4], _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(a4)));
                 }
-                const __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(p16, ones), _mm256_set1_epi32(offset[c]));
+                const __m256i i32 = q5 ? _mm256_add_epi32(_mm256_madd_epi16(p16[0], ones), _mm256_madd_epi16(p16[1], ones))
+                                       : _mm256_madd_epi16(_mm256_add_epi16(p16[0], p16[1]), ones);
+                const __m256i isum = _mm256_add_epi32(i32, _mm256_set1_epi32(offset[c]));
                 acc[c][2 * h] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(isum)), _mm256_mul_pd(dw_lo, dx[c]), acc[c][2 * h]);
                 acc[c][2 * h + 1] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(isum, 1)), _mm256_mul_pd(dw_hi, dx[c]), acc[c][2 * h + 1]);
             }
@@ -307,8 +328,16 @@ static void avx2_gemm_x16_q4_0(int n, int nc, float *s, size_t ss, const void *v
         for (int q = 0; q < 4; q++) _mm_storeu_ps(s + (size_t)c * ss + 4 * q, _mm256_cvtpd_ps(acc[c][q]));
 }
 
+static void avx2_gemm_x16_q4_0(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    avx2_gemm_x16(0, n, nc, s, ss, x, y, ys);
+}
+static void avx2_gemm_x16_q5_0(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    avx2_gemm_x16(1, n, nc, s, ss, x, y, ys);
+}
+
 void ei_avx2_gemm_kernels(ei_kernels *k) {
     k->gemm_x16[EI_TYPE_Q4_0] = avx2_gemm_x16_q4_0;
+    k->gemm_x16[EI_TYPE_Q5_0] = avx2_gemm_x16_q5_0;
     k->gemm[EI_TYPE_Q4_0] = avx2_gemm_q4_0;
     k->gemm[EI_TYPE_Q4_1] = avx2_gemm_q4_1;
     k->gemm[EI_TYPE_Q5_0] = avx2_gemm_q5_0;
