@@ -244,7 +244,7 @@ GEMM(f32, tile_float, EI_TYPE_F32)
 GEMM(f16, tile_float, EI_TYPE_F16)
 GEMM(bf16, tile_float, EI_TYPE_BF16)
 
-/* ---- Q4_0 rows interleaved by 16 (block_q4_0x16) ------------------------------------------ */
+/* ---- Q4_0 and Q5_0 rows interleaved by 16 (block_q4_0x16, block_q5_0x16) ------------------ */
 
 /* the sum of the 32 int8 values of a block */
 EI_AVX2_INLINE int avx2_block_sum(const int8_t *qs) {

@@ -6,7 +6,8 @@
  * and added in double, lane by lane, in block order: each output is the reference's
  * vec_dot bit for bit. Smaller tiles repeat row 0 / column 0 and store only their part.
  * A single activation row (decoding) is memory-bound: legacy types read 4 weight rows per
- * pass with the rows' sums in 4 lanes; K types go through vec_dot row by row. */
+ * pass with the rows' sums in 4 lanes; K types go through vec_dot row by row. Q4_0 and Q5_0
+ * matrices mostly arrive as the engine's interleaved copies instead (gemm_x16, below). */
 #include <stddef.h>
 #include <string.h>
 
@@ -332,7 +333,7 @@ TILE_K(tile_q4_K, block_q4_K, unpack_q4_K, 1)
 TILE_K(tile_q5_K, block_q5_K, unpack_q5_K, 1)
 TILE_K(tile_q6_K, block_q6_K, unpack_q6_K, 0)
 
-/* ---- Q4_0 rows interleaved by 16 ----------------------------------------------------------- */
+/* ---- Q4_0 and Q5_0 rows interleaved by 16 (the engine's copies) ---------------------------- */
 
 /* acc + the sums of four u8 x s8 products per lane, for u below 32 (no 16-bit sum saturates,
  * so vpmaddubsw + vpmaddwd is exact where there is no VNNI) */
