@@ -19,6 +19,7 @@
 #define MAX_BASES 4     /* distinct rope bases among the layers */
 #define ROW_BLOCK 16    /* weight rows one thread takes at a time (kept in L1 across tokens) */
 #define LAYOUT_X16 1    /* ei_tensor.layout of the engine's interleaved copies */
+#define LAYOUT_PENDING 2 /* a weight whose interleaved copy the first product using it makes */
 static_assert(ROW_BLOCK % EI_X16 == 0, "row blocks hold whole interleaved groups");
 #define MAX_BATCH 4096  /* tokens per internal step */
 
@@ -48,7 +49,7 @@ struct ei_engine {
     int n_bases, *layer_base; /* (n_layer) index into bases */
     float *freq_factors; /* (n_rot / 2) or NULL */
     ei_f16 *gelu;    /* (65536) GELU of every fp16 value, as fp16 */
-    void **packed;   /* (n_layer * 7 + 1) interleaved copies of weights, n_packed of them */
+    struct pack_item *packs; /* (n_layer * 7 + 1) interleaved copies of weights, n_packed of them */
     int n_packed;
     size_t bytes, packed_bytes;
 };
@@ -129,74 +130,55 @@ static void release_pages(const void *data, size_t n) {
 #endif
 }
 
-/* Weights the instruction set has an interleaved kernel for are copied into that layout at
- * load (the product then needs no horizontal sums): the copies cost the tensors' sizes, and
- * the file's pages are released unless another tensor (a tied embedding) still reads them. */
-typedef struct {
+/* Weights the instruction set has an interleaved kernel for are copied into that layout (the
+ * product then needs no horizontal sums) by the first product that uses them, so loading
+ * reads no tensor data: the copies cost the tensors' sizes (reserved at load, resident once
+ * written), and the file's pages are released unless another tensor (a tied embedding)
+ * still reads them. */
+typedef struct pack_item {
     ei_tensor *t;
     uint8_t *copy;
     int release;
 } pack_item;
 
-typedef struct {
-    pack_item *items;
-    int n_items;
-} pack_task_ctx;
-
 /* 0: out of memory */
-static int plan_pack(ei_engine *e, pack_item *items, ei_tensor *t, const void *shared) {
+static int plan_pack(ei_engine *e, ei_tensor *t, const void *shared) {
     if (!e->k->gemm_x16[t->type] || t->ne1 % EI_X16) return 1;
     const size_t size = ei_row_size(t->type, t->ne0) * (size_t)t->ne1;
-    pack_item *it = &items[e->n_packed];
+    pack_item *it = &e->packs[e->n_packed];
     if (!(it->copy = malloc(size))) return 0;
     it->t = t;
     it->release = t->data != shared;
-    e->packed[e->n_packed++] = it->copy;
+    e->n_packed++;
     e->bytes += size;
     e->packed_bytes += size;
+    t->layout = LAYOUT_PENDING;
     return 1;
 }
 
-/* the groups of every planned tensor, shared out among the threads */
-static void pack_task(void *arg, int ith, int nth) {
-    const pack_task_ctx *ctx = arg;
-    for (int j = 0; j < ctx->n_items; j++) {
-        const ei_tensor *t = ctx->items[j].t;
-        const size_t row = ei_row_size(t->type, t->ne0);
-        const int64_t groups = t->ne1 / EI_X16, g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
-        const uint8_t *src = (const uint8_t *)t->data + (size_t)g0 * EI_X16 * row;
-        for (int64_t g = g0; g < g1; g++)
-            ei_pack_x16(t->type, (const uint8_t *)t->data + (size_t)g * EI_X16 * row, row, t->ne0,
-                        ctx->items[j].copy + (size_t)g * EI_X16 * row);
-        /* at once, so that the file's pages and the copies are never resident together; only
-         * pages wholly inside this thread's rows */
-        if (ctx->items[j].release) release_pages(src, (size_t)(g1 - g0) * EI_X16 * row);
-    }
-}
-
 /* 0: out of memory */
-static int pack_weights(ei_engine *e) {
-    const int cap = e->m.n_layer * 7 + 1;
-    pack_item *items = calloc((size_t)cap, sizeof(pack_item));
-    if (!items || !(e->packed = calloc((size_t)cap, sizeof(void *)))) { free(items); return 0; }
-    int ok = 1;
-    for (int il = 0; il < e->m.n_layer && ok; il++) {
+static int plan_packs(ei_engine *e) {
+    if (!(e->packs = calloc((size_t)e->m.n_layer * 7 + 1, sizeof(pack_item)))) return 0;
+    for (int il = 0; il < e->m.n_layer; il++) {
         ei_layer_desc *l = &e->layers[il];
         ei_tensor *w[7] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->ffn_gate, &l->ffn_up, &l->ffn_down};
-        for (int j = 0; j < 7 && ok; j++) ok = plan_pack(e, items, w[j], NULL);
+        for (int j = 0; j < 7; j++)
+            if (!plan_pack(e, w[j], NULL)) return 0;
     }
-    if (ok) ok = plan_pack(e, items, &e->m.output, e->m.tok_embd.data);
-    if (ok && e->n_packed) {
-        pack_task_ctx ctx = {items, e->n_packed};
-        ei_pool_run(e->pool, pack_task, &ctx);
-        for (int j = 0; j < e->n_packed; j++) {
-            ei_tensor *t = items[j].t;
-            t->data = items[j].copy;
-            t->layout = LAYOUT_X16;
-        }
-    }
-    free(items);
-    return ok;
+    return plan_pack(e, &e->m.output, e->m.tok_embd.data);
+}
+
+/* this thread's share of t's groups copied; the file's pages of them released at once, so
+ * that they and the copies are never resident together (only pages wholly inside the share) */
+static void pack_share(const ei_engine *e, const ei_tensor *t, int ith, int nth) {
+    const pack_item *it = e->packs;
+    while (it->t != t) it++;
+    const size_t row = ei_row_size(t->type, t->ne0);
+    const int64_t groups = t->ne1 / EI_X16, g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
+    for (int64_t g = g0; g < g1; g++)
+        ei_pack_x16(t->type, (const uint8_t *)t->data + (size_t)g * EI_X16 * row, row, t->ne0,
+                    it->copy + (size_t)g * EI_X16 * row);
+    if (it->release) release_pages((const uint8_t *)t->data + (size_t)g0 * EI_X16 * row, (size_t)(g1 - g0) * EI_X16 * row);
 }
 
 static void note_partner(ei_engine *e, const ei_tensor *t) {
@@ -281,7 +263,7 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     if (m->rope_freqs.data) e->freq_factors = (float *)m->rope_freqs.data;
 
     e->pool = ei_pool_create(p.n_threads);
-    if (!e->pool || !pack_weights(e)) goto nomem;
+    if (!e->pool || !plan_packs(e)) goto nomem;
     *out = e;
     return EI_OK;
 nomem:
@@ -317,8 +299,8 @@ void ei_engine_free(ei_engine *e) {
     free(e->x); free(e->h); free(e->q); free(e->kk); free(e->vv); free(e->att); free(e->t);
     free(e->gate); free(e->up); free(e->scratch); free(e->rope); free(e->gelu);
     free(e->layer_base); free(e->layers);
-    for (int i = 0; i < e->n_packed; i++) free(e->packed[i]);
-    free(e->packed);
+    for (int i = 0; i < e->n_packed; i++) free(e->packs[i].copy);
+    free(e->packs);
     free(e);
 }
 
@@ -338,11 +320,31 @@ static void split(int n, int ith, int nth, int *a, int *b) {
     *b = (int)((int64_t)n * (ith + 1) / nth);
 }
 
-typedef struct {
+typedef struct mm_job {
     const ei_tensor *w;
     float *out;       /* (n, out_stride) */
     int out_stride;
 } mm_job;
+
+/* the pending copies of a group of products, made by every thread together */
+static void pack_pending(ei_engine *e, const mm_job *jobs, int n_jobs, int ith, int nth) {
+    int pending = 0;
+    for (int j = 0; j < n_jobs; j++) pending |= jobs[j].w->layout == LAYOUT_PENDING;
+    if (!pending) return;
+    for (int j = 0; j < n_jobs; j++)
+        if (jobs[j].w->layout == LAYOUT_PENDING) pack_share(e, jobs[j].w, ith, nth);
+    ei_pool_barrier(e->pool); /* every share written, every thread past its layout reads */
+    if (ith == 0)
+        for (int j = 0; j < n_jobs; j++) {
+            ei_tensor *t = (ei_tensor *)jobs[j].w; /* the engine's own copy of the description */
+            if (t->layout != LAYOUT_PENDING) continue;
+            const pack_item *it = e->packs;
+            while (it->t != t) it++;
+            t->data = it->copy;
+            t->layout = LAYOUT_X16;
+        }
+    ei_pool_barrier(e->pool);
+}
 
 /* out_j[t, r] = dot(row r of w_j, in[t]) for every job j: all jobs read the same input;
  * its activations are quantized once per partner type, then the rows of all jobs are
@@ -350,6 +352,7 @@ typedef struct {
 static void matmul_group(ei_engine *e, const mm_job *jobs, int n_jobs, const float *in, int in_stride,
                          int n, int ith, int nth) {
     const int cols = (int)jobs[0].w->ne0;
+    pack_pending(e, jobs, n_jobs, ith, nth);
     int done[EI_TYPE_COUNT] = {0};
     for (int j = 0; j < n_jobs; j++) {
         const int pt = ei_partner_type(jobs[j].w->type);
