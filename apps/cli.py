@@ -398,7 +398,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"load     {r['load_s']:9.2f} s")
     print(f"peak RSS {r['peak_rss_mb']:9.1f} MB")
     if r.get("weight_copies_mb"):
-        print(f"         of which {r['weight_copies_mb']:.1f} MB of weights copied into interleaved rows at load")
+        print(f"         of which {r['weight_copies_mb']:.1f} MB of weights copied into interleaved rows")
     return 0
 
 

@@ -241,8 +241,9 @@ class NativeEngine:
 
     @property
     def weight_copy_bytes(self) -> int:
-        """Of memory_bytes, the interleaved copies of weights made at load (the file's pages
-        of those weights are released, so they replace rather than add to the mapping)."""
+        """Of memory_bytes, the interleaved copies of weights: reserved at load, written by the
+        first step using each weight, whose file pages are then released (the copies replace
+        rather than add to the mapping)."""
         return int(library().ei_engine_weight_copies(self._handle)) if self._handle else 0
 
     def truncate(self, n_keep: int) -> None:

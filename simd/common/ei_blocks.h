@@ -21,8 +21,8 @@ typedef uint16_t ei_bf16; /* bfloat16, stored as bits */
 typedef struct { ei_f16 d; uint8_t qs[QK4_0 / 2]; } block_q4_0;
 static_assert(sizeof(block_q4_0) == 2 + QK4_0 / 2, "block_q4_0 size");
 
-/* Q4_0 rows interleaved by EI_X16, an engine-internal layout (the engine's own copy, made at
- * load where an instruction set has a kernel for it): block i of 16 consecutive rows holds
+/* Q4_0 rows interleaved by EI_X16, an engine-internal layout (the engine's own copy, made by
+ * the first product using the weight where an instruction set has a kernel for it): block i of 16 consecutive rows holds
  * their 16 scales, then for k = 0..3 the bytes qs[4k..4k+3] of row 0, row 1, ... row 15, so
  * that one 64-byte load holds four bytes (8 weights) of every row, lane r = row r */
 #define EI_X16 16

@@ -168,11 +168,17 @@ static int plan_packs(ei_engine *e) {
     return plan_pack(e, &e->m.output, e->m.tok_embd.data);
 }
 
+/* the planned copy of t (which must have one) */
+static const pack_item *pack_of(const ei_engine *e, const ei_tensor *t) {
+    const pack_item *it = e->packs;
+    while (it->t != t) it++;
+    return it;
+}
+
 /* this thread's share of t's groups copied; the file's pages of them released at once, so
  * that they and the copies are never resident together (only pages wholly inside the share) */
 static void pack_share(const ei_engine *e, const ei_tensor *t, int ith, int nth) {
-    const pack_item *it = e->packs;
-    while (it->t != t) it++;
+    const pack_item *it = pack_of(e, t);
     const size_t row = ei_row_size(t->type, t->ne0);
     const int64_t groups = t->ne1 / EI_X16, g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
     for (int64_t g = g0; g < g1; g++)
@@ -336,12 +342,10 @@ static void pack_pending(ei_engine *e, const mm_job *jobs, int n_jobs, int ith, 
     ei_pool_barrier(e->pool); /* every share written, every thread past its layout reads */
     if (ith == 0)
         for (int j = 0; j < n_jobs; j++) {
-            ei_tensor *t = (ei_tensor *)jobs[j].w; /* the engine's own copy of the description */
-            if (t->layout != LAYOUT_PENDING) continue;
-            const pack_item *it = e->packs;
-            while (it->t != t) it++;
-            t->data = it->copy;
-            t->layout = LAYOUT_X16;
+            if (jobs[j].w->layout != LAYOUT_PENDING) continue;
+            const pack_item *it = pack_of(e, jobs[j].w);
+            it->t->data = it->copy; /* it->t: the engine's own, writable description */
+            it->t->layout = LAYOUT_X16;
         }
     ei_pool_barrier(e->pool);
 }

@@ -88,7 +88,8 @@ EI_EXPORT ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tok
 EI_EXPORT ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq);
 EI_EXPORT int ei_engine_isa(const ei_engine *e);
 EI_EXPORT size_t ei_engine_memory(const ei_engine *e); /* bytes this engine allocated */
-/* of those, the interleaved copies of weights made at load (the file's pages are released) */
+/* of those, the interleaved copies of weights (reserved at load, written by the first step
+ * using each weight; the file's pages of those weights are then released) */
 EI_EXPORT size_t ei_engine_weight_copies(const ei_engine *e);
 EI_EXPORT void ei_engine_free(ei_engine *e);
 
