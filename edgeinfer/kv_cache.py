@@ -1,0 +1,88 @@
+"""KV cache types: what a cache element is, how many bytes a cache takes, and which exist.
+
+A :class:`CacheType` describes how one tensor of the cache (the keys or the values of one
+layer) is laid out in memory. Today every type stores *rows*: one row of ``head_dim`` values
+per (position, KV head), encoded as a GGML type, so every size and stride follows from that
+type's row size (``BLOCK_LAYOUTS``). Layouts that are not per-token rows (KIVI's keys,
+quantized per channel over groups of ``group`` tokens with a full-precision residual of recent
+tokens) describe themselves through the same fields: a new type is added by listing it here,
+with its layout, and supplying its kernels, never by editing the call sites.
+
+The engines, ``edgeinfer info`` and the converters' memory fitting all size the cache with
+:func:`cache_bytes`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from edgeinfer import errors
+from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
+
+
+class CacheLayout(enum.IntEnum):
+    """How a cache tensor's elements are grouped. Values are those of the C ``EI_KV_*``."""
+
+    ROWS = 0  # one row per (position, KV head), encoded as ``ggml_type``
+
+
+@dataclass(frozen=True)
+class CacheType:
+    """The element of one cache tensor (keys or values)."""
+
+    name: str
+    ggml_type: GGMLType
+    layout: CacheLayout = CacheLayout.ROWS
+
+    def row_bytes(self, n_values: int) -> int:
+        """Bytes of one row of ``n_values`` values (one head of one position)."""
+        block = BLOCK_LAYOUTS[self.ggml_type]
+        if n_values % block.block_size:
+            raise errors.InvalidOptionError(
+                f"kv_type {self.name} stores blocks of {block.block_size} values; "
+                f"a head of {n_values} values does not divide into them"
+            )
+        return n_values // block.block_size * block.type_size
+
+    def tensor_bytes(self, n_positions: int, n_heads: int, head_dim: int) -> int:
+        """Bytes of one layer's cache tensor holding ``n_positions`` positions."""
+        return n_positions * n_heads * self.row_bytes(head_dim)
+
+
+# name -> type; the order is the one options and errors list them in
+CACHE_TYPES: dict[str, CacheType] = {
+    t.name: t for t in (CacheType("f16", GGMLType.F16), CacheType("f32", GGMLType.F32))
+}
+DEFAULT_CACHE_TYPE = "f16"
+
+
+def cache_type(name: str | CacheType) -> CacheType:
+    """The cache type called ``name`` (a :class:`CacheType` is returned as it is)."""
+    if isinstance(name, CacheType):
+        return name
+    found = CACHE_TYPES.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise errors.InvalidOptionError(
+            f"unknown kv_type {name!r} (one of {', '.join(CACHE_TYPES)})"
+        )
+    return found
+
+
+def cache_bytes(
+    *,
+    n_layer: int,
+    n_head_kv: int,
+    head_dim: int,
+    head_dim_v: int,
+    n_ctx: int,
+    k_type: str | CacheType = DEFAULT_CACHE_TYPE,
+    v_type: str | CacheType | None = None,
+    n_seq: int = 1,
+) -> int:
+    """Bytes of the keys and values of every layer for ``n_ctx`` positions of ``n_seq``
+    sequences. Every layer keeps the whole context (sliding-window layers too)."""
+    k = cache_type(k_type)
+    v = cache_type(v_type) if v_type is not None else k
+    per_layer = k.tensor_bytes(n_ctx, n_head_kv, head_dim) + v.tensor_bytes(n_ctx, n_head_kv, head_dim_v)
+    return n_seq * n_layer * per_layer
