@@ -13,12 +13,13 @@ from typing import Any
 
 from edgeinfer import errors
 from edgeinfer.apps import convert as convert_cmd
+from edgeinfer.engines import ENGINE_CHOICES
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
-    p.add_argument("--engine", default="auto", choices=["auto", "native", "reference"],
+    p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
                    help="compute engine (default: the native one where it runs)")  # fmt: skip
 
 
@@ -77,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp)")
     bench.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg)")
     bench.add_argument("-r", "--repetitions", type=int, default=3)
-    bench.add_argument("--engine", default="auto", choices=["auto", "native", "reference"])
+    bench.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
     bench.add_argument("--isa", default=None, help="force an instruction-set variant")
     bench.add_argument("--json", action="store_true")
 
@@ -89,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     ppl.add_argument("-c", "--ctx", type=int, default=512, help="window size in tokens")
     ppl.add_argument("--chunks", type=int, default=None, help="score at most this many windows")
     ppl.add_argument("-t", "--threads", type=int, default=None)
-    ppl.add_argument("--engine", default="auto", choices=["auto", "native", "reference"])
+    ppl.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
     ppl.add_argument("--json", action="store_true")
 
     doctor = sub.add_parser("doctor", help="describe this machine and the backends found")
@@ -438,7 +439,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"memory    {mem.get('total_mb', 0)} MB total, {mem.get('available_mb', 0)} MB available")
     for b in report["backends"]:
         state = "yes" if b["available"] else "no"
-        print(f"backend   {b['name']:<10} {state:<4} {b.get('detail', '')}")
+        print(f"backend   {b['name']:<12} {state:<4} {b.get('detail', '')}")
     return 0
 
 

@@ -104,7 +104,7 @@ def run_text(
     """Statistics of the GGUF model at ``gguf_path`` over ``text``, window by window."""
     from edgeinfer.gguf import GGUFFile
     from edgeinfer.models import config_from_gguf
-    from edgeinfer.models.reference import ReferenceEngine
+    from edgeinfer.engines.reference import ReferenceEngine
     from edgeinfer.tokenizer import Tokenizer
 
     class StatsEngine(ReferenceEngine):

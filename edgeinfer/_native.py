@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer import errors
+from edgeinfer.engines import ENGINES
+from edgeinfer.engines.base import Batch, SequenceEngine
 from edgeinfer.gguf import GGUFFile, TensorInfo
 from edgeinfer.models.base import DecoderConfig
 
@@ -183,19 +185,21 @@ def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-class NativeEngine:
-    """One sequence on the native engine: the interface edgeinfer.generation expects."""
+class NativeEngine(SequenceEngine):
+    """The native engine (simd/): up to ``n_seq_max`` sequences, each with its KV cache."""
 
-    name = "native"
+    spec = ENGINES["native"]
 
     def __init__(
         self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, *, n_threads: int,
-        kv_type: str = "f16", isa: str | None = None, n_batch: int = 512,
+        kv_type: str = "f16", isa: str | None = None, n_batch: int = 512, n_seq_max: int = 1,
     ) -> None:  # fmt: skip
+        super().__init__(n_ctx, cfg.n_vocab, n_seq_max)
+        self._handle: c_void_p | None = None
         lib = library()
         if kv_type not in ("f16", "f32"):
             raise errors.InvalidOptionError(f"kv_type must be f16 or f32 for the native engine, not {kv_type!r}")
-        self.cfg, self.n_ctx, self.n_past = cfg, n_ctx, 0
+        self.cfg = cfg
         self._map = np.frombuffer(gguf.buffer(), dtype=np.uint8)  # keeps the map alive
         base = _ptr(self._map)
 
@@ -225,14 +229,18 @@ class NativeEngine:
             rope_freqs=tensor(cfg.rope_freqs_tensor), layers=self._layers,
         )  # fmt: skip
         params = EngineParams(
-            n_ctx=n_ctx, n_threads=n_threads, n_seq_max=1, n_batch=n_batch,
+            n_ctx=n_ctx, n_threads=n_threads, n_seq_max=n_seq_max, n_batch=n_batch,
             kv_f32=int(kv_type == "f32"), isa=resolve_isa(isa),
         )  # fmt: skip
         handle = c_void_p()
         check(lib.ei_engine_create(ctypes.byref(m), ctypes.byref(params), ctypes.byref(handle)))
         self._handle = handle
-        self.isa = ISA_NAMES[lib.ei_engine_isa(handle)]
+        self._isa = ISA_NAMES[lib.ei_engine_isa(handle)]
         self.n_batch = n_batch
+
+    @property
+    def isa(self) -> str:
+        return self._isa
 
     @property
     def memory_bytes(self) -> int:
@@ -246,30 +254,23 @@ class NativeEngine:
         rather than add to the mapping)."""
         return int(library().ei_engine_weight_copies(self._handle)) if self._handle else 0
 
-    def truncate(self, n_keep: int) -> None:
-        self.n_past = min(self.n_past, max(0, n_keep))
-
-    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
+    def _check_open(self) -> None:
         if not self._handle:
             raise errors.ModelClosedError("the engine is closed")
-        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
-        n = len(tokens)
-        if n == 0:
-            raise errors.InvalidOptionError("forward needs at least one token")
-        if self.n_past + n > self.n_ctx:
-            raise errors.ContextOverflowError(
-                f"{self.n_past} cached + {n} new tokens exceed the context of {self.n_ctx}"
-            )
-        pos = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
-        seq = np.zeros(n, dtype=np.int32)
-        mask = np.ones(n, dtype=np.int8) if all_logits else np.zeros(n, dtype=np.int8)
-        mask[-1] = 1
+
+    def _run(self, batch: Batch) -> np.ndarray:
+        tokens, pos, seq = (np.ascontiguousarray(a, dtype=np.int32)
+                            for a in (batch.tokens, batch.positions, batch.seqs))  # (n,) each
+        mask = np.ascontiguousarray(batch.want, dtype=np.int8)
         logits = np.empty((int(mask.sum()), self.cfg.n_vocab), dtype=np.float32)
         check(library().ei_engine_decode(
-            self._handle, n, _ptr(tokens), _ptr(pos), _ptr(seq), _ptr(mask), _ptr(logits)
+            self._handle, len(tokens), _ptr(tokens), _ptr(pos), _ptr(seq), _ptr(mask), _ptr(logits)
         ))  # fmt: skip
-        self.n_past += n
-        return logits if all_logits else logits[0]
+        return logits
+
+    def _clear(self, seq: int) -> None:
+        self._check_open()
+        check(library().ei_engine_seq_clear(self._handle, seq))
 
     def close(self) -> None:
         if self._handle:

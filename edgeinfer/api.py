@@ -15,10 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer import errors
+from edgeinfer import engines, errors
 from edgeinfer.chat import ChatTemplate, builtin_template
+from edgeinfer.engines.onnxruntime import OnnxFolder
 from edgeinfer.generation import GenerationStats, KVSession, generate_tokens
 from edgeinfer.gguf import GGUFFile
+from edgeinfer.kv_cache import cache_type
 from edgeinfer.models import config_from_gguf
 from edgeinfer.sampling import Sampler, SamplingParams
 from edgeinfer.system import physical_cores
@@ -60,16 +62,19 @@ class Model:
         if n_ctx is not None:
             n_ctx = _int_option("n_ctx", n_ctx, 1)
         self.path = os.fspath(path)
-        onnx = os.path.isdir(self.path)  # an exported ONNX folder: edgeinfer.onnx_engine
-        if onnx:
-            from edgeinfer.onnx_engine import OnnxFolder
-
-            self.gguf = OnnxFolder(self.path)
+        model_format = "onnx" if os.path.isdir(self.path) else "gguf"
+        spec = engines.select(engine, model_format)
+        self.source: GGUFFile | OnnxFolder
+        if model_format == "onnx":  # an exported ONNX folder: edgeinfer.engines.onnxruntime
+            self.source = OnnxFolder(self.path)
         else:
-            self.gguf = GGUFFile(self.path)
+            self.source = GGUFFile(self.path)
         try:
-            self.config = self.gguf.config if onnx else config_from_gguf(self.gguf)
-            self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
+            self.config = (
+                self.source.config if isinstance(self.source, OnnxFolder)
+                else config_from_gguf(self.source)
+            )  # fmt: skip
+            self.tokenizer = Tokenizer.from_metadata(self.source.metadata)
             if self.tokenizer.n_vocab != self.config.n_vocab:
                 raise errors.TokenizerError(
                     f"{self.path}: vocabulary has {self.tokenizer.n_vocab} tokens, "
@@ -82,12 +87,13 @@ class Model:
                 raise errors.InvalidOptionError(f"n_ctx must lie in [1, {n_ctx_max}], got {n_ctx}")
             self.n_ctx = n_ctx
             self.n_threads = n_threads or physical_cores()
-            if onnx:
-                self._engine = self.gguf.engine(engine, self.n_ctx, self.n_threads, kv_type)
-            else:
-                self._engine = self._make_engine(engine, kv_type, isa, n_batch)
+            options = engines.EngineOptions(
+                n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=n_batch,
+                kv_type=cache_type(kv_type).name, isa=isa,
+            )  # fmt: skip
+            self._engine: engines.Engine | None = engines.create(spec, self.source, self.config, options)
         except BaseException:
-            self.gguf.close()
+            self.source.close()
             raise
         self._session = KVSession(self._engine, n_batch)
         self._closing = False
@@ -97,30 +103,23 @@ class Model:
         self._template: ChatTemplate | None = None
         self.load_s = time.perf_counter() - t0
 
-    def _make_engine(self, name: str, kv_type: str, isa: str | None, n_batch: int) -> Any:
-        from edgeinfer import _native
-        from edgeinfer.models.reference import ReferenceEngine
-
-        if name not in ("auto", "native", "reference"):
-            raise errors.InvalidOptionError(f"unknown engine {name!r} (auto, native, reference)")
-        if name == "auto":
-            name = "native" if _native.available()[0] else "reference"
-        if name == "native":
-            return _native.NativeEngine(
-                self.gguf, self.config, self.n_ctx, n_threads=self.n_threads, kv_type=kv_type,
-                isa=isa, n_batch=n_batch,
-            )
-        return ReferenceEngine(self.gguf, self.config, self.n_ctx, kv_type=kv_type)
-
     # --- properties ------------------------------------------------------------------------
 
     @property
     def engine(self) -> str:
-        return self._engine.name
+        """The engine's registry name (see :mod:`edgeinfer.engines`)."""
+        return self.backend.name
+
+    @property
+    def backend(self) -> engines.Engine:
+        """The engine object, for tools such as ``bench`` (its protocol: engines.Engine)."""
+        self._check_open()
+        assert self._engine is not None
+        return self._engine
 
     @property
     def metadata(self) -> Mapping[str, Any]:
-        return self.gguf.metadata
+        return self.source.metadata
 
     @property
     def n_vocab(self) -> int:
@@ -258,7 +257,7 @@ class Model:
             tok = self.tokenizer
             bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
             eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-            source = self.gguf.metadata.get("tokenizer.chat_template")
+            source = self.source.metadata.get("tokenizer.chat_template")
             if isinstance(source, str) and source.strip():
                 self._template = ChatTemplate(source, bos_token=bos, eos_token=eos, name="model")
             else:
@@ -323,10 +322,9 @@ class Model:
         self.cancel()
         self._stop_active()
         engine, self._engine = self._engine, None
-        if hasattr(engine, "close"):
-            engine.close()
+        engine.close()
         self._session = None  # type: ignore[assignment]
-        self.gguf.close()
+        self.source.close()
 
     def _stop_active(self) -> None:
         """Ends the request in progress, waiting for one that runs in another thread."""
@@ -514,8 +512,10 @@ def load(
 ) -> Model:
     """Opens a GGUF model file (memory-mapped) and returns a ready :class:`Model`.
 
-    Further options: ``n_batch`` (prompt tokens per engine call), ``engine`` ("auto", "native",
-    "reference"), ``kv_type`` ("f16", "f32") and ``isa`` (force an instruction-set variant).
+    Further options: ``n_batch`` (prompt tokens per engine call), ``engine`` ("auto" or a name
+    in :data:`edgeinfer.engines.ENGINES`: "native", "reference", "onnxruntime"), ``kv_type``
+    (a name in :data:`edgeinfer.kv_cache.CACHE_TYPES`: "f16", "f32") and ``isa`` (force an
+    instruction-set variant of the native engine).
     """
     unknown = set(options) - _LOAD_OPTIONS
     if unknown:

@@ -44,7 +44,7 @@ def run(
         rng = np.random.default_rng(seed)
         # ids away from the specials at the start of every vocabulary
         prompt = rng.integers(min(1000, model.n_vocab // 2), model.n_vocab, size=n_prompt).tolist()
-        eng = model._engine
+        eng = model.backend  # only the engine protocol (edgeinfer.engines.Engine) from here
         eng.truncate(0)
         eng.forward(prompt[: min(16, n_prompt)])  # warm-up: page in the weights, spin up the threads
         pp, tg, ttft = [], [], []
@@ -65,7 +65,7 @@ def run(
         return {
             "model": path,
             "engine": model.engine,
-            "isa": getattr(eng, "isa", "numpy"),
+            "isa": eng.isa,
             "threads": model.n_threads,
             "n_prompt": n_prompt,
             "n_gen": n_gen,
@@ -77,8 +77,8 @@ def run(
             "ttft_s": statistics.mean(ttft),
             "load_s": load_s,
             "peak_rss_mb": peak_rss_mb(),
-            "engine_memory_mb": getattr(eng, "memory_bytes", 0) / (1 << 20),
-            "weight_copies_mb": getattr(eng, "weight_copy_bytes", 0) / (1 << 20),
+            "engine_memory_mb": eng.memory_bytes / (1 << 20),
+            "weight_copies_mb": eng.weight_copy_bytes / (1 << 20),
         }
     finally:
         model.close()

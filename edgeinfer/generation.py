@@ -12,22 +12,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from edgeinfer import errors
-
-
-class Engine(Protocol):
-    """What generation needs from an engine: one sequence with a KV cache."""
-
-    n_ctx: int
-    n_past: int
-
-    def forward(self, tokens: list[int], all_logits: bool = False) -> np.ndarray: ...
-
-    def truncate(self, n_keep: int) -> None: ...
+from edgeinfer.engines.base import Engine
 
 
 class Cancelled(errors.EdgeInferError):

@@ -120,24 +120,19 @@ def memory_info() -> dict[str, int]:
 
 
 def backends() -> list[dict[str, Any]]:
-    """Every compute backend edgeinfer knows, whether it is usable here, and why not."""
-    found = [{"name": "reference", "available": True, "detail": "numpy " + _numpy_version()}]
-    from edgeinfer import _native
+    """Every registered engine, whether it is usable here and why not; the native engine's
+    entry lists its instruction-set variants and which one is chosen."""
+    from edgeinfer import engines
 
-    ok, why = _native.available()
-    native: dict[str, Any] = {"name": "native", "available": ok, "detail": why}
-    if ok:
-        native["isa"] = _native.isa_report()
-        chosen = [v["name"] for v in native["isa"] if v["chosen"]]
-        native["detail"] = f"{', '.join(chosen)} kernels ({_native.cpu_features()})"
-    found.insert(0, native)
+    found = engines.report()
+    for entry in found:
+        if entry["name"] == "native" and entry["available"]:
+            from edgeinfer import _native
+
+            entry["isa"] = _native.isa_report()
+            chosen = [v["name"] for v in entry["isa"] if v["chosen"]]
+            entry["detail"] = f"{', '.join(chosen)} kernels ({_native.cpu_features()})"
     return found
-
-
-def _numpy_version() -> str:
-    import numpy
-
-    return numpy.__version__
 
 
 def doctor() -> dict[str, Any]:

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from edgeinfer import system
+from edgeinfer.engines import ENGINES
 from tests.api.conftest import load
 
 
@@ -37,7 +38,8 @@ def test_doctor_report_shape():
     report = system.doctor()
     assert set(report) == {"edgeinfer", "python", "os", "cpu", "memory", "backends"}
     names = [b["name"] for b in report["backends"]]
-    assert names == ["native", "reference"]
+    assert names == list(ENGINES)  # doctor reads the one registry
+    assert all(b["formats"] and b["detail"] for b in report["backends"])
     native = report["backends"][0]
     if native["available"]:
         chosen = [v for v in native["isa"] if v["chosen"]]

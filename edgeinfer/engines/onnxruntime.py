@@ -8,7 +8,7 @@ chat template) and a ``config``. The vocabulary is rebuilt from tokenizer.json (
 tokenizer.model) by the same code that writes GGUF files (``edgeinfer.converters.vocab``), so
 token ids are those llama.cpp gives for the converted GGUF of the same source.
 
-:class:`OnnxEngine` implements the engine interface of :mod:`edgeinfer.generation` with the KV
+:class:`OnnxEngine` implements the engine protocol (:mod:`edgeinfer.engines`) with the KV
 cache held between calls: ``truncate`` drops positions from its end, which is all that reusing
 a prompt prefix needs. A float cache is one buffer of the whole context per tensor that
 onnxruntime updates in place; a quantized one grows by copies.
@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer import errors
+from edgeinfer.engines import ENGINES
+from edgeinfer.engines.base import Batch, EngineOptions, SequenceEngine
 
 GENAI_CONFIG = "genai_config.json"
 # onnxruntime-genai model type -> edgeinfer (GGUF) architecture name
@@ -126,24 +128,17 @@ class OnnxFolder:
         self.config = _read_config(self.path)
         self.metadata: dict[str, Any] = _tokenizer_metadata(self.path, self.config)
 
-    def engine(self, name: str, n_ctx: int, n_threads: int, kv_type: str) -> OnnxEngine:
-        if name not in ("auto", "onnxruntime"):
-            raise errors.InvalidOptionError(
-                f"engine {name!r} runs GGUF files; an ONNX folder runs on onnxruntime (auto)"
-            )
-        del kv_type  # the folder's graph fixed the cache type when it was exported
-        return OnnxEngine(self.path / self.config.model_file, self.config, n_ctx, n_threads)
-
     def close(self) -> None:
         pass
 
 
-class OnnxEngine:
+class OnnxEngine(SequenceEngine):
     """One sequence on an onnxruntime session, its KV cache kept as numpy arrays."""
 
-    name = "onnxruntime"
+    spec = ENGINES["onnxruntime"]
 
     def __init__(self, model_file: Path, config: OnnxConfig, n_ctx: int, n_threads: int) -> None:
+        super().__init__(n_ctx, config.n_vocab)
         try:
             import onnxruntime as ort
         except ImportError:
@@ -167,7 +162,7 @@ class OnnxEngine:
             raise errors.ModelFileError(
                 f"{model_file}: onnxruntime cannot load it ({reason})"
             ) from None
-        self.config, self.n_ctx, self.n_past = config, n_ctx, 0
+        self.config = config
         inputs = {i.name: i for i in self.session.get_inputs()}
         past = [inputs[n] for n in inputs if n.startswith("past_key_values.")]
         if len(past) != 2 * config.n_layer:
@@ -178,38 +173,49 @@ class OnnxEngine:
         floats = all(_NUMPY_TYPES.get(p.type) in (np.float32, np.float16) for p in past)
         self._cache = _SharedCache(ort, past, n_ctx) if floats else _GrowingCache(past)
 
-    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
-        """Appends ``tokens`` at positions n_past...; returns the last or every token's logits."""
-        ids = np.asarray(tokens, dtype=np.int64).reshape(1, -1)  # (1, n)
+    @property
+    def isa(self) -> str:
+        return "onnxruntime cpu"
+
+    def _check_open(self) -> None:
+        if self.session is None:
+            raise errors.ModelClosedError("the engine is closed")
+
+    def _run(self, batch: Batch) -> np.ndarray:
+        """One sequence: ``batch`` follows on from n_past (checked by SequenceEngine)."""
+        ids = batch.tokens.astype(np.int64).reshape(1, -1)  # (1, n)
         n = ids.shape[1]
-        if n == 0:
-            raise errors.InvalidOptionError("forward needs at least one token")
-        if self.n_past + n > self.n_ctx:
-            raise errors.ContextOverflowError(
-                f"{self.n_past} cached + {n} new tokens exceed the context of {self.n_ctx}"
-            )
-        if ids.min() < 0 or ids.max() >= self.config.n_vocab:
-            raise errors.InvalidOptionError(f"token ids must lie in [0, {self.config.n_vocab})")
         feed = {"input_ids": ids, "attention_mask": np.ones((1, self.n_past + n), dtype=np.int64)}
         if self._positions:
-            feed["position_ids"] = np.arange(self.n_past, self.n_past + n, dtype=np.int64)[None]
+            feed["position_ids"] = batch.positions.astype(np.int64)[None]
         try:
             logits = self._cache.run(self.session, feed)[0]  # (n, n_vocab)
         except Exception as e:  # noqa: BLE001 (as above)
             raise errors.BackendError(f"onnxruntime failed: {' '.join(str(e).split())}") from None
-        self.n_past += n
-        return logits if all_logits else logits[-1]
+        return np.asarray(logits, dtype=np.float32)[batch.want]
 
-    def truncate(self, n_keep: int) -> None:
+    def truncate(self, n_keep: int, seq: int = 0) -> None:
         """Keeps the first ``n_keep`` cached positions."""
+        self._check_seq(seq)
         if not 0 <= n_keep <= self.n_past:
             raise errors.InvalidOptionError(f"cannot keep {n_keep} of {self.n_past} positions")
         self._cache.truncate(n_keep)
-        self.n_past = n_keep
+        super().truncate(n_keep, seq)
+
+    def _clear(self, seq: int) -> None:
+        self._cache.truncate(0)
 
     def close(self) -> None:
         self.session = None  # type: ignore[assignment]
         self._cache = None  # type: ignore[assignment]
+
+
+def open_engine(folder: OnnxFolder, config: OnnxConfig, options: EngineOptions) -> OnnxEngine:
+    """The registry's factory. The folder's graph fixed the cache type when it was exported,
+    and onnxruntime picks its own kernels."""
+    if options.isa is not None:
+        raise errors.InvalidOptionError("isa selects native kernels; an ONNX folder runs on onnxruntime")
+    return OnnxEngine(folder.path / config.model_file, config, options.n_ctx, options.n_threads)
 
 
 def _cache_shape(spec: Any, length: int) -> tuple[np.dtype, tuple[int, ...]]:

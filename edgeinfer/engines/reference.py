@@ -22,13 +22,16 @@ from __future__ import annotations
 import numpy as np
 
 from edgeinfer import errors, quants
+from edgeinfer.engines import ENGINES
+from edgeinfer.engines.base import Batch, EngineOptions, SequenceEngine
 from edgeinfer.gguf import GGMLType, GGUFFile
+from edgeinfer.kv_cache import cache_type
 from edgeinfer.models.base import DecoderConfig
 
 F32, F64 = np.float32, np.float64
 SQRT_2_OVER_PI = F32(0.7978845608028654)
 GELU_COEF_A = F32(0.044715)
-KV_TYPES = {"f16": np.float16, "f32": np.float32}
+KV_DTYPES = {GGMLType.F16: np.float16, GGMLType.F32: np.float32}  # cache element -> numpy
 OUTPUT_CHUNK = 16384  # rows of the output matrix converted to float64 at a time
 
 # weight types whose dequantized value is a sum of two terms (scale x quant, block minimum):
@@ -161,26 +164,44 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox
     return out
 
 
-class ReferenceEngine:
+class ReferenceEngine(SequenceEngine):
     """Runs one sequence; ``forward`` appends tokens to the KV cache and returns logits."""
 
-    name = "reference"
+    spec = ENGINES["reference"]
 
     def __init__(self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, kv_type: str = "f16") -> None:
-        self.gguf, self.cfg, self.n_ctx = gguf, cfg, n_ctx
+        super().__init__(n_ctx, cfg.n_vocab)
+        self.gguf, self.cfg = gguf, cfg
         self._weights: dict[str, object] = {}
-        if kv_type not in KV_TYPES:
-            raise errors.InvalidOptionError(f"kv_type must be one of {', '.join(KV_TYPES)}")
-        dtype = KV_TYPES[kv_type]
+        ct = cache_type(kv_type)
+        dtype = KV_DTYPES.get(ct.ggml_type)
+        if dtype is None or ct.name not in self.spec.kv_types:
+            raise errors.InvalidOptionError(
+                f"kv_type must be one of {', '.join(self.spec.kv_types)} for the reference engine"
+            )
         # queries and probabilities meet the cache in its own precision, as in GGML
         self._to_kv = _round_f16 if dtype == np.float16 else lambda x: x
         kv = (n_ctx, cfg.n_head_kv)
         # (n_layer) x (n_ctx, n_head_kv, head_dim)
         self.k_cache = [np.zeros(kv + (cfg.head_dim,), dtype) for _ in range(cfg.n_layer)]
         self.v_cache = [np.zeros(kv + (cfg.head_dim_v,), dtype) for _ in range(cfg.n_layer)]
-        self.n_past = 0
         ff = cfg.rope_freqs_tensor
         self._freq_factors = self._dequantize(ff) if ff else None
+
+    @property
+    def isa(self) -> str:
+        return "numpy"
+
+    @property
+    def memory_bytes(self) -> int:
+        """The KV cache and the dequantized weights kept so far."""
+        arrays = [*self.k_cache, *self.v_cache]
+        for w in self._weights.values():
+            arrays.extend(w if isinstance(w, tuple) else (w,))  # type: ignore[arg-type]
+        return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+
+    def close(self) -> None:
+        self._weights = {}
 
     # --- weights ---------------------------------------------------------------------------
 
@@ -254,36 +275,21 @@ class ReferenceEngine:
 
     # --- forward ---------------------------------------------------------------------------
 
-    def truncate(self, n_keep: int) -> None:
-        """Forgets every cached position from ``n_keep`` on."""
-        self.n_past = min(self.n_past, max(0, n_keep))
-
-    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
-        """Appends ``tokens`` at positions n_past...; returns logits of the last or every token."""
+    def _run(self, batch: Batch) -> np.ndarray:
+        """One sequence (positions follow on from n_past, checked by SequenceEngine)."""
         cfg = self.cfg
-        tokens = np.asarray(tokens, dtype=np.int64)
-        n = len(tokens)
-        if n == 0:
-            raise errors.InvalidOptionError("forward needs at least one token")
-        if self.n_past + n > self.n_ctx:
-            raise errors.ContextOverflowError(
-                f"{self.n_past} cached + {n} new tokens exceed the context of {self.n_ctx}"
-            )
-        if tokens.min() < 0 or tokens.max() >= cfg.n_vocab:
-            raise errors.InvalidOptionError(f"token ids must lie in [0, {cfg.n_vocab})")
-        pos = np.arange(self.n_past, self.n_past + n)
+        tokens = batch.tokens.astype(np.int64)
+        pos = batch.positions.astype(np.int64)
         x = self.embed(tokens)  # (n, n_embd)
         for il in range(cfg.n_layer):
             x = self._layer(il, x, pos)
-        self.n_past += n
-        if not all_logits:
-            x = x[-1:]
+        x = x[batch.want]  # only the rows whose logits are wanted
         x = rms_norm(x, cfg.norm_eps) * self.vector("output_norm.weight")
         logits = self.linear(x, cfg.output_tensor)
         if cfg.final_logit_softcap:
             cap = F32(cfg.final_logit_softcap)
             logits = np.tanh((logits / cap).astype(F64)).astype(F32) * cap
-        return logits if all_logits else logits[0]
+        return logits
 
     def _layer(self, il: int, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cfg, lt = self.cfg, self.cfg.layers[il]
@@ -336,3 +342,10 @@ class ReferenceEngine:
         out = np.einsum("grnt,tgd->ngrd", self._to_kv(probs).astype(F64), vals)
         out = out.astype(F32)  # (n, n_head_kv, group, hd_v)
         return self.linear(out.reshape(n, cfg.n_head * cfg.head_dim_v), lt.wo)
+
+
+def open_engine(gguf: GGUFFile, cfg: DecoderConfig, options: EngineOptions) -> ReferenceEngine:
+    """The registry's factory (threads, batch size and instruction set do not apply)."""
+    if options.isa not in (None, "numpy"):
+        raise errors.InvalidOptionError("isa selects native kernels; the reference engine runs numpy")
+    return ReferenceEngine(gguf, cfg, options.n_ctx, kv_type=options.kv_type)

@@ -1,0 +1,226 @@
+"""The engine protocol: what every compute engine (numpy reference, native, onnxruntime)
+offers, and the bookkeeping they share.
+
+An engine holds the KV cache of up to ``max_sequences`` sequences. One call, :meth:`decode`,
+runs a :class:`Batch` of (token, sequence, position) triples, so that several sequences can
+share a step; :meth:`forward` is the one-sequence shorthand that generation uses today.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from edgeinfer import errors
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine is and supports, before one is created (the registry's entries)."""
+
+    name: str
+    summary: str
+    formats: tuple[str, ...]  # model formats it runs: "gguf", "onnx"
+    kv_types: tuple[str, ...]  # cache types it keeps (edgeinfer.kv_cache names); () = the file's
+    max_sequences: int  # sequences one engine holds at once
+    module: str  # where the factory ``open_engine`` lives, imported on use
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What :func:`edgeinfer.load` passes every engine's factory."""
+
+    n_ctx: int
+    n_threads: int
+    n_batch: int = 512
+    kv_type: str = "f16"
+    isa: str | None = None
+    n_seq_max: int = 1
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Tokens to run at once: token ``i`` goes to sequence ``seqs[i]`` at ``positions[i]``,
+    and its logits are returned where ``want[i]``, in token order."""
+
+    tokens: np.ndarray  # (n,) int32
+    positions: np.ndarray  # (n,) int32
+    seqs: np.ndarray  # (n,) int32
+    want: np.ndarray  # (n,) bool
+
+    @classmethod
+    def sequence(cls, tokens: object, start: int, seq: int = 0, all_logits: bool = False) -> Batch:
+        """``tokens`` appended to sequence ``seq`` from position ``start``; logits of the last
+        token, or of every one."""
+        ids = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64).reshape(-1), dtype=np.int32)
+        n = len(ids)
+        want = np.ones(n, dtype=bool) if all_logits else np.zeros(n, dtype=bool)
+        if n:
+            want[-1] = True
+        return cls(
+            ids, np.arange(start, start + n, dtype=np.int32), np.full(n, seq, dtype=np.int32), want
+        )
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """The one interface ``load()``, generation, the CLI, ``doctor`` and ``bench`` use."""
+
+    spec: ClassVar[EngineSpec]
+    n_ctx: int  # positions per sequence
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def isa(self) -> str:
+        """The kernels it runs (an instruction set, or the library doing the work)."""
+        ...
+
+    @property
+    def n_past(self) -> int:
+        """Positions sequence 0 holds."""
+        ...
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the engine allocated itself (buffers, KV cache, weight copies)."""
+        ...
+
+    @property
+    def weight_copy_bytes(self) -> int:
+        """Of memory_bytes, copies of weights the engine made (0: reads the file in place)."""
+        ...
+
+    def seq_length(self, seq: int) -> int: ...
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        """Runs ``batch``; returns (number wanted, n_vocab) float32 logits."""
+        ...
+
+    def forward(self, tokens: object, all_logits: bool = False) -> np.ndarray:
+        """Appends ``tokens`` to sequence 0; logits of the last token (n_vocab,) or of every
+        token (n, n_vocab)."""
+        ...
+
+    def truncate(self, n_keep: int, seq: int = 0) -> None:
+        """Forgets the positions of ``seq`` from ``n_keep`` on."""
+        ...
+
+    def seq_clear(self, seq: int) -> None:
+        """Forgets every position of ``seq`` and frees what its cache held."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SequenceEngine:
+    """Shared bookkeeping: per-sequence lengths, batch checks and the one-sequence shorthand.
+    An engine implements ``_run(batch)`` (and ``_clear(seq)`` when it can free memory).
+
+    The cache is append-only per sequence: a batch's positions for one sequence must follow
+    on from what that sequence holds, in order (truncate first to overwrite)."""
+
+    spec: ClassVar[EngineSpec]
+    n_vocab: int
+
+    def __init__(self, n_ctx: int, n_vocab: int, n_seq_max: int = 1) -> None:
+        if not 1 <= n_seq_max <= self.spec.max_sequences:
+            raise errors.InvalidOptionError(
+                f"the {self.spec.name} engine holds 1 to {self.spec.max_sequences} sequences, "
+                f"not {n_seq_max}"
+            )
+        self.n_ctx, self.n_vocab = n_ctx, n_vocab
+        self._lengths = [0] * n_seq_max
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def n_past(self) -> int:
+        return self._lengths[0]
+
+    @property
+    def memory_bytes(self) -> int:
+        return 0
+
+    @property
+    def weight_copy_bytes(self) -> int:
+        return 0
+
+    def seq_length(self, seq: int) -> int:
+        self._check_seq(seq)
+        return self._lengths[seq]
+
+    def _check_seq(self, seq: int) -> None:
+        if not 0 <= seq < len(self._lengths):
+            raise errors.InvalidOptionError(
+                f"sequence {seq} is outside [0, {len(self._lengths)}) of this engine"
+            )
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        self._check_open()
+        ends = self._check_batch(batch)
+        logits = self._run(batch)
+        for seq, end in ends.items():
+            self._lengths[seq] = end
+        return logits
+
+    def forward(self, tokens: object, all_logits: bool = False) -> np.ndarray:
+        logits = self.decode(Batch.sequence(tokens, self._lengths[0], 0, all_logits))
+        return logits if all_logits else logits[0]
+
+    def truncate(self, n_keep: int, seq: int = 0) -> None:
+        self._check_seq(seq)
+        self._lengths[seq] = min(self._lengths[seq], max(0, n_keep))
+
+    def seq_clear(self, seq: int) -> None:
+        self._check_seq(seq)
+        self._lengths[seq] = 0
+        self._clear(seq)
+
+    def _check_batch(self, batch: Batch) -> dict[int, int]:
+        """Refuses what the cache cannot take; returns each sequence's length afterwards."""
+        n = len(batch)
+        if n == 0:
+            raise errors.InvalidOptionError("a batch needs at least one token")
+        if not (len(batch.positions) == len(batch.seqs) == len(batch.want) == n):
+            raise errors.InvalidOptionError(
+                "a batch's tokens, positions, sequences and flags differ in length"
+            )
+        ends: dict[int, int] = {}
+        for seq, pos in zip(batch.seqs.tolist(), batch.positions.tolist()):
+            self._check_seq(seq)
+            expected = ends.get(seq, self._lengths[seq])
+            if pos != expected:
+                raise errors.InvalidOptionError(
+                    f"sequence {seq} holds {expected} positions: its next token goes to position "
+                    f"{expected}, not {pos}"
+                )
+            ends[seq] = pos + 1
+        for seq, end in ends.items():
+            if end > self.n_ctx:
+                cached = self._lengths[seq]
+                raise errors.ContextOverflowError(
+                    f"{cached} cached + {end - cached} new tokens exceed the context of {self.n_ctx}"
+                )
+        if batch.tokens.min() < 0 or batch.tokens.max() >= self.n_vocab:
+            raise errors.InvalidOptionError(f"token ids must lie in [0, {self.n_vocab})")
+        if not batch.want.any():
+            raise errors.InvalidOptionError("a batch must ask for the logits of one token at least")
+        return ends
+
+    def _check_open(self) -> None:
+        """Raises ModelClosedError once the engine is closed."""
+
+    def _run(self, batch: Batch) -> np.ndarray:
+        raise NotImplementedError
+
+    def _clear(self, seq: int) -> None:
+        """Frees what sequence ``seq`` held (nothing to do where the cache is preallocated)."""

@@ -1,0 +1,19 @@
+"""The native engine's registry entry. The engine itself, like everything that touches the
+native library, lives in :mod:`edgeinfer._native`, the one place where Python meets C."""
+
+from __future__ import annotations
+
+from edgeinfer._native import NativeEngine
+from edgeinfer.engines.base import EngineOptions
+from edgeinfer.gguf import GGUFFile
+from edgeinfer.models.base import DecoderConfig
+
+
+def open_engine(gguf: GGUFFile, cfg: DecoderConfig, options: EngineOptions) -> NativeEngine:
+    return NativeEngine(
+        gguf, cfg, options.n_ctx, n_threads=options.n_threads, kv_type=options.kv_type,
+        isa=options.isa, n_batch=options.n_batch, n_seq_max=options.n_seq_max,
+    )  # fmt: skip
+
+
+__all__ = ["NativeEngine", "open_engine"]
