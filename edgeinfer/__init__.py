@@ -21,9 +21,10 @@ from edgeinfer.errors import (
 )
 
 if TYPE_CHECKING:
-    from edgeinfer.api import Completion, Model, TextStream, load
+    from edgeinfer.api import Completion, Model, load
     from edgeinfer.generation import GenerationStats
     from edgeinfer.sampling import Sampler, SamplingParams
+    from edgeinfer.text_stream import TextStream
 
 __version__ = "0.1.0"
 
@@ -32,7 +33,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Completion": "edgeinfer.api",
     "Model": "edgeinfer.api",
-    "TextStream": "edgeinfer.api",
+    "TextStream": "edgeinfer.text_stream",
     "load": "edgeinfer.api",
     "GenerationStats": "edgeinfer.generation",
     "Sampler": "edgeinfer.sampling",

@@ -1,5 +1,8 @@
 """The Python API: load a model, then tokenize, generate, stream, chat, score and close.
 
+The model facade lives here; a stream's text handling (pieces, stop strings) lives in
+:mod:`edgeinfer.text_stream`.
+
 Everything here raises :class:`edgeinfer.errors.EdgeInferError` subclasses for bad input and
 never prints or exits: it is meant to be embedded in other programs.
 """
@@ -9,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,12 +21,13 @@ import numpy as np
 from edgeinfer import engines, errors
 from edgeinfer.chat import ChatTemplate, builtin_template
 from edgeinfer.engines.onnxruntime import OnnxFolder
-from edgeinfer.generation import GenerationStats, KVSession, generate_tokens
+from edgeinfer.generation import GenerationStats, KVSession
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.kv_cache import cache_type
 from edgeinfer.models import config_from_gguf
 from edgeinfer.sampling import Sampler, SamplingParams
 from edgeinfer.system import physical_cores
+from edgeinfer.text_stream import TextStream, stop_strings
 from edgeinfer.tokenizer import Tokenizer
 
 DEFAULT_N_CTX = 4096
@@ -206,7 +210,7 @@ class Model:
         elif isinstance(max_tokens, (int, np.integer)) and max_tokens < 0:
             raise errors.InvalidOptionError(f"max_tokens must be >= 0 or -1, got {max_tokens}")
         max_tokens = _int_option("max_tokens", max_tokens, 0)
-        stops = _stop_strings(stop)
+        stops = stop_strings(stop)
         ids = self._prompt_ids(prompt, add_special, parse_special)
         self._acquire()
         return TextStream(self, ids, sampler, max_tokens, stops)
@@ -369,102 +373,6 @@ class _Exclusive:
         self.model._release()
 
 
-class TextStream:
-    """Iterator of generated text pieces. Each piece is whole UTF-8 text; a stop string is
-    never emitted, not even in part. After the iteration, ``stats``, ``tokens`` and ``text``
-    describe what was generated."""
-
-    def __init__(
-        self, model: Model, prompt: list[int], sampler: Any, max_tokens: int, stops: list[str]
-    ) -> None:
-        self._model = model
-        self._thread = threading.get_ident()
-        self.stats = GenerationStats()
-        self.tokens: list[int] = []
-        self.text = ""
-        model._active = self
-        tokens = generate_tokens(
-            model._session, prompt, sampler,
-            max_tokens=max_tokens, is_eog=model.tokenizer.is_eog,
-            stats=self.stats, cancel=model._cancel,
-        )  # fmt: skip
-        self._pieces = self._run(tokens, stops)
-        self._done = False
-
-    @property
-    def finish_reason(self) -> str:
-        return self.stats.finish_reason
-
-    def _run(self, tokens: Iterator[int], stops: list[str]) -> Iterator[str]:
-        decoder = self._model.tokenizer.stream_decoder()
-        longest = max((len(s) for s in stops), default=0)
-        full = ""  # everything decoded; self.text is the part already handed out
-        try:
-            for tok in tokens:
-                self.tokens.append(tok)
-                full += decoder.push(tok)
-                emitted = len(self.text)
-                safe = len(full)
-                if stops:
-                    hit = _find_stop(full, stops, max(0, emitted - longest))
-                    if hit >= 0:
-                        yield from self._emit(full[emitted:hit])
-                        self.stats.finish_reason = "stop"
-                        return
-                    safe -= _partial_stop(full, stops, longest)
-                yield from self._emit(full[emitted:safe])
-            if self.stats.finish_reason != "cancelled":
-                full += decoder.flush()
-                yield from self._emit(full[len(self.text) :])
-        finally:
-            if not self.stats.finish_reason:
-                self.stats.finish_reason = "cancelled"
-
-    def _emit(self, piece: str) -> Iterator[str]:
-        if piece:
-            self.text += piece
-            yield piece
-
-    def __iter__(self) -> TextStream:
-        return self
-
-    def __next__(self) -> str:
-        if self._done:
-            raise StopIteration
-        try:
-            return next(self._pieces)
-        except BaseException:
-            self._finish()
-            raise
-
-    def cancel(self) -> None:
-        self._model.cancel()
-
-    def close(self) -> None:
-        """Stops the generation; the model is free for the next request. From a thread other
-        than the one iterating, it cancels: the stream ends after its current step."""
-        if not self._done:
-            try:
-                self._pieces.close()
-            except ValueError:  # running in another thread right now
-                self._model.cancel()
-                return
-            self._finish()
-
-    def _finish(self) -> None:
-        with self._model._busy:  # the consumer and a closing thread may both get here
-            if not self._done:
-                self._done = True
-                if self._model._active is self:
-                    self._model._release()
-
-    def __enter__(self) -> TextStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 _RESERVED: Any = object()  # marks the model busy with a request that is not a stream
 
 
@@ -481,27 +389,6 @@ class _CheckedSampler:
         if not 0 <= token < self.n_vocab:
             raise errors.InvalidOptionError(f"the sampler returned token id {token}, outside [0, {self.n_vocab})")
         return int(token)
-
-
-def _stop_strings(stop: Any) -> list[str]:
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
-        raise errors.InvalidOptionError("stop must be a non-empty string or a list of them")
-    return list(stops)
-
-
-def _find_stop(text: str, stops: list[str], start: int) -> int:
-    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
-    return min(hits) if hits else -1
-
-
-def _partial_stop(text: str, stops: list[str], longest: int) -> int:
-    """Length of the longest tail of ``text`` that begins some stop string."""
-    for n in range(min(longest - 1, len(text)), 0, -1):
-        tail = text[-n:]
-        if any(s.startswith(tail) for s in stops):
-            return n
-    return 0
 
 
 def load(
