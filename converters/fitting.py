@@ -16,7 +16,7 @@ fits, since no step is taken that would not.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,4 +154,3 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-ProgressFn = Callable[[str, int, int], None]
