@@ -3,7 +3,7 @@ matrix, measured by running a text through edgeinfer's own reference engine.
 
 These are llama.cpp's "importance matrix" values: they weight each column's quantization
 error when the fitter compares types, and they steer the quantizers' own searches
-(``quants.quantize(..., weights=)``), as ``llama-quantize --imatrix`` does. Statistics are
+(``quantizers.quantize(..., weights=)``), as ``llama-quantize --imatrix`` does. Statistics are
 keyed by GGUF tensor name, the names the engine itself uses, so no mapping is needed.
 
 The source is first written as a temporary F16 GGUF (the engine runs GGUF files only), then
