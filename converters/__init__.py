@@ -1,12 +1,16 @@
-"""Hugging Face checkpoint conversion (GGUF now; ONNX to come).
+"""Hugging Face checkpoint conversion: to a GGUF file, or to an ONNX folder that
+onnxruntime-genai runs (``onnx/``).
 
 >>> from edgeinfer.converters import ConvertOptions, convert
 >>> plan = convert("Qwen2.5-0.5B-Instruct/", "qwen.gguf", ConvertOptions(type="q4_k_m"))
+>>> convert("Qwen2.5-0.5B-Instruct/", "qwen-onnx/", ConvertOptions(type="int4"))
 
 :class:`~edgeinfer.converters.convert.Conversion` opens and checks a folder without reading
 weights; ``plan()`` chooses each tensor's type (a llama.cpp mix, or fitted to a memory
-budget); ``write_gguf()`` streams the tensors into the file. Every HF name lives in
-``architectures/``; everything after that speaks GGUF names, as the runtime does.
+budget); ``write_gguf()`` streams the tensors into the file. An output that does not end in
+``.gguf`` (or ``format="onnx"``) is exported by :mod:`.onnx` from the same checked folder.
+Every HF name lives in ``architectures/``; everything after that speaks GGUF names, as the
+runtime does.
 """
 
 from __future__ import annotations

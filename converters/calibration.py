@@ -3,7 +3,7 @@ matrix, measured by running a text through edgeinfer's own reference engine.
 
 These are llama.cpp's "importance matrix" values: they weight each column's quantization
 error when the fitter compares types, and they steer the quantizers' own searches
-(``quants.quantize(..., weights=)``), as ``llama-quantize --imatrix`` does. Statistics are
+(``quantizers.quantize(..., weights=)``), as ``llama-quantize --imatrix`` does. Statistics are
 keyed by GGUF tensor name, the names the engine itself uses, so no mapping is needed.
 
 The source is first written as a temporary F16 GGUF (the engine runs GGUF files only), then
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +22,7 @@ import numpy as np
 from edgeinfer.converters import errors
 
 if TYPE_CHECKING:
-    from edgeinfer.converters.convert import Conversion
+    from edgeinfer.converters.convert import Conversion, Progress
 
 CALIB_CTX = 512
 
@@ -86,7 +85,7 @@ def collect_stats(
     max_tokens: int = 4096,
     n_ctx: int = CALIB_CTX,
     workdir: Path | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> ActivationStats:
     """Runs ``text`` (its first ``max_tokens`` tokens) through the source model."""
     from edgeinfer.converters.convert import ConvertOptions
@@ -99,7 +98,7 @@ def collect_stats(
 
 def run_text(
     gguf_path: Path, text: str, max_tokens: int, n_ctx: int = CALIB_CTX,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> ActivationStats:  # fmt: skip
     """Statistics of the GGUF model at ``gguf_path`` over ``text``, window by window."""
     from edgeinfer.gguf import GGUFFile

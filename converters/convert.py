@@ -33,10 +33,10 @@ from edgeinfer.converters.fitting import (
 )
 from edgeinfer.converters.hf_folder import HFCheckpoint
 from edgeinfer.converters.profiles import Profile, load_profile, parse_size
+from edgeinfer.converters.quantizers import quantize
 from edgeinfer.converters.recipes import FILE_TYPES, Model, recipe
 from edgeinfer.converters.vocab import Vocabulary, convert_vocabulary
 
-from edgeinfer import quants
 from edgeinfer.gguf.constants import GGMLType, ValueType
 from edgeinfer.gguf.writer import GGUFWriter
 
@@ -331,7 +331,7 @@ class Conversion:
             if c.ggml_type == GGMLType.F32:
                 yield rows
             else:
-                yield quants.quantize(rows, c.ggml_type, weights=importance)
+                yield quantize(rows, c.ggml_type, weights=importance)
 
 
 def _dominant_file_type(choices: list[TensorChoice]) -> int:

@@ -63,7 +63,9 @@ class ProfileError(ConversionError, errors.InvalidOptionError):
 
 
 class NotAvailableError(ConversionError):
-    """A feature that is designed but not built yet (the ONNX export)."""
+    """What this conversion cannot do here: an option the output format lacks (``--target``,
+    ``--max-memory`` or ``--pure`` with ONNX output), or a step whose optional package is not
+    installed (onnxruntime, to calibrate a quantized ONNX KV cache)."""
 
 
 class BudgetError(ConversionError):

@@ -16,12 +16,13 @@ fits, since no step is taken that would not.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures.base import SourceTensor
+from edgeinfer.converters.quantizers import quantize
 from edgeinfer.converters.recipes import FLOAT_TYPES, fallback
 
 from edgeinfer import quants
@@ -55,7 +56,7 @@ def quantization_error(
     if ggml_type == GGMLType.F32:
         return 0.0
     weights = importance if importance is not None and ggml_type not in FLOAT_TYPES else None
-    raw = quants.quantize(rows, ggml_type, weights=weights)
+    raw = quantize(rows, ggml_type, weights=weights)
     back = quants.dequantize(raw.reshape(-1), ggml_type, rows.shape)
     s = np.ones(rows.shape[1]) if importance is None else importance.astype(np.float64)
     diff = (back.astype(np.float64) - rows) ** 2 @ s
@@ -154,4 +155,3 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-ProgressFn = Callable[[str, int, int], None]

@@ -124,6 +124,3 @@ class HFCheckpoint:
                 f"{weight_map[missing[0]]}"
             )
         return tensors
-
-    def largest_tensor_bytes(self) -> int:
-        return max((e.nbytes for e in self.tensors.values()), default=0)

@@ -1,6 +1,7 @@
 """Device profiles: small declarative TOML files in ``profiles/`` naming a device's
 instruction set, its memory and the share of it a model may take, a default context, and
-the weight types (and block sizes) that run well on it.
+the weight types that run well on it. An optional ``block_sizes`` list only narrows those
+types: a type whose block size (32, 256; 1 for f16 and bf16) is not listed is dropped.
 
 A profile only proposes; ``--max-memory`` and ``--ctx`` override its numbers.
 """
@@ -57,7 +58,6 @@ class Profile:
     model_share: float
     ctx: int
     types: tuple[GGMLType, ...]
-    block_sizes: tuple[int, ...]
 
     @property
     def budget(self) -> int:
@@ -121,5 +121,5 @@ def _profile(data: dict[str, Any], path: Path) -> Profile:
         raise errors.ProfileError(f"{path}: ctx must be positive")
     return Profile(
         name=str(data.get("name", path.stem)), description=str(data.get("description", "")),
-        isa=isa, memory=memory, model_share=share, ctx=ctx, types=kept, block_sizes=blocks,
+        isa=isa, memory=memory, model_share=share, ctx=ctx, types=kept,
     )  # fmt: skip

@@ -26,6 +26,7 @@ import jinja2.sandbox
 import jinja2.utils
 
 from edgeinfer import errors
+from edgeinfer.models import ARCHITECTURES
 
 MAX_OUTPUT_CHARS = 4 << 20  # a rendered prompt larger than this is an attack, not a chat
 MAX_VALUE_SIZE = MAX_OUTPUT_CHARS  # cap on any string or list a template builds (see _size)
@@ -78,15 +79,26 @@ LLAMA2_TEMPLATE = """
 {%- endfor -%}"""
 
 
+# name -> (template, the special tokens whose presence in a vocabulary selects it), in the
+# order they are tried; an architecture names its own (edgeinfer.models) for the other files
+BUILTIN_TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "gemma": (GEMMA_TEMPLATE, ("<start_of_turn>", "<end_of_turn>")),
+    "llama3": (LLAMA3_TEMPLATE, ("<|start_header_id|>", "<|eot_id|>")),
+    "chatml": (CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>")),
+    "llama2": (LLAMA2_TEMPLATE, ()),
+}
+FALLBACK_TEMPLATE = "llama2"  # for an architecture the runtime does not know
+
+
 def builtin_template(arch: str, vocab: set[str] | Mapping[str, int]) -> tuple[str, str]:
-    """(name, template) of the built-in template that fits a model without one."""
-    if "<start_of_turn>" in vocab and "<end_of_turn>" in vocab:
-        return "gemma", GEMMA_TEMPLATE
-    if "<|start_header_id|>" in vocab and "<|eot_id|>" in vocab:
-        return "llama3", LLAMA3_TEMPLATE
-    if "<|im_start|>" in vocab and "<|im_end|>" in vocab or arch in ("qwen2", "qwen3"):
-        return "chatml", CHATML_TEMPLATE
-    return "llama2", LLAMA2_TEMPLATE
+    """(name, template) of the built-in template that fits a model without one: the one whose
+    special tokens the vocabulary has, else the architecture's own."""
+    for name, (source, markers) in BUILTIN_TEMPLATES.items():
+        if markers and all(token in vocab for token in markers):
+            return name, source
+    entry = ARCHITECTURES.get(arch)
+    name = entry.chat_template if entry is not None else FALLBACK_TEMPLATE
+    return name, BUILTIN_TEMPLATES[name][0]
 
 
 class _Refused(jinja2.sandbox.SecurityError):

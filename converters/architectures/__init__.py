@@ -1,19 +1,25 @@
-"""One converter per Hugging Face architecture; anything else is refused by name."""
+"""The converter side of each runtime architecture: one module per architecture, named and
+keyed as in ``edgeinfer.models``. Each module lists the converters of the Hugging Face classes
+written as its architecture; a class that is only a converter's name (``MistralForCausalLM``)
+is mapped to its runtime architecture (``llama``) there and nowhere else. Anything else is
+refused by name."""
 
 from __future__ import annotations
 
 from edgeinfer.converters import errors
-from edgeinfer.converters.architectures.base import ArchConverter, SourceTensor
-from edgeinfer.converters.architectures.gemma3 import Gemma3Converter
-from edgeinfer.converters.architectures.llama import LlamaConverter
-from edgeinfer.converters.architectures.mistral import MistralConverter
-from edgeinfer.converters.architectures.qwen2 import Qwen2Converter
-from edgeinfer.converters.architectures.qwen3 import Qwen3Converter
+from edgeinfer.converters.architectures import gemma3, llama, qwen2, qwen3
+from edgeinfer.converters.architectures.base import ArchConverter, OnnxFamily, SourceTensor
 from edgeinfer.converters.hf_folder import HFCheckpoint
 
+# runtime architecture -> the converters of the Hugging Face classes it is written from
+ARCHITECTURES: dict[str, tuple[type[ArchConverter], ...]] = {
+    m.ARCH: m.CONVERTERS for m in (llama, qwen2, qwen3, gemma3)
+}
+# Hugging Face class (config.json "architectures") -> its converter
 CONVERTERS: dict[str, type[ArchConverter]] = {
     name: cls
-    for cls in (LlamaConverter, MistralConverter, Qwen2Converter, Qwen3Converter, Gemma3Converter)
+    for classes in ARCHITECTURES.values()
+    for cls in classes
     for name in cls.hf_architectures
 }
 
@@ -30,4 +36,11 @@ def converter_for(ckpt: HFCheckpoint) -> ArchConverter:
     return cls(ckpt)
 
 
-__all__ = ["CONVERTERS", "ArchConverter", "SourceTensor", "converter_for"]
+__all__ = [
+    "ARCHITECTURES",
+    "CONVERTERS",
+    "ArchConverter",
+    "OnnxFamily",
+    "SourceTensor",
+    "converter_for",
+]

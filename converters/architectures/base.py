@@ -1,9 +1,9 @@
-"""What every architecture converter shares: typed config reading, rotary parameters, and
-the decoder-layer name map from Hugging Face to GGUF.
+"""What every architecture converter shares: typed config reading, rotary parameters, the
+decoder-layer name map from Hugging Face to GGUF, and what the ONNX export needs to know.
 
 A converter turns a checkpoint into GGUF metadata (architecture keys only; the vocabulary is
-converted elsewhere) and a list of :class:`SourceTensor` s: GGUF name, final shape, and how to
-read its rows from the checkpoint. Nothing here reads tensor data.
+converted elsewhere), a list of :class:`SourceTensor` s (GGUF name, final shape, and how to
+read its rows from the checkpoint) and an :class:`OnnxFamily`. Nothing here reads tensor data.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from edgeinfer.converters.hf_folder import HFCheckpoint
 from edgeinfer.converters.safetensors_file import TensorEntry, read_rows
 
 from edgeinfer.gguf.constants import ValueType
+from edgeinfer.kv_cache import DEFAULT_CACHE_TYPE, cache_bytes
 
 READ_CHUNK_VALUES = 1 << 22  # values read from the checkpoint at a time (16 MiB as float32)
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # buffers some old checkpoints saved
@@ -215,12 +216,28 @@ def kv(
     return (key, vtype, value, element_type)
 
 
+@dataclass(frozen=True)
+class OnnxFamily:
+    """What an architecture's ONNX decoder does that neither the Llama block nor its tensors
+    say (``converters/onnx/spec.py`` reads it; which optional tensors a layer has follows from
+    the tensor list)."""
+
+    genai_type: str  # onnxruntime-genai's model.type
+    embed_scale: float = 1.0  # token embeddings are multiplied by this
+    attn_scale: float = 0.0  # 0: 1 / sqrt(head_dim)
+    sliding_window: int = 0
+    swa_layers: tuple[bool, ...] = ()  # per layer: attends through the sliding window
+    rope_swa: Rope | None = None  # rotary parameters of the sliding layers, when they differ
+    final_logit_softcap: float = 0.0
+
+
 class ArchConverter:
     """Base of the per-architecture converters. Subclasses set the class variables, build
-    ``self.hp`` in ``__init__`` and implement :meth:`metadata` and :meth:`layer_names`."""
+    ``self.hp`` in ``__init__`` and implement :meth:`metadata` and :meth:`layer_shapes`."""
 
-    hf_architectures: ClassVar[tuple[str, ...]]
-    gguf_arch: ClassVar[str]
+    hf_architectures: ClassVar[tuple[str, ...]]  # the Hugging Face classes it reads
+    gguf_arch: ClassVar[str]  # the runtime architecture it writes (edgeinfer.models)
+    genai_type: ClassVar[str | None] = None  # onnxruntime-genai's model.type; None: no ONNX
     # True: the embedding keeps the tokenizer's rows only; False: the vocabulary is padded
     # with unused tokens up to the embedding's rows (llama.cpp does each for some families)
     crop_vocab: ClassVar[bool] = False
@@ -257,11 +274,18 @@ class ArchConverter:
     def n_layer(self) -> int:
         return self.hp.n_layer  # type: ignore[attr-defined]
 
-    def kv_cache_bytes(self, n_ctx: int, bytes_per_value: int = 2) -> int:
-        """Keys and values of every layer for ``n_ctx`` positions (edgeinfer's cache: all
-        layers keep the whole context, sliding-window ones too)."""
+    def kv_cache_bytes(self, n_ctx: int) -> int:
+        """The runtime's default KV cache for ``n_ctx`` positions, sized as the engine sizes it
+        (values are heads of ``head_dim`` too: every family here writes the same length)."""
         hp = self.hp  # type: ignore[attr-defined]
-        return 2 * hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * bytes_per_value
+        return cache_bytes(
+            n_layer=hp.n_layer, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
+            head_dim_v=hp.head_dim, n_ctx=n_ctx, k_type=DEFAULT_CACHE_TYPE,
+        )  # fmt: skip
+
+    def onnx_family(self) -> OnnxFamily | None:
+        """What the ONNX export needs beyond the shared hyper-parameters; None: no export."""
+        return OnnxFamily(self.genai_type) if self.genai_type else None
 
     def rotary_heads(self, suffix: str) -> int:
         """Heads whose rows need unpermuting in tensor ``suffix`` (0: none)."""

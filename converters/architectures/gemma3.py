@@ -7,6 +7,7 @@ is written per layer. Rotary embedding is NeoX-style, so no rows are permuted.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -15,6 +16,7 @@ from edgeinfer.converters.architectures.base import (
     ConfigReader,
     HParams,
     MetadataItem,
+    OnnxFamily,
     Rope,
     check_activation,
     check_rope,
@@ -26,6 +28,9 @@ from edgeinfer.converters.architectures.base import (
 from edgeinfer.converters.hf_folder import HFCheckpoint
 
 from edgeinfer.gguf.constants import ValueType
+from edgeinfer.models import gemma3 as runtime
+
+ARCH = runtime.ARCH
 
 DEFAULTS = {
     "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": True,
@@ -46,7 +51,8 @@ class Gemma3HParams(HParams):
 
 class Gemma3Converter(ArchConverter):
     hf_architectures = ("Gemma3ForCausalLM",)
-    gguf_arch = "gemma3"
+    gguf_arch = ARCH
+    genai_type: ClassVar[str] = "gemma3_text"
     crop_vocab = True  # llama.cpp's files keep only the tokenizer's rows of the embedding
     LAYER_NAMES: ClassVar[dict[str, str]] = {
         "attn_norm.weight": "input_layernorm.weight",
@@ -93,14 +99,14 @@ class Gemma3Converter(ArchConverter):
         for key in ("attn_logit_softcapping", "use_bidirectional_attention", "attention_bias"):
             if config.get(key):
                 raise refuse(self.where, f"{key} = {config[key]!r} is not supported for gemma3")
-        # GGML scales queries by the head size (by hidden/heads on the 62-layer 27B model)
+        # GGUF files do not store the scalar: the runtime derives it, and a file must agree
         hp = self.hp
-        expected = hp.hidden_size // hp.n_head if hp.n_layer == 62 else hp.head_dim
+        expected = runtime.query_pre_attn_scalar(hp.n_layer, hp.hidden_size, hp.n_head, hp.head_dim)
         scalar = cfg.float("query_pre_attn_scalar")
         if scalar != expected:
             raise refuse(
                 self.where,
-                f"query_pre_attn_scalar = {scalar:g}, but GGUF gemma3 files scale by {expected}",
+                f"query_pre_attn_scalar = {scalar:g}, but GGUF gemma3 files scale by {expected:g}",
             )
 
     def _swa_layers(self, cfg: ConfigReader, n_layer: int) -> tuple[bool, ...]:
@@ -142,3 +148,18 @@ class Gemma3Converter(ArchConverter):
 
     def norm_shift(self, suffix: str) -> float:
         return 1.0 if suffix.endswith("norm.weight") else 0.0
+
+    def onnx_family(self) -> OnnxFamily:
+        hp = self.hp
+        return OnnxFamily(
+            self.genai_type,
+            embed_scale=math.sqrt(hp.hidden_size),
+            attn_scale=runtime.query_scale(hp.n_layer, hp.hidden_size, hp.n_head, hp.head_dim),
+            sliding_window=hp.sliding_window,
+            swa_layers=hp.swa_layers,
+            rope_swa=hp.rope_swa if hp.sliding_window else None,
+            final_logit_softcap=hp.final_logit_softcapping,
+        )
+
+
+CONVERTERS: tuple[type[ArchConverter], ...] = (Gemma3Converter,)

@@ -1,8 +1,13 @@
-"""LlamaForCausalLM (Llama 2, Llama 3.x, SmolLM and other Llama-shaped models) -> GGUF ``llama``.
+"""GGUF ``llama``: LlamaForCausalLM (Llama 2, Llama 3.x, SmolLM and other Llama-shaped
+models) and MistralForCausalLM, the same block under another name.
 
 GGML's ``llama`` graph uses "normal" rotary embedding (adjacent values form a pair), while
 Hugging Face pairs the two halves of each head: the query and key rows are permuted back.
 Llama 3.1's rotary scaling becomes the ``rope_freqs.weight`` tensor of per-frequency divisors.
+
+Mistral 7B v0.1 declares a sliding window of 4096; like llama.cpp's converter, the GGUF
+``llama`` architecture has no window, so the file attends to the whole context (identical
+results up to the window's length).
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from edgeinfer.converters.architectures.base import (
 from edgeinfer.converters.hf_folder import HFCheckpoint
 
 from edgeinfer.gguf.constants import ValueType
+from edgeinfer.models import llama as runtime
+
+ARCH = runtime.ARCH
 
 DEFAULTS = {
     "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False,
@@ -35,7 +43,8 @@ DEFAULTS = {
 
 class LlamaConverter(ArchConverter):
     hf_architectures = ("LlamaForCausalLM",)
-    gguf_arch = "llama"
+    gguf_arch = ARCH
+    genai_type = "llama"
     defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def __init__(self, ckpt: HFCheckpoint) -> None:
@@ -70,3 +79,22 @@ class LlamaConverter(ArchConverter):
             return []
         factors = llama3_rope_factors(self.hp.rope, self.hp.head_dim)
         return [SourceTensor("rope_freqs.weight", factors.shape, values=factors)]
+
+
+class MistralConverter(LlamaConverter):
+    hf_architectures = ("MistralForCausalLM",)
+    genai_type = "mistral"
+    defaults: ClassVar[dict[str, Any]] = {**DEFAULTS, "max_position_embeddings": 32768}
+
+    def __init__(self, ckpt: HFCheckpoint) -> None:
+        super().__init__(ckpt)
+        window = ckpt.config.get("sliding_window")
+        if isinstance(window, int) and 0 < window < self.hp.context_length:
+            self.notes.append(
+                f"sliding_window {window} is not kept: the file attends to the whole context "
+                "(as llama.cpp's converter does); results match up to that many tokens"
+            )
+
+
+# the Hugging Face classes written as GGUF ``llama``
+CONVERTERS: tuple[type[ArchConverter], ...] = (LlamaConverter, MistralConverter)

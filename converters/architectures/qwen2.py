@@ -18,6 +18,10 @@ from edgeinfer.converters.architectures.base import (
 )
 from edgeinfer.converters.hf_folder import HFCheckpoint
 
+from edgeinfer.models import qwen2 as runtime
+
+ARCH = runtime.ARCH
+
 DEFAULTS = {
     "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False,
     "hidden_act": "silu",
@@ -26,7 +30,8 @@ DEFAULTS = {
 
 class Qwen2Converter(ArchConverter):
     hf_architectures = ("Qwen2ForCausalLM",)
-    gguf_arch = "qwen2"
+    gguf_arch = ARCH
+    genai_type = "qwen2"
     LAYER_NAMES: ClassVar[dict[str, str]] = {
         **ArchConverter.LAYER_NAMES,
         "attn_q.bias": "self_attn.q_proj.bias",
@@ -55,3 +60,6 @@ class Qwen2Converter(ArchConverter):
             "attn_k.bias": (kv_,),
             "attn_v.bias": (kv_,),
         }
+
+
+CONVERTERS: tuple[type[ArchConverter], ...] = (Qwen2Converter,)

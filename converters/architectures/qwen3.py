@@ -18,6 +18,10 @@ from edgeinfer.converters.architectures.base import (
 )
 from edgeinfer.converters.hf_folder import HFCheckpoint
 
+from edgeinfer.models import qwen3 as runtime
+
+ARCH = runtime.ARCH
+
 DEFAULTS = {
     "rms_norm_eps": 1e-6, "max_position_embeddings": 40960, "tie_word_embeddings": False,
     "hidden_act": "silu",
@@ -26,7 +30,8 @@ DEFAULTS = {
 
 class Qwen3Converter(ArchConverter):
     hf_architectures = ("Qwen3ForCausalLM",)
-    gguf_arch = "qwen3"
+    gguf_arch = ARCH
+    genai_type = "qwen3"
     LAYER_NAMES: ClassVar[dict[str, str]] = {
         **ArchConverter.LAYER_NAMES,
         "attn_q_norm.weight": "self_attn.q_norm.weight",
@@ -53,3 +58,6 @@ class Qwen3Converter(ArchConverter):
             "attn_q_norm.weight": (hd,),
             "attn_k_norm.weight": (hd,),
         }
+
+
+CONVERTERS: tuple[type[ArchConverter], ...] = (Qwen3Converter,)

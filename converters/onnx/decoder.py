@@ -24,9 +24,8 @@ float cache to calibrate the quantized one).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from edgeinfer.converters.architectures import SourceTensor
@@ -34,6 +33,9 @@ from edgeinfer.converters.onnx import blockwise
 from edgeinfer.converters.onnx.spec import DecoderSpec, rotary_tables
 from edgeinfer.converters.onnx.tensor_data import TensorData
 from onnx import ModelProto, TensorProto, helper, numpy_helper
+
+if TYPE_CHECKING:
+    from edgeinfer.converters.convert import Progress
 
 OPSET = 23
 MS_DOMAIN = "com.microsoft"
@@ -44,9 +46,6 @@ KV_TYPES = {
     "int8": (TensorProto.INT8, 8),
     "int4": (TensorProto.UINT8, 4),
 }
-
-Progress = Callable[[str, int, int], None]
-
 
 @dataclass(frozen=True)
 class WeightFormat:

@@ -2,45 +2,29 @@
 
 The architecture converters (``converters/architectures``) already read and check every
 config.json value and name every tensor in GGUF terms; the ONNX graph is built from those
-tensors and from :class:`DecoderSpec`. What differs between the families is small and
-listed once in :data:`FAMILIES`; which optional tensors a layer has (biases, query/key norms,
-Gemma's post-norms) follows from the tensor list itself.
+tensors and from :class:`DecoderSpec`. What differs between the families is small and each
+architecture's module says it in its converter's ``onnx_family()``; which optional tensors a
+layer has (biases, query/key norms, Gemma's post-norms) follows from the tensor list itself.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 from edgeinfer.converters import errors
-from edgeinfer.converters.architectures import ArchConverter
+from edgeinfer.converters.architectures import ARCHITECTURES, ArchConverter
 from edgeinfer.converters.architectures.base import Rope, llama3_rope_factors
-from edgeinfer.converters.architectures.gemma3 import Gemma3Converter
-from edgeinfer.converters.architectures.llama import LlamaConverter
-from edgeinfer.converters.architectures.mistral import MistralConverter
-from edgeinfer.converters.architectures.qwen2 import Qwen2Converter
-from edgeinfer.converters.architectures.qwen3 import Qwen3Converter
 
 # Hugging Face activation -> the graph's (ONNX has no fused SiLU; FastGelu is the tanh form)
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
-@dataclass(frozen=True)
-class Family:
-    """What one architecture family does that the tensors do not say."""
-
-    genai_type: str  # onnxruntime-genai's model.type
-    embed_scale: bool = False  # token embeddings are multiplied by sqrt(hidden_size)
-
-
-FAMILIES: dict[type[ArchConverter], Family] = {
-    LlamaConverter: Family("llama"),
-    MistralConverter: Family("mistral"),
-    Qwen2Converter: Family("qwen2"),
-    Qwen3Converter: Family("qwen3"),
-    Gemma3Converter: Family("gemma3_text", embed_scale=True),
-}
+def onnx_architectures() -> set[str]:
+    """The runtime architectures the export writes: those with a converter that has a family."""
+    return {
+        arch for arch, classes in ARCHITECTURES.items() for cls in classes if cls.genai_type
+    }
 
 
 @dataclass(frozen=True)
@@ -76,10 +60,11 @@ class DecoderSpec:
     def from_converter(
         cls, arch: ArchConverter, n_vocab: int, context_length: int | None = None
     ) -> DecoderSpec:
-        family = FAMILIES.get(type(arch))
+        family = arch.onnx_family()
         if family is None:
             raise errors.UnsupportedArchitectureError(
-                f"{arch.ckpt.folder}: {arch.hf_architectures[0]} has no ONNX export"
+                f"{arch.ckpt.folder}: {arch.hf_architectures[0]} has no ONNX export "
+                f"(exported: {', '.join(sorted(onnx_architectures()))})"
             )
         hp = arch.hp  # type: ignore[attr-defined]
         activation = ACTIVATIONS.get(hp.activation)
@@ -87,9 +72,7 @@ class DecoderSpec:
             raise errors.UnsupportedFeatureError(
                 f"{arch.where}: activation {hp.activation!r} has no ONNX export"
             )
-        window = getattr(hp, "sliding_window", 0)
-        rope_swa: Rope | None = getattr(hp, "rope_swa", None) if window else None
-        scalar = arch.ckpt.config.get("query_pre_attn_scalar")  # Gemma scales queries by it
+        rope_swa = family.rope_swa
         return cls(
             genai_type=family.genai_type,
             n_vocab=n_vocab,
@@ -103,11 +86,11 @@ class DecoderSpec:
             context_length=context_length or hp.context_length,
             inv_freq=inverse_frequencies(hp.rope, hp.head_dim),
             inv_freq_swa=inverse_frequencies(rope_swa, hp.head_dim) if rope_swa else None,
-            embed_scale=math.sqrt(hp.hidden_size) if family.embed_scale else 1.0,
-            attn_scale=1.0 / math.sqrt(scalar) if isinstance(scalar, (int, float)) else 0.0,
-            sliding_window=window,
-            swa_layers=tuple(getattr(hp, "swa_layers", ())),
-            final_logit_softcap=getattr(hp, "final_logit_softcapping", 0.0),
+            embed_scale=family.embed_scale,
+            attn_scale=family.attn_scale,
+            sliding_window=family.sliding_window,
+            swa_layers=family.swa_layers,
+            final_logit_softcap=family.final_logit_softcap,
         )
 
 

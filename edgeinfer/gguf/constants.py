@@ -148,8 +148,3 @@ COMPUTE_TYPES = frozenset(
         GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
     }
 )  # fmt: skip
-
-
-def tensor_nbytes(ggml_type: GGMLType, n_elements: int) -> int:
-    layout = BLOCK_LAYOUTS[ggml_type]
-    return n_elements // layout.block_size * layout.type_size

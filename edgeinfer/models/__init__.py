@@ -1,15 +1,33 @@
-"""One module per architecture; each turns a GGUF file into a DecoderConfig."""
+"""One module per architecture; each turns a GGUF file into a DecoderConfig and describes
+itself in one :class:`Architecture` entry of :data:`ARCHITECTURES`."""
 
 from __future__ import annotations
-
-from types import ModuleType
 
 from edgeinfer import errors
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.models import gemma3, llama, qwen2, qwen3
-from edgeinfer.models.base import DecoderConfig, LayerTensors, check_tensors
+from edgeinfer.models.base import Architecture, DecoderConfig, LayerTensors, check_tensors
 
-ARCHITECTURES: dict[str, ModuleType] = {m.ARCH: m for m in (llama, qwen2, qwen3, gemma3)}
+# GGUF general.architecture -> its entry; the converters keep a registry of the same names
+ARCHITECTURES: dict[str, Architecture] = {
+    m.ARCHITECTURE.name: m.ARCHITECTURE for m in (llama, qwen2, qwen3, gemma3)
+}
+# onnxruntime-genai model.type -> the architecture such a folder runs as
+ONNX_MODEL_TYPES: dict[str, str] = {
+    model_type: arch.name for arch in ARCHITECTURES.values() for model_type in arch.onnx_model_types
+}
+
+
+def architecture(name: str, where: object = "") -> Architecture:
+    """The entry of architecture ``name``; UnknownArchitectureError naming the supported ones."""
+    found = ARCHITECTURES.get(name)
+    if found is None:
+        prefix = f"{where}: " if where else ""
+        raise errors.UnknownArchitectureError(
+            f"{prefix}architecture {name!r} is not supported "
+            f"(supported: {', '.join(sorted(ARCHITECTURES))})"
+        )
+    return found
 
 
 def config_from_gguf(gguf: GGUFFile) -> DecoderConfig:
@@ -17,15 +35,17 @@ def config_from_gguf(gguf: GGUFFile) -> DecoderConfig:
     arch = gguf.metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise errors.MissingKeyError(f"{gguf.path}: required key 'general.architecture' is missing")
-    module = ARCHITECTURES.get(arch)
-    if module is None:
-        raise errors.UnknownArchitectureError(
-            f"{gguf.path}: architecture {arch!r} is not supported "
-            f"(supported: {', '.join(sorted(ARCHITECTURES))})"
-        )
-    cfg = module.config_from_gguf(gguf)
+    cfg = architecture(arch, gguf.path).config_from_gguf(gguf)
     check_tensors(gguf, cfg)
     return cfg
 
 
-__all__ = ["ARCHITECTURES", "DecoderConfig", "LayerTensors", "config_from_gguf"]
+__all__ = [
+    "ARCHITECTURES",
+    "ONNX_MODEL_TYPES",
+    "Architecture",
+    "DecoderConfig",
+    "LayerTensors",
+    "architecture",
+    "config_from_gguf",
+]

@@ -1,13 +1,16 @@
-"""What every decoder architecture shares: the config every engine reads, and key lookup.
+"""What every decoder architecture shares: its registry entry, the config every engine reads,
+and key lookup.
 
-Each architecture module turns a GGUF file into a :class:`DecoderConfig`. The config says
-what the forward pass does in explicit fields (which norms exist, which activation, which
-layers use a sliding window), so that the engines need no ``if arch == ...`` branches.
+Each architecture module turns a GGUF file into a :class:`DecoderConfig` and describes itself
+in one :class:`Architecture` entry. The config says what the forward pass does in explicit
+fields (which norms exist, which activation, which layers use a sliding window), so that the
+engines need no ``if arch == ...`` branches.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +97,22 @@ class DecoderConfig:
 
     def n_params(self, gguf: GGUFFile) -> int:
         return sum(t.n_elements for t in gguf.tensors.values())
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One runtime architecture: everything the runtime knows about it by name.
+
+    The converters (``converters/architectures``) keep an entry of the same ``name`` with the
+    Hugging Face side; a test checks that both registries list the same architectures.
+    """
+
+    name: str  # GGUF ``general.architecture``
+    config_from_gguf: Callable[[GGUFFile], DecoderConfig]
+    # the built-in chat template (edgeinfer.chat) used when the vocabulary names none
+    chat_template: str
+    # onnxruntime-genai ``model.type`` values of folders that run as this architecture
+    onnx_model_types: tuple[str, ...]
 
 
 class Metadata:

@@ -15,10 +15,30 @@ import numpy as np
 
 from edgeinfer import errors
 from edgeinfer.gguf import GGUFFile
-from edgeinfer.models.base import DecoderConfig, Metadata, common_hparams, standard_layers
+from edgeinfer.models.base import (
+    Architecture,
+    DecoderConfig,
+    Metadata,
+    common_hparams,
+    standard_layers,
+)
 
 ARCH = "gemma3"
 SWA_PATTERN = 6  # every sixth layer is global
+
+
+def query_pre_attn_scalar(n_layer: int, n_embd: int, n_head: int, head_dim: int) -> float:
+    """The number whose inverse square root scales Gemma 3's queries (config.json's
+    ``query_pre_attn_scalar``). GGUF files do not store it, so it is derived as GGML does: the
+    hidden size per head on the 62-layer 27B model, the head size on every other size. The
+    converters refuse a checkpoint whose value differs, so files and runtime agree."""
+    return n_embd / n_head if n_layer == 62 else float(head_dim)
+
+
+def query_scale(n_layer: int, n_embd: int, n_head: int, head_dim: int) -> float:
+    """The factor Gemma 3's queries are multiplied by before attention (every engine and the
+    ONNX export use this one rule)."""
+    return 1.0 / math.sqrt(query_pre_attn_scalar(n_layer, n_embd, n_head, head_dim))
 
 
 def _swa_layers(gguf: GGUFFile, md: Metadata, n_layer: int) -> tuple[bool, ...]:
@@ -38,10 +58,6 @@ def config_from_gguf(gguf: GGUFFile) -> DecoderConfig:
     md = Metadata(gguf, ARCH)
     n_layer = hp["n_layer"]
     window = md.int("attention.sliding_window", 0, lo=0, hi=1 << 24)
-    # the 27B model scales queries by its hidden size per head, the others by the head size
-    attn_scale = (
-        1.0 / math.sqrt(hp["n_embd"] / hp["n_head"]) if n_layer == 62 else 1.0 / math.sqrt(hp["head_dim"])
-    )
     return DecoderConfig(
         **hp,
         rope_neox=True,
@@ -49,9 +65,17 @@ def config_from_gguf(gguf: GGUFFile) -> DecoderConfig:
         sliding_window=window,
         swa_layers=_swa_layers(gguf, md, n_layer) if window else (),
         embed_scale=math.sqrt(hp["n_embd"]),
-        attn_scale=attn_scale,
+        attn_scale=query_scale(n_layer, hp["n_embd"], hp["n_head"], hp["head_dim"]),
         scale_q=True,
         activation="gelu",
         final_logit_softcap=md.float("final_logit_softcapping", 0.0),
         layers=standard_layers(n_layer, qk_norm=True, post_norms=True),
     )
+
+
+ARCHITECTURE = Architecture(
+    name=ARCH,
+    config_from_gguf=config_from_gguf,
+    chat_template="gemma",
+    onnx_model_types=("gemma3_text", "gemma3"),
+)

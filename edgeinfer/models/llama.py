@@ -7,7 +7,7 @@ The converter permutes the query and key rows, so rotary embedding pairs adjacen
 from __future__ import annotations
 
 from edgeinfer.gguf import GGUFFile
-from edgeinfer.models.base import DecoderConfig, common_hparams, standard_layers
+from edgeinfer.models.base import Architecture, DecoderConfig, common_hparams, standard_layers
 
 ARCH = "llama"
 
@@ -21,3 +21,11 @@ def config_from_gguf(gguf: GGUFFile) -> DecoderConfig:
         rope_freqs_tensor="rope_freqs.weight" if "rope_freqs.weight" in gguf.tensors else None,
         layers=standard_layers(hp["n_layer"]),
     )
+
+
+ARCHITECTURE = Architecture(
+    name=ARCH,
+    config_from_gguf=config_from_gguf,
+    chat_template="llama2",
+    onnx_model_types=("llama", "mistral"),
+)

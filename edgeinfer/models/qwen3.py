@@ -4,7 +4,7 @@ rotary embedding, and the head size is set explicitly (it need not be n_embd / n
 from __future__ import annotations
 
 from edgeinfer.gguf import GGUFFile
-from edgeinfer.models.base import DecoderConfig, common_hparams, standard_layers
+from edgeinfer.models.base import Architecture, DecoderConfig, common_hparams, standard_layers
 
 ARCH = "qwen3"
 
@@ -17,3 +17,11 @@ def config_from_gguf(gguf: GGUFFile) -> DecoderConfig:
         activation="silu",
         layers=standard_layers(hp["n_layer"], qk_norm=True),
     )
+
+
+ARCHITECTURE = Architecture(
+    name=ARCH,
+    config_from_gguf=config_from_gguf,
+    chat_template="chatml",
+    onnx_model_types=("qwen3",),
+)

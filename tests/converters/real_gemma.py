@@ -76,7 +76,7 @@ def grid_steps(raw: np.ndarray, ggml_type, shape: tuple[int, ...]) -> np.ndarray
     if cls.ggml_type in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):
         step = quants.fp16_bits_to_fp32(blocks["d"])[:, None]  # (n_blocks, 1)
     elif cls.ggml_type in (T.Q4_K, T.Q5_K):
-        step = cls._scale_min(blocks)[0]  # (n_blocks, 8, 1): d * sc of each group of 32
+        step = cls.scales_and_mins(blocks)[0]  # (n_blocks, 8, 1): d * sc of each group of 32
     elif cls.ggml_type == T.Q6_K:
         d = quants.fp16_bits_to_fp32(blocks["d"])[:, None]
         step = (d * blocks["scales"])[:, :, None]  # (n_blocks, 16, 1)

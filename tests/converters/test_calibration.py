@@ -89,6 +89,7 @@ def test_calibrated_quantization_is_llama_cpps_imatrix_path(
 
 def test_calibration_lowers_the_weighted_error(stats, checkpoints):
     from edgeinfer import quants
+    from edgeinfer.converters import quantizers
 
     conv = Conversion(checkpoints["llama"])
     t = next(t for t in conv.tensors if t.name == "blk.1.ffn_down.weight")
@@ -100,8 +101,8 @@ def test_calibration_lowers_the_weighted_error(stats, checkpoints):
         back = quants.dequantize(raw.reshape(-1), quants.GGMLType.Q4_K, rows.shape)
         return float(((back - rows) ** 2 @ s).sum())
 
-    plain = weighted(quants.quantize(rows, quants.GGMLType.Q4_K))
-    guided = weighted(quants.quantize(rows, quants.GGMLType.Q4_K, weights=imp))
+    plain = weighted(quantizers.quantize(rows, quants.GGMLType.Q4_K))
+    guided = weighted(quantizers.quantize(rows, quants.GGMLType.Q4_K, weights=imp))
     assert guided < plain
     assert quantization_error(rows, quants.GGMLType.Q4_K, imp) == pytest.approx(
         guided / float((rows**2 @ s).sum()), rel=1e-6

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from edgeinfer import errors, quants
+from edgeinfer.converters import quantizers
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.constants import GGMLType, ValueType
 from edgeinfer.gguf.writer import GGUFWriter
@@ -19,7 +20,7 @@ def _write(path, alignment=32, chunks=3):
     rng = np.random.default_rng(0)
     a = rng.standard_normal((8, 64)).astype(np.float32)
     b = rng.standard_normal((4, 256)).astype(np.float32)
-    qb = quants.quantize(b, GGMLType.Q4_K)
+    qb = quantizers.quantize(b, GGMLType.Q4_K)
     with GGUFWriter(path, alignment=alignment) as w:
         w.add_string("general.architecture", "llama")
         w.add_uint32("u32", 7)

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from edgeinfer import quants
+from edgeinfer.converters import quantizers
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 
 ALL_TYPES = list(quants.QUANT_TYPES)
 FLOAT_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16]
 # types with an importance-weighted path in ggml, plus Q8_0 and the floats that ignore weights
-WEIGHTED_TYPES = [t for t in ALL_TYPES if quants.QUANT_TYPES[t].accepts_weights]
+WEIGHTED_TYPES = [t for t in ALL_TYPES if quantizers.QUANTIZERS[t].accepts_weights]
 
 
 def _normal(rng, n):
@@ -115,7 +116,7 @@ def test_row_nbytes_matches_ggml(ggml, ggml_type):
 @pytest.mark.parametrize("ggml_type", ALL_TYPES, ids=lambda t: t.name)
 def test_quantize_matches_ggml(ggml, ggml_type, family):
     x = make_values(ggml_type, family)
-    assert_same_bytes(quants.quantize(x, ggml_type), ggml.quantize(x, ggml_type), ggml_type)
+    assert_same_bytes(quantizers.quantize(x, ggml_type), ggml.quantize(x, ggml_type), ggml_type)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -123,7 +124,7 @@ def test_quantize_matches_ggml(ggml, ggml_type, family):
 def test_weighted_quantize_matches_ggml(ggml, ggml_type, family):
     x = make_values(ggml_type, family, seed=1)
     w = make_weights(x.shape[1], seed=1)
-    ours = quants.quantize(x, ggml_type, weights=w)
+    ours = quantizers.quantize(x, ggml_type, weights=w)
     assert_same_bytes(ours, ggml.quantize(x, ggml_type, imatrix=w), ggml_type)
 
 
@@ -133,7 +134,8 @@ def test_uniform_weights_differ_from_no_weights_where_ggml_says_so(ggml, ggml_ty
     change, and they change exactly as ggml's do."""
     x = make_values(ggml_type, "normal", seed=2)
     w = np.ones(x.shape[1], np.float32)
-    ours_plain, ours_weighted = quants.quantize(x, ggml_type), quants.quantize(x, ggml_type, w)
+    ours_plain = quantizers.quantize(x, ggml_type)
+    ours_weighted = quantizers.quantize(x, ggml_type, w)
     ref_plain, ref_weighted = ggml.quantize(x, ggml_type), ggml.quantize(x, ggml_type, w)
     assert_same_bytes(ours_weighted, ref_weighted, ggml_type)
     assert np.array_equal(ours_plain, ours_weighted) == np.array_equal(ref_plain, ref_weighted)
@@ -151,7 +153,7 @@ def test_float_conversion_matches_ggml_on_special_values(ggml, ggml_type):
     )
     x = (bits & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
     x = x[: x.size // 64 * 64].reshape(-1, 64)
-    assert_same_bytes(quants.quantize(x, ggml_type), ggml.quantize(x, ggml_type), ggml_type)
+    assert_same_bytes(quantizers.quantize(x, ggml_type), ggml.quantize(x, ggml_type), ggml_type)
 
 
 # --- dequantize --------------------------------------------------------------------------------
@@ -192,11 +194,12 @@ def test_chunked_tensors_match_ggml(ggml, monkeypatch, ggml_type):
     """Many rows through small chunks: rows split across chunks and the per-row statistics of
     the weighted legacy path must not leak from one row to the next."""
     monkeypatch.setattr(quants, "_CHUNK_VALUES", 4096)
+    monkeypatch.setattr(quantizers, "_CHUNK_VALUES", 4096)
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((37, 512)) * rng.uniform(0.01, 100, (37, 1))).astype(np.float32)
     w = make_weights(512, seed=5)
     for weights in (None, w):
-        ours = quants.quantize(x, ggml_type, weights=weights)
+        ours = quantizers.quantize(x, ggml_type, weights=weights)
         ref = ggml.quantize(x, ggml_type, imatrix=weights)
         assert_same_bytes(ours, ref, ggml_type)
         got = quants.dequantize(ours, ggml_type, x.shape)
@@ -209,5 +212,5 @@ def test_block_api_with_rows_matches_ggml(ggml):
     w = make_weights(x.shape[1], seed=6)
     blocks_per_row = x.shape[1] // 32
     per_block_w = np.tile(w.reshape(blocks_per_row, 32), (3, 1))
-    ours = quants.Q4_1.quantize_blocks(x.reshape(-1, 32), per_block_w, blocks_per_row)
+    ours = quantizers.Q4_1.quantize_blocks(x.reshape(-1, 32), per_block_w, blocks_per_row)
     assert_same_bytes(ours.reshape(3, -1), ggml.quantize(x, GGMLType.Q4_1, w), GGMLType.Q4_1)

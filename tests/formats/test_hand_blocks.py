@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from edgeinfer import quants
+from edgeinfer.converters import quantizers
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 
 HALF = {0.125: 0x3000, 0.25: 0x3400, 0.5: 0x3800, 1.0: 0x3C00, 2.0: 0x4000, -1.0: 0xBC00}
@@ -194,7 +195,7 @@ def test_q8_k():
 
 def quantize_one(ggml_type: GGMLType, values) -> np.ndarray:
     x = np.asarray(values, dtype=np.float32)
-    return quants.quantize(x[None], ggml_type)[0].view(quants.QUANT_TYPES[ggml_type].layout)[0]
+    return quantizers.quantize(x[None], ggml_type)[0].view(quants.QUANT_TYPES[ggml_type].layout)[0]
 
 
 def test_quantize_q4_0_integers():
@@ -249,6 +250,6 @@ def test_quantize_q8_k_keeps_the_sign_of_the_largest_value():
     [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_K],
 )
 def test_quantize_all_zero_super_block_is_zero_bytes(ggml_type):
-    b = quants.quantize(np.zeros((1, 256), np.float32), ggml_type)
+    b = quantizers.quantize(np.zeros((1, 256), np.float32), ggml_type)
     assert not b.any()
     np.testing.assert_array_equal(quants.dequantize(b, ggml_type, (256,)), np.zeros(256))

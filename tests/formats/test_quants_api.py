@@ -1,4 +1,5 @@
-"""The tensor-level API of edgeinfer.quants: shapes, errors, conversions with known results."""
+"""The tensor-level API of edgeinfer.quants (decoding) and edgeinfer.converters.quantizers
+(encoding): shapes, errors, conversions with known results."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 
 from edgeinfer import errors, quants
+from edgeinfer.converters import quantizers
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 
 
@@ -59,28 +61,30 @@ def test_dequantize_reads_a_read_only_map():
 
 def test_quantize_shapes_and_errors():
     x = np.random.default_rng(0).standard_normal((2, 3, 64)).astype(np.float32)
-    q = quants.quantize(x, GGMLType.Q4_0)
+    q = quantizers.quantize(x, GGMLType.Q4_0)
     assert q.shape == (6, 2 * 18) and q.dtype == np.uint8
     back = quants.dequantize(q, GGMLType.Q4_0, x.shape)
     assert back.shape == x.shape
     with pytest.raises(errors.InvalidOptionError):
-        quants.quantize(x[..., :48], GGMLType.Q4_0)
+        quantizers.quantize(x[..., :48], GGMLType.Q4_0)
     with pytest.raises(errors.InvalidOptionError):
-        quants.quantize(x, GGMLType.Q4_0, weights=np.ones(32, np.float32))
+        quantizers.quantize(x, GGMLType.Q4_0, weights=np.ones(32, np.float32))
     with pytest.raises(errors.InvalidOptionError):
-        quants.quantize(np.zeros((1, 256), np.float32), GGMLType.Q8_K, weights=np.ones(256))
+        quantizers.quantize(np.zeros((1, 256), np.float32), GGMLType.Q8_K, weights=np.ones(256))
     with pytest.raises(errors.InvalidOptionError):
-        quants.quantize(np.float32(1.0), GGMLType.F32)
+        quantizers.quantize(np.float32(1.0), GGMLType.F32)
 
 
 def test_block_api_checks_shapes():
     with pytest.raises(errors.InvalidOptionError):
         quants.Q4_K.dequantize_blocks(np.zeros((2, 143), np.uint8))
     with pytest.raises(errors.InvalidOptionError):
-        quants.Q4_K.quantize_blocks(np.zeros((2, 32), np.float32))
+        quantizers.Q4_K.quantize_blocks(np.zeros((2, 32), np.float32))
     with pytest.raises(errors.InvalidOptionError):
-        quants.Q4_0.quantize_blocks(np.zeros((3, 32), np.float32), np.ones(32), blocks_per_row=2)
-    assert quants.Q4_K.quantize_blocks(np.zeros((0, 256), np.float32)).shape == (0, 144)
+        quantizers.Q4_0.quantize_blocks(
+            np.zeros((3, 32), np.float32), np.ones(32), blocks_per_row=2
+        )
+    assert quantizers.Q4_K.quantize_blocks(np.zeros((0, 256), np.float32)).shape == (0, 144)
 
 
 @pytest.mark.parametrize(
@@ -98,7 +102,7 @@ def test_round_trip_error_is_within_the_step(ggml_type, step, nmax):
     step for Q4_0 / Q5_0, whose top level is clamped), plus what storing d (and m) in half
     precision costs: up to nmax * |d| * 2^-11 (and |m| * 2^-11)."""
     x = np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32)
-    q = quants.quantize(x, ggml_type)
+    q = quantizers.quantize(x, ggml_type)
     back = quants.dequantize(q, ggml_type, x.shape).reshape(-1, 32)
     blocks = q.reshape(-1, BLOCK_LAYOUTS[ggml_type].type_size).view(
         quants.QUANT_TYPES[ggml_type].layout
@@ -113,7 +117,7 @@ def test_k_quants_round_trip_closely():
     x = np.random.default_rng(2).standard_normal((16, 512)).astype(np.float32)
     rms = {}
     for t in (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K):
-        back = quants.dequantize(quants.quantize(x, t), t, x.shape)
+        back = quants.dequantize(quantizers.quantize(x, t), t, x.shape)
         rms[t] = float(np.sqrt(np.mean((back - x) ** 2)))
     # more bits, less error; Q6_K is within a few percent of the data's spread
     assert rms[GGMLType.Q2_K] > rms[GGMLType.Q3_K] > rms[GGMLType.Q4_K] > rms[GGMLType.Q5_K]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from edgeinfer import quants
+from edgeinfer.converters import quantizers
 from edgeinfer.gguf import GGMLType, GGUFFile
 from tests.formats.test_ggml_parity import (
     ALL_TYPES,
@@ -69,8 +70,8 @@ def _weight_samples(gemma_file):
 @pytest.mark.parametrize("ggml_type", ALL_TYPES, ids=lambda t: t.name)
 def test_real_weights_quantize_like_ggml(ggml, gemma_file, ggml_type):
     for x in _weight_samples(gemma_file).values():
-        assert_same_bytes(quants.quantize(x, ggml_type), ggml.quantize(x, ggml_type), ggml_type)
+        assert_same_bytes(quantizers.quantize(x, ggml_type), ggml.quantize(x, ggml_type), ggml_type)
         if ggml_type in WEIGHTED_TYPES:
             w = make_weights(x.shape[1], seed=7)
-            ours = quants.quantize(x, ggml_type, weights=w)
+            ours = quantizers.quantize(x, ggml_type, weights=w)
             assert_same_bytes(ours, ggml.quantize(x, ggml_type, imatrix=w), ggml_type)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from edgeinfer import _native, quants
+from edgeinfer.converters import quantizers
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 from edgeinfer.models import reference
 
@@ -145,11 +146,11 @@ def weight_rows(t: GGMLType, n: int, rows: int, kind: str, rng: np.random.Genera
     cls = quants.quant_type(t)
     if kind == "quantized":
         x = rng.standard_normal((rows, n)).astype(np.float32) * np.float32(0.05)
-        return quants.quantize(x, t)
+        return quantizers.quantize(x, t)
     raw = rng.integers(0, 256, size=(rows, n // cls.block_size * cls.type_size), dtype=np.uint8)
     blocks = raw.reshape(-1, cls.type_size).view(cls.layout)[:, 0]
     if t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
-        return quants.quantize(rng.standard_normal((rows, n)).astype(np.float32), t)
+        return quantizers.quantize(rng.standard_normal((rows, n)).astype(np.float32), t)
     for field in SCALE_FIELDS:
         if field in cls.layout.names:
             blocks[field] = quants.fp32_to_fp16_bits(
@@ -348,7 +349,7 @@ def test_reference_quantizers_equal_the_numpy_engine(ref, kind):
             quants.fp16_bits_to_fp32(b1["s"]).astype(np.float64), reference.act_q8_1_sums(x)
         )
     rk = ref.from_float(int(GGMLType.Q8_K), x, row_bytes(GGMLType.Q8_K, 2048))
-    assert np.array_equal(rk, quants.quantize(x, GGMLType.Q8_K).reshape(-1))
+    assert np.array_equal(rk, quantizers.quantize(x, GGMLType.Q8_K).reshape(-1))
     bk = _q8_blocks(rk, GGMLType.Q8_K)
     assert np.array_equal(
         (bk["qs"].astype(np.float64) * bk["d"].astype(np.float64)[:, None]).reshape(-1),
@@ -362,7 +363,7 @@ def test_reference_float_conversions_equal_numpy(ref, t):
     bits = rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32)
     x = np.concatenate([bits.view(np.float32), float_specials(), activations(640, "tiny", rng)])
     got = ref.from_float(int(t), x, 2 * x.size).view(np.uint16)
-    want = quants.quantize(x, t).reshape(-1).view(np.uint16)
+    want = quantizers.quantize(x, t).reshape(-1).view(np.uint16)
     nan = np.isnan(x)  # numpy writes one NaN; the library keeps the payload's top bits
     assert np.array_equal(got[~nan], want[~nan])
     assert np.isnan(quants.dequantize(got[nan].view(np.uint8), t, (int(nan.sum()),))).all()
@@ -536,7 +537,7 @@ def test_float_dot_products_keep_the_reference_order(ref, var, t):
     rng = np.random.default_rng(17)
     for n in (37, 64, 100, 640):
         w, x = cancelling(n, rng)
-        wr, y = quants.quantize(w, t).reshape(-1), ref.from_float(int(t), x, row_bytes(t, n))
+        wr, y = quantizers.quantize(w, t).reshape(-1), ref.from_float(int(t), x, row_bytes(t, n))
         assert_same_floats(var.vec_dot(int(t), n, wr, y), ref.vec_dot(int(t), n, wr, y), f"n={n}")
 
 
