@@ -27,11 +27,9 @@ import numpy as np
 from edgeinfer import errors
 from edgeinfer.engines import ENGINES
 from edgeinfer.engines.base import Batch, EngineOptions, SequenceEngine
+from edgeinfer.models import ONNX_MODEL_TYPES
 
 GENAI_CONFIG = "genai_config.json"
-# onnxruntime-genai model type -> edgeinfer (GGUF) architecture name
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                 "gemma3_text": "gemma3", "gemma3": "gemma3"}  # fmt: skip
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
                 "tensor(int8)": np.int8, "tensor(uint8)": np.uint8}  # fmt: skip
 
@@ -70,10 +68,10 @@ def _read_config(folder: Path) -> OnnxConfig:
     for key, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1 << 31:
             raise errors.AbsurdValueError(f"{path}: {key} = {value!r}")
-    arch = ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None
+    arch = ONNX_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
     if arch is None:
         raise errors.UnknownArchitectureError(
-            f"{path}: model type {model_type!r} is not supported ({', '.join(sorted(ARCHITECTURES))})"
+            f"{path}: model type {model_type!r} is not supported ({', '.join(sorted(ONNX_MODEL_TYPES))})"
         )
     if not isinstance(filename, str) or Path(filename).name != filename:
         raise errors.ModelFileError(f"{path}: bad decoder filename {filename!r}")
