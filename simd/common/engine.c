@@ -30,8 +30,10 @@ struct ei_engine {
     int isa;
     const ei_kernels *k;
     ei_pool *pool;
-    size_t kv_elem;          /* bytes per cache element: 2 (f16) or 4 (f32) */
-    size_t k_layer, v_layer; /* elements per layer of one sequence: n_ctx * n_head_kv * head_dim(_v) */
+    /* cache strides in bytes, all from ei_row_size of the cache types (p.kv_type_k, _v) */
+    size_t k_head_bytes, v_head_bytes;   /* one head of one position: head_dim(_v) values */
+    size_t k_row_bytes, v_row_bytes;     /* one position: n_head_kv heads */
+    size_t k_layer_bytes, v_layer_bytes; /* one layer of one sequence: n_ctx positions */
     void **k_cache, **v_cache; /* (n_seq_max) x (n_layer, n_ctx, n_head_kv, head_dim(_v)), lazily */
     int q_dim, kv_dim, v_dim, att_dim, max_cols;
     float *x;        /* (n_batch, n_embd) residual stream */
@@ -49,7 +51,7 @@ struct ei_engine {
     int n_bases, *layer_base; /* (n_layer) index into bases */
     float *freq_factors; /* (n_rot / 2) or NULL */
     ei_f16 *gelu;    /* (65536) GELU of every fp16 value, as fp16 */
-    struct pack_item *packs; /* (n_layer * 7 + 1) interleaved copies of weights, n_packed of them */
+    struct pack_item *packs; /* (n_layer * EI_LAYER_MATRICES + 1) interleaved copies, n_packed used */
     int n_packed;
     size_t bytes, packed_bytes;
 };
@@ -86,34 +88,62 @@ static int vector_ok(const ei_tensor *t, int64_t n) {
     return t->data && t->type == EI_TYPE_F32 && t->ne0 == n && t->ne1 == 1;
 }
 
+/* the dimensions the shapes of EI_LAYER_TENSORS are written in */
+typedef struct { int64_t n_embd, q_dim, kv_dim, v_dim, att_dim, head_dim, n_ff, one; } layer_dims;
+
+/* whether a layer tensor is as EI_LAYER_TENSORS describes it */
+static int layer_tensor_ok(const ei_tensor *t, int matrix, int required, int64_t ne0, int64_t ne1,
+                           const ei_kernels *k) {
+    if (!t->data) return !required;
+    return matrix ? tensor_ok(t, ne0, ne1, k, 1) : vector_ok(t, ne0) && ne1 == 1;
+}
+
+#define EI_MATRIX 1
+#define EI_VECTOR 0
+#define EI_REQUIRED 1
+#define EI_OPTIONAL 0
+#define CHECK_LAYER_TENSOR_(name, kind, presence, ne0, ne1)                                    \
+    if (!layer_tensor_ok(&l->name, kind, presence, d.ne0, d.ne1, k))                           \
+        return ei_fail(EI_ERR_UNSUPPORTED, "layer %d: %s has a bad shape or an unsupported type", \
+                       il, #name);
+
+static ei_status check_layer(const ei_layer_desc *l, int il, layer_dims d, const ei_kernels *k) {
+    EI_LAYER_TENSORS(CHECK_LAYER_TENSOR_)
+    if (l->window < 0 || !(l->rope_base > 0) || !(l->rope_scale > 0))
+        return ei_fail(EI_ERR_UNSUPPORTED, "layer %d: negative window or non-positive rope base/scale", il);
+    return EI_OK;
+}
+
 static ei_status check_model(const ei_model_desc *m, const ei_kernels *k) {
     if (m->n_embd <= 0 || m->n_layer <= 0 || m->n_head <= 0 || m->n_head_kv <= 0 || m->n_vocab <= 0 ||
         m->n_head % m->n_head_kv || m->head_dim <= 0 || m->head_dim > EI_MAX_HEAD_DIM ||
         m->head_dim_v <= 0 || m->head_dim_v > EI_MAX_HEAD_DIM || m->n_rot <= 0 ||
         m->n_rot > m->head_dim || m->n_rot % 2 || m->n_ff <= 0 || !m->layers)
         return ei_fail(EI_ERR_INVALID, "inconsistent hyper-parameters");
-    const int64_t e = m->n_embd, q = (int64_t)m->n_head * m->head_dim;
-    const int64_t kv = (int64_t)m->n_head_kv * m->head_dim, v = (int64_t)m->n_head_kv * m->head_dim_v;
+    const int64_t e = m->n_embd;
+    const layer_dims d = {e, (int64_t)m->n_head * m->head_dim, (int64_t)m->n_head_kv * m->head_dim,
+                          (int64_t)m->n_head_kv * m->head_dim_v, (int64_t)m->n_head * m->head_dim_v,
+                          m->head_dim, m->n_ff, 1};
     if (!tensor_ok(&m->tok_embd, e, m->n_vocab, k, 0)) return ei_fail(EI_ERR_UNSUPPORTED, "token_embd: bad shape or type");
     if (!tensor_ok(&m->output, e, m->n_vocab, k, 1)) return ei_fail(EI_ERR_UNSUPPORTED, "output: bad shape or type");
     if (!vector_ok(&m->output_norm, e)) return ei_fail(EI_ERR_UNSUPPORTED, "output_norm: bad shape or type");
     if (m->rope_freqs.data && !vector_ok(&m->rope_freqs, m->n_rot / 2)) return ei_fail(EI_ERR_UNSUPPORTED, "rope_freqs: bad shape");
     for (int il = 0; il < m->n_layer; il++) {
-        const ei_layer_desc *l = &m->layers[il];
-        const int ok = vector_ok(&l->attn_norm, e) && vector_ok(&l->ffn_norm, e) &&
-            tensor_ok(&l->wq, e, q, k, 1) && tensor_ok(&l->wk, e, kv, k, 1) && tensor_ok(&l->wv, e, v, k, 1) &&
-            tensor_ok(&l->wo, (int64_t)m->n_head * m->head_dim_v, e, k, 1) &&
-            tensor_ok(&l->ffn_gate, e, m->n_ff, k, 1) && tensor_ok(&l->ffn_up, e, m->n_ff, k, 1) &&
-            tensor_ok(&l->ffn_down, m->n_ff, e, k, 1) &&
-            (!l->bq.data || vector_ok(&l->bq, q)) && (!l->bk.data || vector_ok(&l->bk, kv)) &&
-            (!l->bv.data || vector_ok(&l->bv, v)) &&
-            (!l->q_norm.data || vector_ok(&l->q_norm, m->head_dim)) &&
-            (!l->k_norm.data || vector_ok(&l->k_norm, m->head_dim)) &&
-            (!l->attn_post_norm.data || vector_ok(&l->attn_post_norm, e)) &&
-            (!l->ffn_post_norm.data || vector_ok(&l->ffn_post_norm, e)) && l->window >= 0 && l->rope_base > 0 && l->rope_scale > 0;
-        if (!ok) return ei_fail(EI_ERR_UNSUPPORTED, "layer %d: a tensor has a bad shape or an unsupported type", il);
+        const ei_status st = check_layer(&m->layers[il], il, d, k);
+        if (st != EI_OK) return st;
     }
     return EI_OK;
+}
+
+/* the matrices of a layer (the EI_MATRIX entries of EI_LAYER_TENSORS), in that order */
+#define COUNT_MATRIX_(name, kind, presence, ne0, ne1) +(kind == EI_MATRIX)
+enum { EI_LAYER_MATRICES = 0 EI_LAYER_TENSORS(COUNT_MATRIX_) };
+#define LIST_MATRIX_(name, kind, presence, ne0, ne1) if (kind == EI_MATRIX) out[n++] = &l->name;
+
+static int layer_matrices(ei_layer_desc *l, ei_tensor *out[EI_LAYER_MATRICES]) {
+    int n = 0;
+    EI_LAYER_TENSORS(LIST_MATRIX_)
+    return n;
 }
 
 /* drops the resident pages of a weight the engine has copied: the mapping stays valid (a
@@ -158,12 +188,12 @@ static int plan_pack(ei_engine *e, ei_tensor *t, const void *shared) {
 
 /* 0: out of memory */
 static int plan_packs(ei_engine *e) {
-    if (!(e->packs = calloc((size_t)e->m.n_layer * 7 + 1, sizeof(pack_item)))) return 0;
+    if (!(e->packs = calloc((size_t)e->m.n_layer * EI_LAYER_MATRICES + 1, sizeof(pack_item)))) return 0;
     for (int il = 0; il < e->m.n_layer; il++) {
-        ei_layer_desc *l = &e->layers[il];
-        ei_tensor *w[7] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->ffn_gate, &l->ffn_up, &l->ffn_down};
-        for (int j = 0; j < 7; j++)
-            if (!plan_pack(e, w[j], NULL)) return 0;
+        ei_tensor *w[EI_LAYER_MATRICES];
+        const int n = layer_matrices(&e->layers[il], w);
+        for (int j = 0; j < n; j++)
+            if (w[j]->data && !plan_pack(e, w[j], NULL)) return 0;
     }
     return plan_pack(e, &e->m.output, e->m.tok_embd.data);
 }
@@ -192,6 +222,20 @@ static void note_partner(ei_engine *e, const ei_tensor *t) {
     e->act_row[pt] = ei_row_size(pt, e->max_cols);
 }
 
+/* the cache types and layout of the parameters: rows this build can write and read */
+static ei_status check_cache(const ei_engine_params *p, const ei_model_desc *m, const ei_kernels *k) {
+    if (p->kv_layout != EI_KV_ROWS) return ei_fail(EI_ERR_UNSUPPORTED, "KV cache layout %d is not supported", p->kv_layout);
+    const int types[2] = {p->kv_type_k, p->kv_type_v}, dims[2] = {m->head_dim, m->head_dim_v};
+    for (int i = 0; i < 2; i++) {
+        const int t = types[i];
+        const int writable = t == EI_TYPE_F32 || (t >= 0 && t < EI_TYPE_COUNT && k->from_float[t]);
+        if (!writable || !ei_attn_reads(k, t) || !ei_row_size(t, dims[i]))
+            return ei_fail(EI_ERR_UNSUPPORTED, "%s: the %s attention cannot use a %s cache of type %d",
+                           i ? "values" : "keys", k->name, i ? "value" : "key", t);
+    }
+    return EI_OK;
+}
+
 ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *params, ei_engine **out) {
     *out = NULL;
     if (!m || !params) return ei_fail(EI_ERR_INVALID, "no model or parameters");
@@ -203,6 +247,7 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     const ei_kernels *k = ei_kernels_for(isa);
     if (!k) return ei_fail(EI_ERR_ISA, "instruction set %s is not available: %s", ei_isa_name(isa), ei_isa_reason(isa));
     ei_status st = check_model(m, k);
+    if (st == EI_OK) st = check_cache(&p, m, k);
     if (st != EI_OK) return st;
 
     ei_engine *e = calloc(1, sizeof(*e));
@@ -223,9 +268,12 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     e->max_cols = m->n_embd;
     if (m->n_ff > e->max_cols) e->max_cols = m->n_ff;
     if (e->att_dim > e->max_cols) e->max_cols = e->att_dim;
-    e->kv_elem = p.kv_f32 ? 4 : 2;
-    e->k_layer = (size_t)p.n_ctx * (size_t)e->kv_dim;
-    e->v_layer = (size_t)p.n_ctx * (size_t)e->v_dim;
+    e->k_head_bytes = ei_row_size(p.kv_type_k, m->head_dim);
+    e->v_head_bytes = ei_row_size(p.kv_type_v, m->head_dim_v);
+    e->k_row_bytes = e->k_head_bytes * (size_t)m->n_head_kv;
+    e->v_row_bytes = e->v_head_bytes * (size_t)m->n_head_kv;
+    e->k_layer_bytes = (size_t)p.n_ctx * e->k_row_bytes;
+    e->v_layer_bytes = (size_t)p.n_ctx * e->v_row_bytes;
 
     const size_t nb = (size_t)p.n_batch;
     e->x = alloc(e, nb * m->n_embd * 4);
@@ -259,8 +307,10 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
             e->scales[e->n_bases++] = l->rope_scale;
         }
         e->layer_base[il] = b;
-        note_partner(e, &l->wq); note_partner(e, &l->wk); note_partner(e, &l->wv); note_partner(e, &l->wo);
-        note_partner(e, &l->ffn_gate); note_partner(e, &l->ffn_up); note_partner(e, &l->ffn_down);
+        ei_tensor *w[EI_LAYER_MATRICES];
+        const int n_mat = layer_matrices(&e->layers[il], w);
+        for (int j = 0; j < n_mat; j++)
+            if (w[j]->data) note_partner(e, w[j]);
     }
     note_partner(e, &m->output);
     for (int t = 0; t < EI_TYPE_COUNT; t++) {
@@ -278,17 +328,23 @@ nomem:
 }
 
 static ei_status ensure_cache(ei_engine *e, int s) {
-    if (e->k_cache[s]) return EI_OK;
+    if (e->k_cache[s] && e->v_cache[s]) return EI_OK;
     /* calloc'd pages cost memory only once written: the cache grows with the context used */
-    e->k_cache[s] = alloc(e, e->k_layer * (size_t)e->m.n_layer * e->kv_elem);
-    e->v_cache[s] = alloc(e, e->v_layer * (size_t)e->m.n_layer * e->kv_elem);
+    if (!e->k_cache[s]) e->k_cache[s] = alloc(e, e->k_layer_bytes * (size_t)e->m.n_layer);
+    if (!e->v_cache[s]) e->v_cache[s] = alloc(e, e->v_layer_bytes * (size_t)e->m.n_layer);
     if (!e->k_cache[s] || !e->v_cache[s]) return ei_fail(EI_ERR_NOMEM, "out of memory for the KV cache");
     return EI_OK;
 }
 
 ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
-    return EI_OK; /* positions are overwritten as they are decoded again; nothing to free */
+    /* freed rather than zeroed: a cleared sequence costs nothing until it is decoded again */
+    if (e->k_cache[seq]) e->bytes -= e->k_layer_bytes * (size_t)e->m.n_layer;
+    if (e->v_cache[seq]) e->bytes -= e->v_layer_bytes * (size_t)e->m.n_layer;
+    free(e->k_cache[seq]);
+    free(e->v_cache[seq]);
+    e->k_cache[seq] = e->v_cache[seq] = NULL;
+    return EI_OK;
 }
 
 int ei_engine_isa(const ei_engine *e) { return e ? e->isa : -1; }
@@ -422,13 +478,16 @@ static void add_bias(const ei_tensor *b, float *x, int n) {
     for (int i = 0; i < n; i++) x[i] += v[i];
 }
 
-static void *cache_row(ei_engine *e, void **cache, size_t per_layer, int dim, int s, int il, int pos) {
-    return (uint8_t *)cache[s] + (((size_t)il * per_layer) + (size_t)pos * dim) * e->kv_elem;
+/* the row of position pos of layer il of sequence s: layer_bytes and row_bytes are the K or
+ * V cache's strides */
+static uint8_t *cache_row(void **cache, size_t layer_bytes, size_t row_bytes, int s, int il, int pos) {
+    return (uint8_t *)cache[s] + (size_t)il * layer_bytes + (size_t)pos * row_bytes;
 }
 
-static void store_kv(ei_engine *e, void *dst, const float *src, int n) {
-    if (e->kv_elem == 4) memcpy(dst, src, (size_t)n * 4);
-    else e->k->from_float[EI_TYPE_F16](src, dst, n);
+/* n floats encoded as a cache row of the given type (check_cache made sure it has an encoder) */
+static void store_kv(ei_engine *e, int type, void *dst, const float *src, int n) {
+    if (type == EI_TYPE_F32) memcpy(dst, src, (size_t)n * 4);
+    else e->k->from_float[type](src, dst, n);
 }
 
 /* token-wise work after the QKV products: biases, q/k norms, rope, cache writes */
@@ -455,8 +514,10 @@ static void qkv_post(ei_engine *e, const step *st, int il, int ith, int nth) {
             if (l->k_norm.data) e->k->rms_norm(m->head_dim, kh, kh, l->k_norm.data, m->norm_eps);
             e->k->rope(m->n_rot, kh, cs, m->rope_neox);
         }
-        store_kv(e, cache_row(e, e->k_cache, e->k_layer, e->kv_dim, st->seq[i], il, st->pos[i]), k, e->kv_dim);
-        store_kv(e, cache_row(e, e->v_cache, e->v_layer, e->v_dim, st->seq[i], il, st->pos[i]), v, e->v_dim);
+        store_kv(e, e->p.kv_type_k, cache_row(e->k_cache, e->k_layer_bytes, e->k_row_bytes, st->seq[i], il, st->pos[i]),
+                 k, e->kv_dim);
+        store_kv(e, e->p.kv_type_v, cache_row(e->v_cache, e->v_layer_bytes, e->v_row_bytes, st->seq[i], il, st->pos[i]),
+                 v, e->v_dim);
     }
     ei_pool_barrier(e->pool);
 }
@@ -468,9 +529,10 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     ei_attn_params ap = {0};
     ap.head_dim = m->head_dim;
     ap.head_dim_v = m->head_dim_v;
-    ap.kv_f32 = e->kv_elem == 4;
-    ap.k_stride = (size_t)e->kv_dim;
-    ap.v_stride = (size_t)e->v_dim;
+    ap.k_type = e->p.kv_type_k;
+    ap.v_type = e->p.kv_type_v;
+    ap.k_row_bytes = e->k_row_bytes;
+    ap.v_row_bytes = e->v_row_bytes;
     ap.scale = m->scale_q ? 1.0f : m->kq_scale;
     int a, b;
     if (e->k->attn_group && group > 1 && st->n >= nth) {
@@ -480,11 +542,10 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
             const int i = w / m->n_head_kv, g = w % m->n_head_kv, pos = st->pos[i];
             ap.t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
             ap.t1 = pos + 1;
-            const void *kbase = cache_row(e, e->k_cache, e->k_layer, e->kv_dim, st->seq[i], il, 0);
-            const void *vbase = cache_row(e, e->v_cache, e->v_layer, e->v_dim, st->seq[i], il, 0);
+            const uint8_t *kbase = cache_row(e->k_cache, e->k_layer_bytes, e->k_row_bytes, st->seq[i], il, 0);
+            const uint8_t *vbase = cache_row(e->v_cache, e->v_layer_bytes, e->v_row_bytes, st->seq[i], il, 0);
             e->k->attn_group(&ap, group, e->q + (size_t)i * e->q_dim + (size_t)g * group * m->head_dim, (size_t)m->head_dim,
-                             (const uint8_t *)kbase + (size_t)g * m->head_dim * e->kv_elem,
-                             (const uint8_t *)vbase + (size_t)g * m->head_dim_v * e->kv_elem,
+                             kbase + (size_t)g * e->k_head_bytes, vbase + (size_t)g * e->v_head_bytes,
                              e->att + (size_t)i * e->att_dim + (size_t)g * group * m->head_dim_v, (size_t)m->head_dim_v, scratch);
         }
         ei_pool_barrier(e->pool);
@@ -495,11 +556,10 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
         const int i = w / m->n_head, h = w % m->n_head, g = h / group, pos = st->pos[i];
         ap.t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
         ap.t1 = pos + 1;
-        const void *kbase = cache_row(e, e->k_cache, e->k_layer, e->kv_dim, st->seq[i], il, 0);
-        const void *vbase = cache_row(e, e->v_cache, e->v_layer, e->v_dim, st->seq[i], il, 0);
+        const uint8_t *kbase = cache_row(e->k_cache, e->k_layer_bytes, e->k_row_bytes, st->seq[i], il, 0);
+        const uint8_t *vbase = cache_row(e->v_cache, e->v_layer_bytes, e->v_row_bytes, st->seq[i], il, 0);
         e->k->attn(&ap, e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim,
-                   (const uint8_t *)kbase + (size_t)g * m->head_dim * e->kv_elem,
-                   (const uint8_t *)vbase + (size_t)g * m->head_dim_v * e->kv_elem,
+                   kbase + (size_t)g * e->k_head_bytes, vbase + (size_t)g * e->v_head_bytes,
                    e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v, scratch);
     }
     ei_pool_barrier(e->pool);

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "../common/attn_softmax.h"
 #include "../common/ei_kernels.h"
 
 static void ref_rms_norm(int n, float *y, const float *x, const float *w, float eps) {
@@ -53,38 +54,30 @@ static void ref_scale(int n, float *y, float s) {
     for (int i = 0; i < n; i++) y[i] *= s;
 }
 
-static inline float kv_at(const void *base, int f32, size_t i) {
-    return f32 ? ((const float *)base)[i] : ei_fp16_to_fp32(((const ei_f16 *)base)[i]);
+/* element i of a cache row of the given type */
+static inline float kv_at(const void *row, int type, int i) {
+    return type == EI_TYPE_F32 ? ((const float *)row)[i] : ei_fp16_to_fp32(((const ei_f16 *)row)[i]);
 }
 
 static void ref_attn(const ei_attn_params *p, const float *q, const void *k, const void *v,
                      float *out, double *scratch) {
     const int n = p->t1 - p->t0, hd = p->head_dim;
-    float qr[EI_MAX_HEAD_DIM]; /* the query as the cache type sees it */
-    for (int d = 0; d < hd; d++) qr[d] = p->kv_f32 ? q[d] : ei_fp16_to_fp32(ei_fp32_to_fp16(q[d]));
+    float qr[EI_MAX_HEAD_DIM]; /* the query as the key type sees it */
+    for (int d = 0; d < hd; d++) qr[d] = ei_attn_round_to(q[d], p->k_type);
     float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
-    float max = -INFINITY;
     for (int t = 0; t < n; t++) {
-        const size_t row = (size_t)(p->t0 + t) * p->k_stride;
+        const uint8_t *row = (const uint8_t *)k + (size_t)(p->t0 + t) * p->k_row_bytes;
         double dot = 0.0;
-        for (int d = 0; d < hd; d++) dot += (double)qr[d] * kv_at(k, p->kv_f32, row + d);
-        float s = (float)dot * p->scale;
-        if (p->softcap != 0.0f) s = p->softcap * (float)tanh((double)(s / p->softcap));
-        scores[t] = s;
-        max = fmaxf(max, s);
+        for (int d = 0; d < hd; d++) dot += (double)qr[d] * kv_at(row, p->k_type, d);
+        scores[t] = ei_attn_score((float)dot, p);
     }
-    double sum = 0.0;
-    for (int t = 0; t < n; t++) {
-        scratch[t] = exp((double)(scores[t] - max));
-        sum += scratch[t];
-    }
+    const double sum = ei_attn_softmax(scores, n, scratch);
     double acc[EI_MAX_HEAD_DIM];
     for (int d = 0; d < p->head_dim_v; d++) acc[d] = 0.0;
     for (int t = 0; t < n; t++) {
-        float pr = (float)(scratch[t] / sum);
-        if (!p->kv_f32) pr = ei_fp16_to_fp32(ei_fp32_to_fp16(pr));
-        const size_t row = (size_t)(p->t0 + t) * p->v_stride;
-        for (int d = 0; d < p->head_dim_v; d++) acc[d] += (double)pr * kv_at(v, p->kv_f32, row + d);
+        const float pr = ei_attn_prob(scratch[t], sum, p->v_type);
+        const uint8_t *row = (const uint8_t *)v + (size_t)(p->t0 + t) * p->v_row_bytes;
+        for (int d = 0; d < p->head_dim_v; d++) acc[d] += (double)pr * kv_at(row, p->v_type, d);
     }
     for (int d = 0; d < p->head_dim_v; d++) out[d] = (float)acc[d];
 }
@@ -102,4 +95,5 @@ void ei_kernels_init_ref(ei_kernels *k) {
     k->add = ref_add;
     k->scale = ref_scale;
     k->attn = ref_attn;
+    k->attn_types = EI_ATTN_F16_F32;
 }

@@ -181,23 +181,27 @@ int main(void) {
             k32[i] = gaussian(); v32[i] = gaussian();
             k16[i] = ei_fp32_to_fp16(k32[i]); v16[i] = ei_fp32_to_fp16(v32[i]);
         }
-        for (int f32 = 0; f32 < 2; f32++)
+        for (int kv = 0; kv < 4; kv++) /* every pair of key and value types */
             for (int t0 = 0; t0 < 20; t0 += 19) {
-                ei_attn_params ap = {256, 256, t0, 64, f32, 256, 256, 0.0625f, 0.0f};
-                ref.attn(&ap, x[2], f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16, ya, scratch);
-                var.attn(&ap, x[2], f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16, yb, scratch);
-                snprintf(what, sizeof(what), "attn kv_f32 %d t0 %d", f32, t0);
+                const int k_f32 = kv & 1, v_f32 = kv >> 1;
+                const int kt = k_f32 ? EI_TYPE_F32 : EI_TYPE_F16, vt = v_f32 ? EI_TYPE_F32 : EI_TYPE_F16;
+                const void *kc = k_f32 ? (void *)k32 : (void *)k16, *vc = v_f32 ? (void *)v32 : (void *)v16;
+                ei_attn_params ap = {256, 256, t0, 64, kt, vt, ei_row_size(kt, 256), ei_row_size(vt, 256),
+                                     0.0625f, 0.0f};
+                ref.attn(&ap, x[2], kc, vc, ya, scratch);
+                var.attn(&ap, x[2], kc, vc, yb, scratch);
+                snprintf(what, sizeof(what), "attn k_f32 %d v_f32 %d t0 %d", k_f32, v_f32, t0);
                 check_floats(what, yb, ya, 256);
                 if (!var.attn_group) continue;
                 /* a grouped-query group: up to 9 query heads (more than one pass of 8) */
                 static double gscratch[9 * 2 * 64];
                 static float gout[9 * 256];
                 for (int nq = 1; nq <= 9; nq += 4) {
-                    var.attn_group(&ap, nq, x[3], 256, f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16,
-                                   gout, 256, gscratch);
+                    var.attn_group(&ap, nq, x[3], 256, kc, vc, gout, 256, gscratch);
                     for (int i = 0; i < nq; i++) {
-                        ref.attn(&ap, x[3] + i * 256, f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16, ya, scratch);
-                        snprintf(what, sizeof(what), "attn_group nq %d query %d kv_f32 %d t0 %d", nq, i, f32, t0);
+                        ref.attn(&ap, x[3] + i * 256, kc, vc, ya, scratch);
+                        snprintf(what, sizeof(what), "attn_group nq %d query %d k_f32 %d v_f32 %d t0 %d", nq, i,
+                                 k_f32, v_f32, t0);
                         check_floats(what, gout + i * 256, ya, 256);
                     }
                 }

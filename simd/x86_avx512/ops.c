@@ -5,6 +5,7 @@
  * bit for bit, whether or not the double sums are exact. */
 #include <math.h>
 
+#include "../common/attn_softmax.h"
 #include "blocks.h"
 
 /* ---- elementwise ------------------------------------------------------------------------- */
@@ -127,11 +128,11 @@ EI_INLINE void f16x16_pd(__m256i h, __m512d *lo, __m512d *hi) {
     *hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
 }
 
-/* out[j] = sum over d in order of qd[d] * k_j[d] for 16 fp16 keys k_j = k + j * stride
+/* out[j] = sum over d in order of qd[d] * k_j[d] for 16 fp16 keys k_j at k + j * row_bytes
  * (j >= m repeats key 0, not stored), one double lane per key; every product is exact */
-static void key_dots16_f16(const double *qd, const ei_f16 *k, size_t stride, int hd, int m, double *out) {
+static void key_dots16_f16(const double *qd, const uint8_t *k, size_t row_bytes, int hd, int m, double *out) {
     const ei_f16 *row[16];
-    for (int j = 0; j < 16; j++) row[j] = k + (size_t)(j < m ? j : 0) * stride;
+    for (int j = 0; j < 16; j++) row[j] = (const ei_f16 *)(k + (size_t)(j < m ? j : 0) * row_bytes);
     __m512d even = _mm512_setzero_pd(), odd = _mm512_setzero_pd(); /* keys 0, 2, .. 14 and 1, 3, .. 15 */
     int d = 0;
     for (; d + 16 <= hd; d += 16) {
@@ -189,27 +190,27 @@ static double key_dot_f32(const float *q, const float *k, int hd) {
     return sum;
 }
 
-/* 16 cache values of row t from dimension d0 as doubles */
-EI_INLINE void v_row16(const void *v, int f32, size_t at, __m512d *lo, __m512d *hi) {
+/* 16 values of a cache row from dimension d0 as doubles */
+EI_INLINE void v_row16(const uint8_t *row, int f32, int d0, __m512d *lo, __m512d *hi) {
     if (f32) {
-        *lo = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)v + at));
-        *hi = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)v + at + 8));
+        *lo = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)row + d0));
+        *hi = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)row + d0 + 8));
     } else {
-        f16x16_pd(_mm256_loadu_si256((const __m256i *)((const ei_f16 *)v + at)), lo, hi);
+        f16x16_pd(_mm256_loadu_si256((const __m256i *)((const ei_f16 *)row + d0)), lo, hi);
     }
 }
 
 /* acc[d0 + j] = sum over t in order of p[t] * v_t[d0 + j] for j < 16 * G, one double lane per
  * dimension; every product is exact */
 #define WEIGHTED_SUM(G)                                                                              \
-    static void weighted_sum##G(const double *p, const void *v, int f32, size_t stride, int n, int d0, double *acc) { \
+    static void weighted_sum##G(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int d0, double *acc) { \
         __m512d a[2 * G];                                                                            \
         EI_UNROLL for (int i = 0; i < 2 * G; i++) a[i] = _mm512_setzero_pd();                         \
         for (int t = 0; t < n; t++) {                                                                \
             const __m512d pt = _mm512_set1_pd(p[t]);                                                 \
             EI_UNROLL for (int i = 0; i < G; i++) {                                                  \
                 __m512d lo, hi;                                                                      \
-                v_row16(v, f32, (size_t)t * stride + d0 + 16 * i, &lo, &hi);                         \
+                v_row16(v + (size_t)t * row_bytes, f32, d0 + 16 * i, &lo, &hi);                      \
                 a[2 * i] = _mm512_fmadd_pd(lo, pt, a[2 * i]);                                        \
                 a[2 * i + 1] = _mm512_fmadd_pd(hi, pt, a[2 * i + 1]);                                \
             }                                                                                        \
@@ -219,68 +220,59 @@ EI_INLINE void v_row16(const void *v, int f32, size_t at, __m512d *lo, __m512d *
 WEIGHTED_SUM(8)
 WEIGHTED_SUM(1)
 
-static void weighted_sum(const double *p, const void *v, int f32, size_t stride, int n, int hv, double *acc) {
+/* rows row_bytes apart, of f32 or fp16 values */
+static void weighted_sum(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int hv, double *acc) {
     int d = 0;
-    for (; d + 128 <= hv; d += 128) weighted_sum8(p, v, f32, stride, n, d, acc);
-    for (; d + 16 <= hv; d += 16) weighted_sum1(p, v, f32, stride, n, d, acc);
+    for (; d + 128 <= hv; d += 128) weighted_sum8(p, v, f32, row_bytes, n, d, acc);
+    for (; d + 16 <= hv; d += 16) weighted_sum1(p, v, f32, row_bytes, n, d, acc);
     for (; d < hv; d++) {
         double s = 0.0;
-        for (int t = 0; t < n; t++)
-            s += p[t] * (f32 ? ((const float *)v)[(size_t)t * stride + d] : ei_fp16_to_fp32(((const ei_f16 *)v)[(size_t)t * stride + d]));
+        for (int t = 0; t < n; t++) {
+            const uint8_t *row = v + (size_t)t * row_bytes;
+            s += p[t] * (f32 ? ((const float *)row)[d] : ei_fp16_to_fp32(((const ei_f16 *)row)[d]));
+        }
         acc[d] = s;
     }
 }
 
 static void attn(const ei_attn_params *p, const float *q, const void *k, const void *v, float *out, double *scratch) {
-    const int n = p->t1 - p->t0, hd = p->head_dim, hv = p->head_dim_v, f32 = p->kv_f32;
-    float qr[EI_MAX_HEAD_DIM];  /* the query as the cache type sees it */
+    const int n = p->t1 - p->t0, hd = p->head_dim, hv = p->head_dim_v;
+    const int k_f32 = p->k_type == EI_TYPE_F32, v_f32 = p->v_type == EI_TYPE_F32;
+    float qr[EI_MAX_HEAD_DIM];  /* the query as the key type sees it */
     double qd[EI_MAX_HEAD_DIM]; /* the same, in double */
     int d = 0;
     for (; d + 16 <= hd; d += 16) {
         __m512 x = _mm512_loadu_ps(q + d);
-        if (!f32) x = _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        if (!k_f32) x = _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         _mm512_storeu_ps(qr + d, x);
     }
-    for (; d < hd; d++) qr[d] = f32 ? q[d] : ei_fp16_to_fp32(ei_fp32_to_fp16(q[d]));
+    for (; d < hd; d++) qr[d] = ei_attn_round_to(q[d], p->k_type);
     for (d = 0; d < hd; d++) qd[d] = qr[d];
 
     float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
-    float max = -INFINITY;
+    const uint8_t *kbase = (const uint8_t *)k + (size_t)p->t0 * p->k_row_bytes;
     for (int t = 0; t < n; t += 16) {
         const int m = n - t < 16 ? n - t : 16;
-        const size_t row = (size_t)(p->t0 + t) * p->k_stride;
+        const uint8_t *rows = kbase + (size_t)t * p->k_row_bytes;
         double dot[16];
-        if (f32)
-            for (int j = 0; j < m; j++) dot[j] = key_dot_f32(qr, (const float *)k + row + (size_t)j * p->k_stride, hd);
+        if (k_f32)
+            for (int j = 0; j < m; j++) dot[j] = key_dot_f32(qr, (const float *)(rows + (size_t)j * p->k_row_bytes), hd);
         else
-            key_dots16_f16(qd, (const ei_f16 *)k + row, p->k_stride, hd, m, dot);
-        for (int j = 0; j < m; j++) {
-            float s = (float)dot[j] * p->scale;
-            if (p->softcap != 0.0f) s = p->softcap * (float)tanh((double)(s / p->softcap));
-            scores[t + j] = s;
-            max = fmaxf(max, s);
-        }
+            key_dots16_f16(qd, rows, p->k_row_bytes, hd, m, dot);
+        for (int j = 0; j < m; j++) scores[t + j] = ei_attn_score((float)dot[j], p);
     }
-    double sum = 0.0;
-    for (int t = 0; t < n; t++) {
-        scratch[t] = exp((double)(scores[t] - max));
-        sum += scratch[t];
-    }
-    /* the weights as the cache type rounds them, back in scratch */
+    const double sum = ei_attn_softmax(scores, n, scratch);
+    /* the weights as the value type rounds them, back in scratch */
     int t = 0;
     for (; t + 8 <= n; t += 8) {
         __m256 pr = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_loadu_pd(scratch + t), _mm512_set1_pd(sum)));
-        if (!f32) pr = _mm256_cvtph_ps(_mm256_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        if (!v_f32) pr = _mm256_cvtph_ps(_mm256_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         _mm512_storeu_pd(scratch + t, _mm512_cvtps_pd(pr));
     }
-    for (; t < n; t++) {
-        float pr = (float)(scratch[t] / sum);
-        if (!f32) pr = ei_fp16_to_fp32(ei_fp32_to_fp16(pr));
-        scratch[t] = pr;
-    }
+    for (; t < n; t++) scratch[t] = ei_attn_prob(scratch[t], sum, p->v_type);
     double acc[EI_MAX_HEAD_DIM];
-    const uint8_t *vbase = (const uint8_t *)v + (size_t)p->t0 * p->v_stride * (f32 ? 4 : 2);
-    weighted_sum(scratch, vbase, f32, p->v_stride, n, hv, acc);
+    const uint8_t *vbase = (const uint8_t *)v + (size_t)p->t0 * p->v_row_bytes;
+    weighted_sum(scratch, vbase, v_f32, p->v_row_bytes, n, hv, acc);
     d = 0;
     for (; d + 8 <= hv; d += 8) _mm256_storeu_ps(out + d, _mm512_cvtpd_ps(_mm512_loadu_pd(acc + d)));
     for (; d < hv; d++) out[d] = (float)acc[d];
@@ -290,9 +282,9 @@ static void attn(const ei_attn_params *p, const float *q, const void *k, const v
 
 /* scores[i][j] = sum over d in order of qT[d][i] * k_j[d] for 8 fp16 keys (j >= m repeats
  * key 0), one double lane per query: each key row is converted once for all the queries */
-static void group_scores8(const double (*qT)[8], const ei_f16 *k, size_t stride, int hd, int m, double out[8][8]) {
+static void group_scores8(const double (*qT)[8], const uint8_t *k, size_t row_bytes, int hd, int m, double out[8][8]) {
     const ei_f16 *row[8];
-    for (int j = 0; j < 8; j++) row[j] = k + (size_t)(j < m ? j : 0) * stride;
+    for (int j = 0; j < 8; j++) row[j] = (const ei_f16 *)(k + (size_t)(j < m ? j : 0) * row_bytes);
     __m512d acc[8];
     EI_UNROLL for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_pd();
     for (int d = 0; d < hd; d += 16) {
@@ -315,14 +307,14 @@ static void group_scores8(const double (*qT)[8], const ei_f16 *k, size_t stride,
 
 /* acc[i][d0 + c] = sum over t in order of w[i][t] * v_t[d0 + c], c < 16 G, for NQ queries */
 #define GROUP_SUM(NQ, G)                                                                             \
-    static void group_sum_##NQ##_##G(const double *w, int n, const ei_f16 *v, size_t stride, int d0, double *out, size_t os) { \
+    static void group_sum_##NQ##_##G(const double *w, int n, const uint8_t *v, size_t row_bytes, int d0, double *out, size_t os) { \
         __m512d acc[NQ][2 * G];                                                                      \
         EI_UNROLL for (int i = 0; i < NQ; i++)                                                       \
             EI_UNROLL for (int c = 0; c < 2 * G; c++) acc[i][c] = _mm512_setzero_pd();               \
         for (int t = 0; t < n; t++) {                                                                \
             __m512d vd[2 * G];                                                                       \
             EI_UNROLL for (int c = 0; c < G; c++)                                                    \
-                f16x16_pd(_mm256_loadu_si256((const __m256i *)(v + (size_t)t * stride + d0 + 16 * c)), &vd[2 * c], &vd[2 * c + 1]); \
+                f16x16_pd(_mm256_loadu_si256((const __m256i *)((const ei_f16 *)(v + (size_t)t * row_bytes) + d0 + 16 * c)), &vd[2 * c], &vd[2 * c + 1]); \
             EI_UNROLL for (int i = 0; i < NQ; i++) {                                                 \
                 const __m512d wt = _mm512_set1_pd(w[(size_t)i * n + t]);                             \
                 EI_UNROLL for (int c = 0; c < 2 * G; c++) acc[i][c] = _mm512_fmadd_pd(vd[c], wt, acc[i][c]); \
@@ -338,7 +330,7 @@ GROUP_SUM(1, 8)
 static void attn_group(const ei_attn_params *p, int nq, const float *q, size_t qs, const void *k, const void *v,
                        float *out, size_t os, double *scratch) {
     const int n = p->t1 - p->t0, hd = p->head_dim, hv = p->head_dim_v;
-    if (p->kv_f32 || hd % 16 || hv % 64) {
+    if (p->k_type != EI_TYPE_F16 || p->v_type != EI_TYPE_F16 || hd % 16 || hv % 64) {
         for (int i = 0; i < nq; i++) attn(p, q + (size_t)i * qs, k, v, out + (size_t)i * os, scratch);
         return;
     }
@@ -356,44 +348,33 @@ static void attn_group(const ei_attn_params *p, int nq, const float *q, size_t q
                 for (int e = 0; e < 16; e++) qT[d + e][i] = f[e];
             }
         }
-        const ei_f16 *kb = (const ei_f16 *)k + (size_t)p->t0 * p->k_stride;
+        const uint8_t *kb = (const uint8_t *)k + (size_t)p->t0 * p->k_row_bytes;
         for (int t = 0; t < n; t += 8) {
             const int m = n - t < 8 ? n - t : 8;
             double dot[8][8];
-            group_scores8((const double (*)[8])qT, kb + (size_t)t * p->k_stride, p->k_stride, hd, m, dot);
+            group_scores8((const double (*)[8])qT, kb + (size_t)t * p->k_row_bytes, p->k_row_bytes, hd, m, dot);
             for (int j = 0; j < m; j++)
-                for (int i = 0; i < nb; i++) {
-                    float s = (float)dot[j][i] * p->scale;
-                    if (p->softcap != 0.0f) s = p->softcap * (float)tanh((double)(s / p->softcap));
-                    sc[(size_t)i * n + t + j] = s;
-                }
+                for (int i = 0; i < nb; i++) sc[(size_t)i * n + t + j] = ei_attn_score((float)dot[j][i], p);
         }
         for (int i = 0; i < nb; i++) {
-            const float *si = sc + (size_t)i * n;
             double *wi = w + (size_t)i * n;
-            float max = -INFINITY;
-            for (int t = 0; t < n; t++) max = fmaxf(max, si[t]);
-            double sum = 0.0;
-            for (int t = 0; t < n; t++) {
-                wi[t] = exp((double)(si[t] - max));
-                sum += wi[t];
-            }
+            const double sum = ei_attn_softmax(sc + (size_t)i * n, n, wi);
             int t = 0;
             for (; t + 8 <= n; t += 8) {
                 const __m256 pr = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_loadu_pd(wi + t), _mm512_set1_pd(sum)));
                 _mm512_storeu_pd(wi + t, _mm512_cvtps_pd(_mm256_cvtph_ps(_mm256_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))));
             }
-            for (; t < n; t++) wi[t] = ei_fp16_to_fp32(ei_fp32_to_fp16((float)(wi[t] / sum)));
+            for (; t < n; t++) wi[t] = ei_attn_prob(wi[t], sum, EI_TYPE_F16);
         }
         /* the outputs, summed in double */
         static EI_THREAD_LOCAL double acc[8 * EI_MAX_HEAD_DIM]; /* (nb, hv) */
-        const ei_f16 *vb = (const ei_f16 *)v + (size_t)p->t0 * p->v_stride;
+        const uint8_t *vb = (const uint8_t *)v + (size_t)p->t0 * p->v_row_bytes;
         int i = 0;
         for (; i + 4 <= nb; i += 4)
-            for (int d = 0; d < hv; d += 32) group_sum_4_2(w + (size_t)i * n, n, vb, p->v_stride, d, acc + (size_t)i * hv, (size_t)hv);
+            for (int d = 0; d < hv; d += 32) group_sum_4_2(w + (size_t)i * n, n, vb, p->v_row_bytes, d, acc + (size_t)i * hv, (size_t)hv);
         for (; i + 2 <= nb; i += 2)
-            for (int d = 0; d < hv; d += 64) group_sum_2_4(w + (size_t)i * n, n, vb, p->v_stride, d, acc + (size_t)i * hv, (size_t)hv);
-        for (; i < nb; i++) weighted_sum(w + (size_t)i * n, vb, 0, p->v_stride, n, hv, acc + (size_t)i * hv);
+            for (int d = 0; d < hv; d += 64) group_sum_2_4(w + (size_t)i * n, n, vb, p->v_row_bytes, d, acc + (size_t)i * hv, (size_t)hv);
+        for (; i < nb; i++) weighted_sum(w + (size_t)i * n, vb, 0, p->v_row_bytes, n, hv, acc + (size_t)i * hv);
         for (int ii = 0; ii < nb; ii++)
             for (int d = 0; d < hv; d += 8)
                 _mm256_storeu_ps(out + (size_t)(i0 + ii) * os + d, _mm512_cvtpd_ps(_mm512_loadu_pd(acc + (size_t)ii * hv + d)));
@@ -409,4 +390,5 @@ void ei_avx512_float_kernels(ei_kernels *k) {
     k->scale = scale;
     k->attn = attn;
     k->attn_group = attn_group;
+    k->attn_types = EI_ATTN_F16_F32;
 }

@@ -206,18 +206,21 @@ static void check_attn(const ei_kernels *ref, const ei_kernels *var) {
     for (int i = 0; i < STRIDE; i++) q[i] = uniform() * 3.0f;
     const int dims[][2] = {{1, 1}, {3, 5}, {4, 4}, {7, 9}, {64, 64}, {72, 40}, {130, 131}};
     for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
-        for (int f32 = 0; f32 < 2; f32++)
+        for (int kv = 0; kv < 4; kv++) /* every pair of key and value types */
             for (int t0 = 0; t0 <= 6; t0 += 3)
                 for (int t1 = t0 + 1; t1 <= T; t1 += 1 + t1 / 4)
                     for (int cap = 0; cap < 2; cap++) {
-                        ei_attn_params p = {dims[di][0], dims[di][1], t0, t1, f32, STRIDE, STRIDE, 0.125f,
+                        const int k_f32 = kv & 1, v_f32 = kv >> 1;
+                        const int kt = k_f32 ? EI_TYPE_F32 : EI_TYPE_F16, vt = v_f32 ? EI_TYPE_F32 : EI_TYPE_F16;
+                        ei_attn_params p = {dims[di][0], dims[di][1], t0, t1, kt, vt,
+                                            ei_row_size(kt, STRIDE), ei_row_size(vt, STRIDE), 0.125f,
                                             cap ? 5.0f : 0.0f};
-                        const void *k = f32 ? (const void *)k32 : (const void *)k16;
-                        const void *v = f32 ? (const void *)v32 : (const void *)v16;
+                        const void *k = k_f32 ? (const void *)k32 : (const void *)k16;
+                        const void *v = v_f32 ? (const void *)v32 : (const void *)v16;
                         ref->attn(&p, q, k, v, oa, scratch);
                         var->attn(&p, q, k, v, ob, scratch);
-                        snprintf(what, sizeof(what), "attn hd %d hdv %d f32 %d t %d..%d softcap %d", dims[di][0],
-                                 dims[di][1], f32, t0, t1, cap);
+                        snprintf(what, sizeof(what), "attn hd %d hdv %d k_f32 %d v_f32 %d t %d..%d softcap %d",
+                                 dims[di][0], dims[di][1], k_f32, v_f32, t0, t1, cap);
                         check(what, same_floats(oa, ob, dims[di][1]));
                     }
 }

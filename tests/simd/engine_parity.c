@@ -1,6 +1,6 @@
 /* The native forward pass with every supported variant against the scalar one, bit for bit:
  * small random models whose layers use every weight type, a prompt (tiles with 4 and with
- * fewer activations), then single tokens (tiles with one), several threads, both cache types,
+ * fewer activations), then single tokens (tiles with one), several threads, three cache types,
  * a Llama-like and a Gemma-like configuration. Linked from the library's objects; prints
  * "N passed, M failed". */
 #include <math.h>
@@ -98,9 +98,12 @@ static void build(ei_model_desc *m, ei_layer_desc *layers, int gemma) {
     m->layers = layers;
 }
 
+/* the (key, value) cache types run: both f16, both f32, and a mixed pair */
+static const int KV_TYPES[3][2] = {{EI_TYPE_F16, EI_TYPE_F16}, {EI_TYPE_F32, EI_TYPE_F32}, {EI_TYPE_F16, EI_TYPE_F32}};
+
 /* logits of a prompt, then of single tokens, as (PROMPT + STEPS, VOCAB) */
-static int run(const ei_model_desc *m, int isa, int threads, int kv_f32, float *logits) {
-    ei_engine_params p = {64, threads, 1, 16, kv_f32, isa};
+static int run(const ei_model_desc *m, int isa, int threads, const int kv[2], float *logits) {
+    ei_engine_params p = {64, threads, 1, 16, kv[0], kv[1], EI_KV_ROWS, isa};
     ei_engine *e;
     if (ei_engine_create(m, &p, &e) != EI_OK) {
         printf("FAIL create %s: %s\n", ei_isa_name(isa), ei_last_error());
@@ -128,8 +131,9 @@ int main(void) {
     for (int gemma = 0; gemma < 2; gemma++) {
         ei_model_desc m;
         build(&m, layers, gemma);
-        for (int kv_f32 = 0; kv_f32 < 2; kv_f32++) {
-            if (!run(&m, EI_ISA_SCALAR, 1, kv_f32, ref)) return 1;
+        for (int c = 0; c < 3; c++) {
+            const int *kv = KV_TYPES[c];
+            if (!run(&m, EI_ISA_SCALAR, 1, kv, ref)) return 1;
             float lo = ref[0], hi = ref[0];
             for (int i = 0; i < (PROMPT + STEPS) * VOCAB; i++) {
                 if (!isfinite(ref[i])) lo = -INFINITY;
@@ -143,13 +147,13 @@ int main(void) {
                 if (!ei_isa_supported(isa)) continue;
                 for (int threads = 1; threads <= 3; threads += 2) {
                     memset(got, 0, sizeof(got));
-                    const int same = run(&m, isa, threads, kv_f32, got) && memcmp(ref, got, sizeof(ref)) == 0;
+                    const int same = run(&m, isa, threads, kv, got) && memcmp(ref, got, sizeof(ref)) == 0;
                     if (same) { passed++; continue; }
                     failed++;
                     int at = 0;
                     while (at < (PROMPT + STEPS) * VOCAB && !memcmp(&ref[at], &got[at], 4)) at++;
-                    printf("FAIL %s model, %s cache, %s, %d threads: logit %d: %.9g vs scalar %.9g\n",
-                           gemma ? "gemma-like" : "llama-like", kv_f32 ? "f32" : "f16", ei_isa_name(isa), threads,
+                    printf("FAIL %s model, cache types %d/%d, %s, %d threads: logit %d: %.9g vs scalar %.9g\n",
+                           gemma ? "gemma-like" : "llama-like", kv[0], kv[1], ei_isa_name(isa), threads,
                            at, got[at], ref[at]);
                 }
             }
