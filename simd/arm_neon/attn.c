@@ -6,7 +6,7 @@
  * Output: the lanes are dimensions, each summed over keys in order. exp and tanh are
  * libm's, in double, one key at a time. */
 #include "../common/attn_softmax.h"
-#include "neon.h"
+#include "simd.h"
 
 /* elements d..d+3 of a cache row as floats */
 EI_INLINE float32x4_t kv4(const uint8_t *row, int d, int f32) {

@@ -4,7 +4,19 @@
  * starts from the scalar reference table and overrides what it implements, so a missing
  * kernel falls back to the reference rather than to nothing. Every variant of a kernel
  * computes the same function: integer results bit for bit, floating point within a stated
- * tolerance (tests/simd). */
+ * tolerance (tests/simd).
+ *
+ * Every instruction-set folder uses the same file names for the same jobs, so a reader who
+ * knows one knows them all and a missing variant shows as a missing file:
+ *   quants.c   activation quantizers and row decoders (from_float, to_float) and the dot
+ *              product of one weight row with one activation row (vec_dot)
+ *   gemm.c     tiles of a matrix product (gemm) and products of interleaved rows (gemm_x16)
+ *   ops.c      rms_norm, rope, geglu / swiglu, add, scale
+ *   attn.c     attention (attn, attn_group); its scalar middle is common/attn_softmax.h
+ *   kernels.c  the folder's table: ei_kernels_init_<isa>
+ *   simd.h     the folder's private header: intrinsics, inline helpers, its files' entry points
+ *   blocks.h   weight blocks unpacked for the integer products, shared by quants.c and gemm.c
+ * ref/ has no gemm.c (a NULL gemm loops vec_dot) and no private headers. */
 #ifndef EI_KERNELS_H
 #define EI_KERNELS_H
 

@@ -1,12 +1,11 @@
-/* Scalar reference of the float operations of a decoder step.
+/* Scalar reference of the float operations of a decoder step (attention: attn.c).
  *
  * Elementwise steps are float32 operations in a fixed order, never fused; reductions (sums
- * of squares, dot products, softmax sums) and transcendental functions are computed in
- * double and rounded once. The numpy reference engine computes the same values. */
+ * of squares) and transcendental functions are computed in double and rounded once. The
+ * numpy reference engine computes the same values. */
 #include <math.h>
 #include <string.h>
 
-#include "../common/attn_softmax.h"
 #include "../common/ei_kernels.h"
 
 static void ref_rms_norm(int n, float *y, const float *x, const float *w, float eps) {
@@ -54,46 +53,11 @@ static void ref_scale(int n, float *y, float s) {
     for (int i = 0; i < n; i++) y[i] *= s;
 }
 
-/* element i of a cache row of the given type */
-static inline float kv_at(const void *row, int type, int i) {
-    return type == EI_TYPE_F32 ? ((const float *)row)[i] : ei_fp16_to_fp32(((const ei_f16 *)row)[i]);
-}
-
-static void ref_attn(const ei_attn_params *p, const float *q, const void *k, const void *v,
-                     float *out, double *scratch) {
-    const int n = p->t1 - p->t0, hd = p->head_dim;
-    float qr[EI_MAX_HEAD_DIM]; /* the query as the key type sees it */
-    for (int d = 0; d < hd; d++) qr[d] = ei_attn_round_to(q[d], p->k_type);
-    float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
-    for (int t = 0; t < n; t++) {
-        const uint8_t *row = (const uint8_t *)k + (size_t)(p->t0 + t) * p->k_row_bytes;
-        double dot = 0.0;
-        for (int d = 0; d < hd; d++) dot += (double)qr[d] * kv_at(row, p->k_type, d);
-        scores[t] = ei_attn_score((float)dot, p);
-    }
-    const double sum = ei_attn_softmax(scores, n, scratch);
-    double acc[EI_MAX_HEAD_DIM];
-    for (int d = 0; d < p->head_dim_v; d++) acc[d] = 0.0;
-    for (int t = 0; t < n; t++) {
-        const float pr = ei_attn_prob(scratch[t], sum, p->v_type);
-        const uint8_t *row = (const uint8_t *)v + (size_t)(p->t0 + t) * p->v_row_bytes;
-        for (int d = 0; d < p->head_dim_v; d++) acc[d] += (double)pr * kv_at(row, p->v_type, d);
-    }
-    for (int d = 0; d < p->head_dim_v; d++) out[d] = (float)acc[d];
-}
-
-void ei_ref_quant_kernels(ei_kernels *k);
-
-void ei_kernels_init_ref(ei_kernels *k) {
-    memset(k, 0, sizeof(*k));
-    k->name = "scalar";
-    ei_ref_quant_kernels(k);
+void ei_ref_op_kernels(ei_kernels *k) {
     k->rms_norm = ref_rms_norm;
     k->rope = ref_rope;
     k->geglu = ref_geglu;
     k->swiglu = ref_swiglu;
     k->add = ref_add;
     k->scale = ref_scale;
-    k->attn = ref_attn;
-    k->attn_types = EI_ATTN_F16_F32;
 }

@@ -1,4 +1,4 @@
-/* AVX2 attention of one query head over its KV head, rounded as the reference (ref/ops.c).
+/* AVX2 attention of one query head over its KV head, rounded as the reference (ref/attn.c).
  *
  * Scores: each product of the cache-rounded query and a key is exact (in float for an fp16
  * cache, in double for f32), but their sum in double is not, so every key's sum runs in
@@ -8,7 +8,7 @@
 #include <math.h>
 
 #include "../common/attn_softmax.h"
-#include "avx2.h"
+#include "simd.h"
 
 /* adds the four lanes of terms to *sum in lane order */
 EI_AVX2_INLINE void add_in_order(double *sum, __m256d terms) {

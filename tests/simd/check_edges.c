@@ -1,5 +1,5 @@
 /* Edge cases of one instruction-set variant against the scalar reference, exactly: the
- * shapes simd/tests/check_kernels.c leaves out (odd lengths and block counts, vector tails,
+ * shapes check_kernels.c leaves out (odd lengths and block counts, vector tails,
  * tile strides, odd head dimensions, soft-capping, NaN and infinity in conversions, ties in
  * rounding). Built like check_kernels.c, with -DEI_CHECK_INIT=<the variant's init>; prints
  * "N passed, M failed" and exits non-zero on any failure. */
@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../simd/common/ei_kernels.h"
+#define CHECK_RNG_SEED 0x243f6a8885a308d3ull
+#include "check_common.h"
 
 #ifndef EI_CHECK_INIT
 #error "define EI_CHECK_INIT as the variant's init function"
@@ -17,13 +18,6 @@
 void EI_CHECK_INIT(ei_kernels *k);
 
 static int passed, failed;
-static uint64_t rng = 0x243f6a8885a308d3ull;
-
-static uint32_t next_u32(void) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float uniform(void) { return (next_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
 
 static void check(const char *what, int ok) {
     if (ok) { passed++; return; }
@@ -56,11 +50,8 @@ static void random_row(int type, uint8_t *w, int n) {
         return;
     }
     const size_t block = ei_row_size(type, ei_block_size(type));
-    int offs[2] = {0, -1};
-    if (type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1 || type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K) offs[1] = 2;
-    if (type == EI_TYPE_Q2_K) { offs[0] = 80; offs[1] = 82; }
-    if (type == EI_TYPE_Q3_K) offs[0] = 108;
-    if (type == EI_TYPE_Q6_K) offs[0] = 208;
+    int offs[2];
+    scale_offsets(type, offs);
     for (size_t b = 0; b + block <= bytes; b += block)
         for (int j = 0; j < 2; j++)
             if (offs[j] >= 0) {

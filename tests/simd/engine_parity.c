@@ -9,15 +9,10 @@
 #include <string.h>
 
 #include "../../simd/common/ei_internal.h"
+#include "check_common.h"
 
 enum { E = 256, FF = 512, HEADS = 4, KV_HEADS = 2, HD = 64, VOCAB = 301, LAYERS = 3, PROMPT = 11, STEPS = 3 };
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t next_u32(void) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float uniform(void) { return (next_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
 
 /* a (rows, cols) weight of the given type: random bits, sane fp16 scales, small floats */
 static ei_tensor weight(int type, int cols, int rows, float scale) {
@@ -32,11 +27,8 @@ static ei_tensor weight(int type, int cols, int rows, float scale) {
         }
     } else {
         const size_t block = ei_row_size(type, ei_block_size(type));
-        int offs[2] = {0, -1};
-        if (type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1 || type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K) offs[1] = 2;
-        if (type == EI_TYPE_Q2_K) { offs[0] = 80; offs[1] = 82; }
-        if (type == EI_TYPE_Q3_K) offs[0] = 108;
-        if (type == EI_TYPE_Q6_K) offs[0] = 208;
+        int offs[2];
+        scale_offsets(type, offs);
         for (size_t b = 0; b + block <= bytes; b += block)
             for (int j = 0; j < 2; j++)
                 if (offs[j] >= 0) {

@@ -2,8 +2,8 @@
 
 Most machines that build edgeinfer lack AVX-512 (the target laptops are AVX2-only), so the
 variant's source is also compiled against SIMDe, which emulates each AVX-512 intrinsic with
-narrower instructions (simd/x86_avx512/intrinsics.h fills in the ones SIMDe lacks). Each
-build links the C check drivers (simd/tests/check_kernels.c, tests/simd/check_edges.c)
+narrower instructions (simd/x86_avx512/simd.h fills in the ones SIMDe lacks). Each
+build links the C check drivers (tests/simd/check_kernels.c, tests/simd/check_edges.c)
 with the reference and runs them: every kernel must equal the reference bit for bit,
 "0 failed". Where the CPU has AVX-512 the same drivers also run natively, built with
 setup.py's flags. Both the VNNI kernels and the fallback chosen on AVX-512 CPUs without
@@ -24,9 +24,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMD = ROOT / "simd"
+HERE = Path(__file__).resolve().parent
 FOLDER = SIMD / "x86_avx512"
 DRIVERS = {
-    "kernels": SIMD / "tests" / "check_kernels.c",
+    "kernels": HERE / "check_kernels.c",
     "edges": Path(__file__).with_name("check_edges.c"),
     "guard": None,  # GUARD_DRIVER below, written out at test time
 }
@@ -198,7 +199,7 @@ BUILDS = {
 def _build_flags(build: str) -> list[str]:
     flags = [*_setup_literal("GCC_BASE"), "-Wno-psabi", *BUILDS[build]]
     if build.startswith("simde"):
-        # an intrinsic neither SIMDe nor intrinsics.h defines must not compile to a call
+        # an intrinsic neither SIMDe nor simd.h defines must not compile to a call
         return [*flags, "-Werror=implicit-function-declaration"]
     return [*flags, *_setup_literal("X86_VARIANTS")["x86_avx512"][0]]
 

@@ -1,7 +1,7 @@
 """The native kernels: every instruction-set variant this CPU runs against the scalar
 reference, bit for bit, on inputs of several distributions and lengths; the reference
 against the numpy codecs (edgeinfer.quants) and the numpy engine's activation quantizers;
-block sizes against the C structs; and the standalone C checks (simd/tests/check_kernels.c
+block sizes against the C structs; and the standalone C checks (tests/simd/check_kernels.c
 and a tile driver below), built natively for each x86 variant with the package's flags.
 
 Float results compare as bits; two NaNs compare equal whatever their payloads (the
@@ -24,6 +24,7 @@ from edgeinfer.models import reference
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMD = ROOT / "simd"
+HERE = Path(__file__).resolve().parent
 
 AVAILABLE, WHY = _native.available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"native library: {WHY}")
@@ -620,7 +621,7 @@ def run_check(exe: Path) -> str:
 @pytest.mark.parametrize("variant", X86_HERE)
 def test_check_driver_native(tmp_path, variant, variant_objects):
     out = run_check(
-        build(tmp_path, variant, SIMD / "tests" / "check_kernels.c", variant_objects(variant))
+        build(tmp_path, variant, HERE / "check_kernels.c", variant_objects(variant))
     )
     assert out.startswith(f"checking {variant}")
 

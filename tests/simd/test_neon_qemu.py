@@ -4,7 +4,7 @@ The native library is built for aarch64 by setup.py's own build (BuildNative, wi
 EDGEINFER_TARGET_ARCH=aarch64 and the cross compiler as CC), so every object is compiled with
 the flags a real aarch64 install uses. From those objects:
 
-- each NEON level's kernels run against the scalar reference (simd/tests/check_kernels.c and
+- each NEON level's kernels run against the scalar reference (tests/simd/check_kernels.c and
   tests/simd/check_edges.c, which must print "0 failed"), under ``-cpu max`` and under the
   oldest CPU model that has the level's instructions (an instruction from a later level would
   stop the program with SIGILL there);
@@ -195,7 +195,7 @@ RUNS = [(lv, "max") for lv in sorted(LEVELS)] + [
 
 @pytest.mark.parametrize("level, cpu", RUNS)
 def test_kernels_match_reference(cc, qemu, aarch64_build, tmp_path, level, cpu):
-    _check_level(cc, qemu, aarch64_build, tmp_path, SIMD / "tests" / "check_kernels.c", level, cpu)
+    _check_level(cc, qemu, aarch64_build, tmp_path, HERE / "check_kernels.c", level, cpu)
 
 
 @pytest.mark.parametrize("level", sorted(LEVELS))
@@ -233,7 +233,7 @@ def test_kernels_match_reference_with_clang(qemu, tmp_path, level):
         pytest.skip("clang and ld.lld not found: the clang build is checked where they are")
     lit = _setup_literals()
     init, name, _ = LEVELS[level]
-    sources = [SIMD / "tests" / "check_kernels.c", SIMD / "common" / "numeric.c"]
+    sources = [HERE / "check_kernels.c", SIMD / "common" / "numeric.c"]
     sources += [SIMD / "common" / "types.c", *sorted((SIMD / "ref").glob("*.c"))]
     sources += sorted((SIMD / "arm_neon").glob("*.c"))
     exe = tmp_path / f"check_clang{level}"

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/ei_kernels.h"
+#include "check_common.h"
 
 #ifndef EI_CHECK_INIT
 #error "define EI_CHECK_INIT as the variant's init function, e.g. ei_kernels_init_neon"
@@ -21,14 +21,6 @@
 void EI_CHECK_INIT(ei_kernels *k);
 
 static int passed, failed;
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint32_t next_u32(void) {
-    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-static float uniform(void) { return (next_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
-static float gaussian(void) { float s = 0; for (int i = 0; i < 4; i++) s += uniform(); return s; }
 
 /* inputs of several shapes: plain, with an outlier, tiny, constant, all zero */
 static void fill(float *x, int n, int kind) {
@@ -80,11 +72,8 @@ static void random_weights(int type, uint8_t *w, size_t bytes) {
     }
     /* scale fields: where they sit in each block */
     const size_t block = ei_row_size(type, ei_block_size(type));
-    int offs[2] = {0, -1};
-    if (type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1 || type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K) offs[1] = 2;
-    if (type == EI_TYPE_Q2_K) { offs[0] = 80; offs[1] = 82; }
-    if (type == EI_TYPE_Q3_K) offs[0] = 108;
-    if (type == EI_TYPE_Q6_K) offs[0] = 208;
+    int offs[2];
+    scale_offsets(type, offs);
     for (size_t b = 0; b + block <= bytes; b += block)
         for (int j = 0; j < 2; j++)
             if (offs[j] >= 0) {
