@@ -2,24 +2,16 @@
  * or tokens of several sequences), all threads running it together between barriers.
  *
  * Buffers carry their shapes in comments; "n" is the number of tokens in the step. */
-#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
-#define _DEFAULT_SOURCE /* madvise under -std=c11 */
-#endif
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__unix__) || defined(__APPLE__)
-#include <sys/mman.h>
-#include <unistd.h>
-#endif
 
 #include "ei_internal.h"
+#include "repack.h"
 #include "threadpool.h"
 
 #define MAX_BASES 4     /* distinct rope bases among the layers */
 #define ROW_BLOCK 16    /* weight rows one thread takes at a time (kept in L1 across tokens) */
-#define LAYOUT_X16 1    /* ei_tensor.layout of the engine's interleaved copies */
-#define LAYOUT_PENDING 2 /* a weight whose interleaved copy the first product using it makes */
 static_assert(ROW_BLOCK % EI_X16 == 0, "row blocks hold whole interleaved groups");
 #define MAX_BATCH 4096  /* tokens per internal step */
 
@@ -51,9 +43,8 @@ struct ei_engine {
     int n_bases, *layer_base; /* (n_layer) index into bases */
     float *freq_factors; /* (n_rot / 2) or NULL */
     ei_f16 *gelu;    /* (65536) GELU of every fp16 value, as fp16 */
-    struct pack_item *packs; /* (n_layer * EI_LAYER_MATRICES + 1) interleaved copies, n_packed used */
-    int n_packed;
-    size_t bytes, packed_bytes;
+    ei_repack repack; /* interleaved copies of weights (repack.c) */
+    size_t bytes;
 };
 
 /* ---- allocation ------------------------------------------------------------------------ */
@@ -146,75 +137,18 @@ static int layer_matrices(ei_layer_desc *l, ei_tensor *out[EI_LAYER_MATRICES]) {
     return n;
 }
 
-/* drops the resident pages of a weight the engine has copied: the mapping stays valid (a
- * later read faults them in again from the file), but they no longer count in memory use */
-static void release_pages(const void *data, size_t n) {
-#if defined(__unix__) || defined(__APPLE__)
-    const long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0) return;
-    const uintptr_t lo = ((uintptr_t)data + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
-    const uintptr_t hi = ((uintptr_t)data + n) & ~(uintptr_t)(page - 1);
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
-#else
-    (void)data; (void)n;
-#endif
-}
-
-/* Weights the instruction set has an interleaved kernel for are copied into that layout (the
- * product then needs no horizontal sums) by the first product that uses them, so loading
- * reads no tensor data: the copies cost the tensors' sizes (reserved at load, resident once
- * written), and the file's pages are released unless another tensor (a tied embedding)
- * still reads them. */
-typedef struct pack_item {
-    ei_tensor *t;
-    uint8_t *copy;
-    int release;
-} pack_item;
-
-/* 0: out of memory */
-static int plan_pack(ei_engine *e, ei_tensor *t, const void *shared) {
-    if (!e->k->gemm_x16[t->type] || t->ne1 % EI_X16) return 1;
-    const size_t size = ei_row_size(t->type, t->ne0) * (size_t)t->ne1;
-    pack_item *it = &e->packs[e->n_packed];
-    if (!(it->copy = malloc(size))) return 0;
-    it->t = t;
-    it->release = t->data != shared;
-    e->n_packed++;
-    e->bytes += size;
-    e->packed_bytes += size;
-    t->layout = LAYOUT_PENDING;
-    return 1;
-}
-
-/* 0: out of memory */
+/* copies planned for the layers' matrices and the output; 0: out of memory */
 static int plan_packs(ei_engine *e) {
-    if (!(e->packs = calloc((size_t)e->m.n_layer * EI_LAYER_MATRICES + 1, sizeof(pack_item)))) return 0;
+    if (!ei_repack_reserve(&e->repack, e->m.n_layer * EI_LAYER_MATRICES + 1)) return 0;
     for (int il = 0; il < e->m.n_layer; il++) {
         ei_tensor *w[EI_LAYER_MATRICES];
         const int n = layer_matrices(&e->layers[il], w);
         for (int j = 0; j < n; j++)
-            if (w[j]->data && !plan_pack(e, w[j], NULL)) return 0;
+            if (w[j]->data && !ei_repack_plan(&e->repack, e->k, w[j], NULL)) return 0;
     }
-    return plan_pack(e, &e->m.output, e->m.tok_embd.data);
-}
-
-/* the planned copy of t (which must have one) */
-static const pack_item *pack_of(const ei_engine *e, const ei_tensor *t) {
-    const pack_item *it = e->packs;
-    while (it->t != t) it++;
-    return it;
-}
-
-/* this thread's share of t's groups copied; the file's pages of them released at once, so
- * that they and the copies are never resident together (only pages wholly inside the share) */
-static void pack_share(const ei_engine *e, const ei_tensor *t, int ith, int nth) {
-    const pack_item *it = pack_of(e, t);
-    const size_t row = ei_row_size(t->type, t->ne0);
-    const int64_t groups = t->ne1 / EI_X16, g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
-    for (int64_t g = g0; g < g1; g++)
-        ei_pack_x16(t->type, (const uint8_t *)t->data + (size_t)g * EI_X16 * row, row, t->ne0,
-                    it->copy + (size_t)g * EI_X16 * row);
-    if (it->release) release_pages((const uint8_t *)t->data + (size_t)g0 * EI_X16 * row, (size_t)(g1 - g0) * EI_X16 * row);
+    const int ok = ei_repack_plan(&e->repack, e->k, &e->m.output, e->m.tok_embd.data);
+    e->bytes += e->repack.bytes;
+    return ok;
 }
 
 static void note_partner(ei_engine *e, const ei_tensor *t) {
@@ -349,7 +283,7 @@ ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq) {
 
 int ei_engine_isa(const ei_engine *e) { return e ? e->isa : -1; }
 size_t ei_engine_memory(const ei_engine *e) { return e ? e->bytes : 0; }
-size_t ei_engine_weight_copies(const ei_engine *e) { return e ? e->packed_bytes : 0; }
+size_t ei_engine_weight_copies(const ei_engine *e) { return e ? e->repack.bytes : 0; }
 
 void ei_engine_free(ei_engine *e) {
     if (!e) return;
@@ -361,8 +295,7 @@ void ei_engine_free(ei_engine *e) {
     free(e->x); free(e->h); free(e->q); free(e->kk); free(e->vv); free(e->att); free(e->t);
     free(e->gate); free(e->up); free(e->scratch); free(e->rope); free(e->gelu);
     free(e->layer_base); free(e->layers);
-    for (int i = 0; i < e->n_packed; i++) free(e->packs[i].copy);
-    free(e->packs);
+    ei_repack_release(&e->repack);
     free(e);
 }
 
@@ -391,18 +324,14 @@ typedef struct mm_job {
 /* the pending copies of a group of products, made by every thread together */
 static void pack_pending(ei_engine *e, const mm_job *jobs, int n_jobs, int ith, int nth) {
     int pending = 0;
-    for (int j = 0; j < n_jobs; j++) pending |= jobs[j].w->layout == LAYOUT_PENDING;
+    for (int j = 0; j < n_jobs; j++) pending |= jobs[j].w->layout == EI_LAYOUT_PENDING;
     if (!pending) return;
     for (int j = 0; j < n_jobs; j++)
-        if (jobs[j].w->layout == LAYOUT_PENDING) pack_share(e, jobs[j].w, ith, nth);
+        if (jobs[j].w->layout == EI_LAYOUT_PENDING) ei_repack_share(&e->repack, jobs[j].w, ith, nth);
     ei_pool_barrier(e->pool); /* every share written, every thread past its layout reads */
     if (ith == 0)
-        for (int j = 0; j < n_jobs; j++) {
-            if (jobs[j].w->layout != LAYOUT_PENDING) continue;
-            const pack_item *it = pack_of(e, jobs[j].w);
-            it->t->data = it->copy; /* it->t: the engine's own, writable description */
-            it->t->layout = LAYOUT_X16;
-        }
+        for (int j = 0; j < n_jobs; j++)
+            if (jobs[j].w->layout == EI_LAYOUT_PENDING) ei_repack_finish(&e->repack, jobs[j].w);
     ei_pool_barrier(e->pool);
 }
 
@@ -440,7 +369,7 @@ static void matmul_group(ei_engine *e, const mm_job *jobs, int n_jobs, const flo
         const size_t wrow = ei_row_size(w->type, cols), arow = e->act_row[pt];
         const ei_vec_dot_fn dot = e->k->vec_dot[w->type];
         const ei_gemm_fn gemm = e->k->gemm[w->type];
-        const ei_gemm_x16_fn gemm_x16 = w->layout == LAYOUT_X16 ? e->k->gemm_x16[w->type] : NULL;
+        const ei_gemm_x16_fn gemm_x16 = w->layout == EI_LAYOUT_X16 ? e->k->gemm_x16[w->type] : NULL;
         const int r_end = hi * ROW_BLOCK < w->ne1 ? hi * ROW_BLOCK : (int)w->ne1;
         float *out = jobs[j].out;
         const size_t os = (size_t)jobs[j].out_stride;
