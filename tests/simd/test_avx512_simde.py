@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.simd.platform_gates import missing_tool
+
 ROOT = Path(__file__).resolve().parents[2]
 SIMD = ROOT / "simd"
 HERE = Path(__file__).resolve().parent
@@ -155,7 +157,7 @@ def _compiler() -> str:
     for cc in (os.environ.get("CC"), "gcc", "clang", "cc"):
         if cc and shutil.which(cc):
             return cc
-    pytest.skip("no C compiler")
+    missing_tool("no C compiler")
 
 
 def _cpu_flags() -> set[str]:
@@ -206,7 +208,7 @@ def _build_flags(build: str) -> list[str]:
 
 def _skip_unless_compilable(build: str, cc: str) -> None:
     if build.startswith("simde") and not _has_simde(cc):
-        pytest.skip("SIMDe headers not installed (Debian: libsimde-dev)")
+        missing_tool("SIMDe headers not installed (Debian: libsimde-dev)")
 
 
 def _skip_unless_runnable(build: str) -> None:
@@ -286,7 +288,7 @@ def test_fallback_kernels_contain_no_vnni(objects):
     _, get = objects
     objdump = shutil.which("objdump")
     if not objdump:
-        pytest.skip("objdump not installed")
+        missing_tool("objdump not installed")
     offenders = []
     for obj in (o for o in get("native") if o.name.startswith("x86_avx512_")):
         listing = subprocess.run(

@@ -21,6 +21,7 @@ import pytest
 from edgeinfer import _native, quants
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 from edgeinfer.models import reference
+from tests.simd.platform_gates import isa_params, missing_tool, runnable_isas
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMD = ROOT / "simd"
@@ -30,13 +31,9 @@ AVAILABLE, WHY = _native.available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"native library: {WHY}")
 
 
-def _variants() -> list[str]:
-    if not AVAILABLE:
-        return []
-    return [r["name"] for r in _native.isa_report() if r["supported"] and r["name"] != "scalar"]
-
-
-VARIANTS = _variants()
+# every variant but the reference, those this machine lacks as skips with the reason
+VARIANTS = isa_params(name for name in _native.ISA_NAMES if name != "scalar")
+SUPPORTED_VARIANTS = runnable_isas(name for name in _native.ISA_NAMES if name != "scalar")
 
 WEIGHT_TYPES = [
     GGMLType.F32,
@@ -211,7 +208,7 @@ int main(void) {
 def _gcc() -> str:
     cc = shutil.which("gcc")
     if cc is None:
-        pytest.skip("gcc is not installed")
+        missing_tool("gcc is not installed")
     return cc
 
 
@@ -382,7 +379,7 @@ def test_decoders_equal_the_reference_and_numpy(ref, t):
             assert_same_floats(
                 want, quants.dequantize(raw, t, (n,)), f"scalar vs numpy {kind} n={n}"
             )
-            for isa in VARIANTS:
+            for isa in SUPPORTED_VARIANTS:
                 assert_same_floats(
                     _native.Kernels(isa).to_float(int(t), raw, n), want, f"{isa} {kind} n={n}"
                 )
@@ -566,10 +563,14 @@ def _setup_literal(name: str):
 
 
 X86_FOLDERS = {"avx2": "x86_avx2", "avx512": "x86_avx512"}
+# the x86 variants' C checks are built here with gcc; on another machine they are skips
 X86_HERE = (
-    [v for v in VARIANTS if v in X86_FOLDERS]
+    isa_params(X86_FOLDERS)
     if platform.machine().lower() in ("x86_64", "amd64")
-    else []
+    else [
+        pytest.param(v, id=v, marks=pytest.mark.skip(reason=f"{v} is x86-64 only"))
+        for v in X86_FOLDERS
+    ]
 )
 
 
