@@ -70,8 +70,9 @@ void ei_repack_share(const ei_repack *r, const ei_tensor *t, int ith, int nth) {
     for (int64_t g = g0; g < g1; g++)
         ei_pack_x16(t->type, (const uint8_t *)t->data + (size_t)g * EI_X16 * row, row, t->ne0,
                     it->copy + (size_t)g * EI_X16 * row);
-    if (it->release)
-        release_pages((const uint8_t *)t->data + (size_t)g0 * EI_X16 * row, (size_t)(g1 - g0) * EI_X16 * row);
+    const size_t group_bytes = (size_t)EI_X16 * row;
+    const uint8_t *share = (const uint8_t *)t->data + (size_t)g0 * group_bytes;
+    if (it->release) release_pages(share, (size_t)(g1 - g0) * group_bytes);
 }
 
 void ei_repack_finish(const ei_repack *r, const ei_tensor *t) {

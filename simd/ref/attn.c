@@ -8,7 +8,8 @@
 
 /* element i of a cache row of the given type */
 static inline float kv_at(const void *row, int type, int i) {
-    return type == EI_TYPE_F32 ? ((const float *)row)[i] : ei_fp16_to_fp32(((const ei_f16 *)row)[i]);
+    if (type == EI_TYPE_F32) return ((const float *)row)[i];
+    return ei_fp16_to_fp32(((const ei_f16 *)row)[i]);
 }
 
 static void ref_attn(const ei_attn_params *p, const float *q, const void *k, const void *v,
