@@ -3,11 +3,21 @@
 Every C signature is declared once in ``_SIGNATURES``; native status codes become typed
 exceptions here; pointers never leave this module. The library reads the weights in place
 from the memory map, which this module keeps alive for as long as an engine uses it.
+
+The library is used only when it matches this module exactly: its API version, the size of
+every struct mirrored here (``ei_struct_size``) and the order of the layer tensors
+(``ei_layer_tensor_name``, checked against :class:`edgeinfer.models.base.LayerTensors`). Any
+mismatch, or a missing file, leaves it unused with the reason in :func:`available` and the
+file looked for in :func:`library_path_looked_for`: a struct read with the wrong layout would
+corrupt memory. The library is looked for next to this module, or in the folder named by the
+environment variable ``EDGEINFER_NATIVE_DIR`` (tests point it at an empty folder or at another
+build; :func:`reset_for_tests` makes the next call look again).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib.machinery
 import os
 from pathlib import Path
@@ -19,10 +29,13 @@ from edgeinfer import errors
 from edgeinfer.engines import ENGINES
 from edgeinfer.engines.base import Batch, SequenceEngine
 from edgeinfer.gguf import GGUFFile, TensorInfo
-from edgeinfer.models.base import DecoderConfig
+from edgeinfer.gguf.constants import GGMLType
+from edgeinfer.kv_cache import CACHE_TYPES, CacheLayout, CacheType, cache_type
+from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 3
+API_VERSION = 4
+NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = ctypes.c_int, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_size_t
 c_void_p, c_char_p = ctypes.c_void_p, ctypes.c_char_p
@@ -32,10 +45,9 @@ class Tensor(ctypes.Structure):
     _fields_ = [("data", c_void_p), ("type", c_int32), ("layout", c_int32), ("ne0", c_int64), ("ne1", c_int64)]
 
 
-_LAYER_TENSORS = (
-    "attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "q_norm", "k_norm", "attn_post_norm",
-    "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "ffn_post_norm",
-)  # fmt: skip
+# the layer struct's tensors in LayerTensors' order; the library reports its own order
+# (EI_LAYER_TENSORS in edgeinfer.h), which _load() compares with this one
+_LAYER_TENSORS = tuple(f.name for f in dataclasses.fields(LayerTensors))
 
 
 class LayerDesc(ctypes.Structure):
@@ -55,13 +67,26 @@ class ModelDesc(ctypes.Structure):
 
 
 class EngineParams(ctypes.Structure):
-    _fields_ = [(n, c_int32) for n in ("n_ctx", "n_threads", "n_seq_max", "n_batch", "kv_f32", "isa")]
+    _fields_ = [
+        (n, c_int32)
+        for n in ("n_ctx", "n_threads", "n_seq_max", "n_batch", "kv_type_k", "kv_type_v",
+                  "kv_layout", "isa")
+    ]  # fmt: skip
+
+
+# ei_struct_size(which) -> the struct mirrored here, in the order of the C EI_STRUCT_* enum
+_STRUCTS: tuple[type[ctypes.Structure], ...] = (Tensor, LayerDesc, ModelDesc, EngineParams)
+
+# cache element types the native attention reads and writes, as rows (CacheLayout.ROWS)
+_NATIVE_CACHE_TYPES = frozenset({GGMLType.F16, GGMLType.F32})
 
 
 _P = ctypes.POINTER
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_api_version": (c_int, []),
     "ei_last_error": (c_char_p, []),
+    "ei_struct_size": (c_size_t, [c_int]),
+    "ei_layer_tensor_name": (c_char_p, [c_int]),
     "ei_isa_name": (c_char_p, [c_int]),
     "ei_isa_supported": (c_int, [c_int]),
     "ei_isa_reason": (c_char_p, [c_int]),
@@ -80,8 +105,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_kernel_rms_norm": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p, c_float]),
     "ei_kernel_rope": (c_int, [c_int, c_int, c_void_p, c_void_p, c_int]),
     "ei_kernel_glu": (c_int, [c_int, c_int, c_int, c_void_p, c_void_p, c_void_p]),
-    "ei_kernel_attn": (c_int, [c_int, c_int, c_int, c_int, c_int, c_int, c_size_t, c_size_t, c_float, c_float,
-                               c_void_p, c_void_p, c_void_p, c_void_p]),
+    "ei_kernel_attn": (c_int, [c_int, c_int, c_int, c_int, c_int, c_int, c_int, c_size_t, c_size_t,
+                               c_float, c_float, c_void_p, c_void_p, c_void_p, c_void_p]),
     "ei_partner_type_of": (c_int, [c_int]),
 }
 
@@ -91,48 +116,86 @@ _STATUS = {
     3: errors.UnsupportedModelError,
     4: errors.ContextOverflowError,
     5: errors.BackendError,
-    6: errors.BackendError,
 }
 
 _lib: ctypes.CDLL | None = None
 _load_error: str | None = None
+_looked_for: Path | None = None
 
 
-def _library_path() -> Path | None:
-    here = Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        candidate = here / f"_edgeinfer_native{suffix}"
-        if candidate.exists():
-            return candidate
+def _library_dir() -> Path:
+    override = os.environ.get(NATIVE_DIR_ENV)
+    return Path(override) if override else Path(__file__).parent
+
+
+def _library_path() -> Path:
+    """The library file in the library folder, or the first name looked for if none exists."""
+    folder = _library_dir()
+    candidates = [folder / f"_edgeinfer_native{s}" for s in importlib.machinery.EXTENSION_SUFFIXES]
+    return next((c for c in candidates if c.exists()), candidates[0])
+
+
+def _mismatch(lib: ctypes.CDLL) -> str | None:
+    """Why the loaded library does not match this module, or None when it does."""
+    version = lib.ei_api_version()
+    if version != API_VERSION:
+        return f"it has API version {version}, this edgeinfer needs {API_VERSION}"
+    for which, struct in enumerate(_STRUCTS):
+        native, mirrored = lib.ei_struct_size(which), ctypes.sizeof(struct)
+        if native != mirrored:
+            return f"its {struct.__name__} is {native} bytes, edgeinfer's mirror is {mirrored}"
+    names = []
+    while (name := lib.ei_layer_tensor_name(len(names))) is not None:
+        names.append(name.decode())
+    if tuple(names) != _LAYER_TENSORS:
+        return f"its layer tensors are {names}, edgeinfer's LayerTensors are {list(_LAYER_TENSORS)}"
     return None
 
 
 def _load() -> ctypes.CDLL | None:
-    global _lib, _load_error
+    """The library, loaded and checked once (until :func:`reset_for_tests`); None when unusable."""
+    global _lib, _load_error, _looked_for
     if _lib is not None or _load_error is not None:
         return _lib
-    path = _library_path()
-    if path is None:
-        _load_error = "the native library was not built (pip install rebuilds it)"
+    path = _looked_for = _library_path()
+    if not path.exists():
+        _load_error = f"the native library was not built: no {path.name} in {path.parent}"
         return None
     try:
         lib = ctypes.CDLL(str(path))
-    except OSError as e:
-        _load_error = f"the native library does not load: {e}"
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
+    except (OSError, AttributeError) as e:
+        _load_error = f"the native library {path} does not load: {e}"
         return None
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    if lib.ei_api_version() != API_VERSION:
-        _load_error = "the native library is from another version of edgeinfer"
+    why = _mismatch(lib)
+    if why is not None:
+        _load_error = f"the native library {path} is from another version of edgeinfer: {why}"
         return None
     _lib = lib
     return lib
 
 
+def reset_for_tests() -> None:
+    """Forgets the loaded library (and why it was refused), so the next call loads it again,
+    from the folder :data:`NATIVE_DIR_ENV` names now. An engine still open keeps using the
+    library it was made with."""
+    global _lib, _load_error, _looked_for
+    _lib, _load_error, _looked_for = None, None, None
+
+
 def available() -> tuple[bool, str]:
+    """Whether the native library can be used, and if not, precisely why."""
     lib = _load()
     return (lib is not None, _load_error or "loaded")
+
+
+def library_path_looked_for() -> Path:
+    """The library file that was loaded, or looked for when it was refused or missing."""
+    _load()
+    assert _looked_for is not None  # _load() always records where it looked
+    return _looked_for
 
 
 def library() -> ctypes.CDLL:
@@ -140,6 +203,25 @@ def library() -> ctypes.CDLL:
     if lib is None:
         raise errors.BackendError(f"native engine unavailable: {_load_error}")
     return lib
+
+
+def native_cache_types() -> list[str]:
+    """Names of the KV cache types (edgeinfer.kv_cache) the native engine supports."""
+    return [n for n, t in CACHE_TYPES.items() if _native_cache_ok(t)]
+
+
+def _native_cache_ok(t: CacheType) -> bool:
+    return t.layout == CacheLayout.ROWS and t.ggml_type in _NATIVE_CACHE_TYPES
+
+
+def _native_cache_type(kv_type: str | CacheType) -> CacheType:
+    t = cache_type(kv_type)
+    if not _native_cache_ok(t):
+        raise errors.InvalidOptionError(
+            f"kv_type {t.name} is not supported by the native engine "
+            f"(one of {', '.join(native_cache_types())})"
+        )
+    return t
 
 
 def check(status: int) -> None:
@@ -185,6 +267,13 @@ def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
+def _cache_type_of(rows: np.ndarray) -> int:
+    """The GGML type of a cache held as a numpy array (-1 for a dtype with none)."""
+    return {np.dtype(np.float16): int(GGMLType.F16), np.dtype(np.float32): int(GGMLType.F32)}.get(
+        rows.dtype, -1
+    )
+
+
 class NativeEngine(SequenceEngine):
     """The native engine (simd/): up to ``n_seq_max`` sequences, each with its KV cache."""
 
@@ -192,13 +281,13 @@ class NativeEngine(SequenceEngine):
 
     def __init__(
         self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, *, n_threads: int,
-        kv_type: str = "f16", isa: str | None = None, n_batch: int = 512, n_seq_max: int = 1,
+        kv_type: str | CacheType = "f16", isa: str | None = None, n_batch: int = 512,
+        n_seq_max: int = 1,
     ) -> None:  # fmt: skip
         super().__init__(n_ctx, cfg.n_vocab, n_seq_max)
         self._handle: c_void_p | None = None
         lib = library()
-        if kv_type not in ("f16", "f32"):
-            raise errors.InvalidOptionError(f"kv_type must be f16 or f32 for the native engine, not {kv_type!r}")
+        kv = _native_cache_type(kv_type)  # keys and values alike
         self.cfg = cfg
         self._map = np.frombuffer(gguf.buffer(), dtype=np.uint8)  # keeps the map alive
         base = _ptr(self._map)
@@ -230,7 +319,8 @@ class NativeEngine(SequenceEngine):
         )  # fmt: skip
         params = EngineParams(
             n_ctx=n_ctx, n_threads=n_threads, n_seq_max=n_seq_max, n_batch=n_batch,
-            kv_f32=int(kv_type == "f32"), isa=resolve_isa(isa),
+            kv_type_k=int(kv.ggml_type), kv_type_v=int(kv.ggml_type), kv_layout=int(kv.layout),
+            isa=resolve_isa(isa),
         )  # fmt: skip
         handle = c_void_p()
         check(lib.ei_engine_create(ctypes.byref(m), ctypes.byref(params), ctypes.byref(handle)))
@@ -337,12 +427,13 @@ class Kernels:
     def attention(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, t0: int, t1: int, scale: float, softcap: float = 0.0
     ) -> np.ndarray:
-        """q (head_dim,), k (T, head_dim), v (T, head_dim_v) in float16 or float32."""
+        """q (head_dim,), k (T, head_dim), v (T, head_dim_v), each cache in float16 or float32
+        (rows of GGML F16 or F32; another dtype is passed as its type and refused natively)."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
         out = np.zeros(v.shape[1], dtype=np.float32)
         check(self.lib.ei_kernel_attn(
-            self.isa, k.shape[1], v.shape[1], t0, t1, int(k.dtype == np.float32), k.shape[1], v.shape[1],
-            scale, softcap, _ptr(q), _ptr(k), _ptr(v), _ptr(out),
+            self.isa, k.shape[1], v.shape[1], t0, t1, _cache_type_of(k), _cache_type_of(v),
+            k.strides[0], v.strides[0], scale, softcap, _ptr(q), _ptr(k), _ptr(v), _ptr(out),
         ))  # fmt: skip
         return out

@@ -5,7 +5,8 @@
  * halves in float; floats in double, where a fused multiply-add rounds as mul then add).
  * Output: the lanes are dimensions, each summed over keys in order. exp and tanh are
  * libm's, in double, one key at a time. */
-#include "neon.h"
+#include "../common/attn_softmax.h"
+#include "simd.h"
 
 /* elements d..d+3 of a cache row as floats */
 EI_INLINE float32x4_t kv4(const uint8_t *row, int d, int f32) {
@@ -61,64 +62,58 @@ EI_INLINE void key_dots(float *out, const uint8_t *kr[8], int G, const float *q,
 
 /* scores[t] = dot(q, key t0 + t) * scale, soft-capped, for t < n */
 static void scores_of(const ei_attn_params *p, const float *q, const uint8_t *k, float *scores, int n) {
-    const size_t row = p->k_stride * (p->kv_f32 ? 4 : 2);
+    const size_t row = p->k_row_bytes;
+    const int f32 = p->k_type == EI_TYPE_F32;
     const uint8_t *base = k + (size_t)p->t0 * row;
     for (int t = 0; t < n; t += 8) {
         const uint8_t *kr[8];
         EI_UNROLL for (int j = 0; j < 8; j++) kr[j] = base + (size_t)(t + j < n ? t + j : n - 1) * row;
         float dots[8];
-        if (t + 4 < n) key_dots(dots, kr, 2, q, p->head_dim, p->kv_f32);
-        else key_dots(dots, kr, 1, q, p->head_dim, p->kv_f32);
-        for (int j = 0; j < 8 && t + j < n; j++) {
-            float s = dots[j] * p->scale;
-            if (p->softcap != 0.0f) s = p->softcap * (float)tanh((double)(s / p->softcap));
-            scores[t + j] = s;
-        }
+        if (t + 4 < n) key_dots(dots, kr, 2, q, p->head_dim, f32);
+        else key_dots(dots, kr, 1, q, p->head_dim, f32);
+        for (int j = 0; j < 8 && t + j < n; j++) scores[t + j] = ei_attn_score(dots[j], p);
     }
 }
 
 /* out[d0 .. d0 + 4W) = sum_t pr[t] * v[t][d], t in order; W vectors of four dimensions */
 EI_INLINE void weighted_sum(const ei_attn_params *p, const float *pr, const uint8_t *v, int n, int d0, int W,
                             float *out) {
-    const size_t row = p->v_stride * (p->kv_f32 ? 4 : 2);
+    const size_t row = p->v_row_bytes;
+    const int f32 = p->v_type == EI_TYPE_F32;
     const uint8_t *r = v + (size_t)p->t0 * row;
     float64x2_t acc[4][2];
     EI_UNROLL for (int w = 0; w < W; w++) acc[w][0] = acc[w][1] = vdupq_n_f64(0.0);
     for (int t = 0; t < n; t++, r += row)
-        EI_UNROLL for (int w = 0; w < W; w++) acc_keys(acc[w], kv4(r, d0 + 4 * w, p->kv_f32), pr[t], p->kv_f32);
+        EI_UNROLL for (int w = 0; w < W; w++) acc_keys(acc[w], kv4(r, d0 + 4 * w, f32), pr[t], f32);
     EI_UNROLL for (int w = 0; w < W; w++) vst1q_f32(out + d0 + 4 * w, to_f32(acc[w]));
 }
 
 static void neon_attn(const ei_attn_params *p, const float *q, const void *k, const void *v, float *out,
                       double *scratch) {
     const int n = p->t1 - p->t0, hd = p->head_dim, hdv = p->head_dim_v;
-    float qr[EI_MAX_HEAD_DIM]; /* the query as the cache type sees it */
+    const int v_f32 = p->v_type == EI_TYPE_F32;
+    float qr[EI_MAX_HEAD_DIM]; /* the query as the key type sees it */
     int d = 0;
-    for (; d + 4 <= hd && !p->kv_f32; d += 4) vst1q_f32(qr + d, vcvt_f32_f16(vcvt_f16_f32(vld1q_f32(q + d))));
-    for (; d < hd; d++) qr[d] = p->kv_f32 ? q[d] : h2f(f2h(q[d]));
+    for (; d + 4 <= hd && p->k_type == EI_TYPE_F16; d += 4)
+        vst1q_f32(qr + d, vcvt_f32_f16(vcvt_f16_f32(vld1q_f32(q + d))));
+    for (; d < hd; d++) qr[d] = ei_attn_round_to(q[d], p->k_type);
     float *scores = (float *)(scratch + n); /* (n) floats after the (n) double weights */
     scores_of(p, qr, k, scores, n);
-    float max = -INFINITY;
-    for (int t = 0; t < n; t++) max = fmaxf(max, scores[t]);
-    double sum = 0.0;
-    for (int t = 0; t < n; t++) {
-        scratch[t] = exp((double)(scores[t] - max));
-        sum += scratch[t];
-    }
+    const double sum = ei_attn_softmax(scores, n, scratch);
     float *pr = scores; /* the probabilities replace the scores */
-    for (int t = 0; t < n; t++) {
-        const float x = (float)(scratch[t] / sum);
-        pr[t] = p->kv_f32 ? x : h2f(f2h(x));
-    }
+    for (int t = 0; t < n; t++) pr[t] = ei_attn_prob(scratch[t], sum, p->v_type);
     d = 0;
     for (; d + 16 <= hdv; d += 16) weighted_sum(p, pr, v, n, d, 4, out);
     for (; d + 4 <= hdv; d += 4) weighted_sum(p, pr, v, n, d, 1, out);
     for (; d < hdv; d++) {
-        const size_t row = p->v_stride * (p->kv_f32 ? 4 : 2);
+        const size_t row = p->v_row_bytes;
         double acc = 0.0;
-        for (int t = 0; t < n; t++) acc += (double)pr[t] * kv1((const uint8_t *)v + (size_t)(p->t0 + t) * row, d, p->kv_f32);
+        for (int t = 0; t < n; t++) acc += (double)pr[t] * kv1((const uint8_t *)v + (size_t)(p->t0 + t) * row, d, v_f32);
         out[d] = (float)acc;
     }
 }
 
-void EI_NEON_FN(ei_neon_attn)(ei_kernels *k) { k->attn = neon_attn; }
+void EI_NEON_FN(ei_neon_attn)(ei_kernels *k) {
+    k->attn = neon_attn;
+    k->attn_types = EI_ATTN_F16_F32;
+}

@@ -1,15 +1,14 @@
 /* The NEON kernel tables. This folder is compiled once per EI_NEON_LEVEL (setup.py), and
  * each compilation defines exactly one init function: the level's variant, starting from
  * the scalar reference and overriding what NEON does better. */
-#include "neon.h"
+#include "simd.h"
 
 static void init_neon(ei_kernels *k, const char *name) {
     ei_kernels_init_ref(k);
     k->name = name;
     EI_NEON_FN(ei_neon_quantize)(k);
-    EI_NEON_FN(ei_neon_dot_legacy)(k);
-    EI_NEON_FN(ei_neon_dot_kquants)(k);
-    EI_NEON_FN(ei_neon_dot_float)(k);
+    EI_NEON_FN(ei_neon_vec_dots)(k);
+    EI_NEON_FN(ei_neon_gemms)(k);
     EI_NEON_FN(ei_neon_ops)(k);
     EI_NEON_FN(ei_neon_attn)(k);
 }

@@ -1,6 +1,6 @@
 /* NEON float operations of a decoder step: the reference's float32 operations lane by lane,
  * in the same order and unfused; sums in double in element order; exp through libm. */
-#include "neon.h"
+#include "simd.h"
 
 static void neon_rms_norm(int n, float *y, const float *x, const float *w, float eps) {
     double sum = 0.0; /* squares rounded to float, added in element order */

@@ -11,6 +11,24 @@ static EI_THREAD_LOCAL char g_error[256];
 int ei_api_version(void) { return EI_API_VERSION; }
 const char *ei_last_error(void) { return g_error; }
 
+size_t ei_struct_size(int which) {
+    switch (which) {
+    case EI_STRUCT_TENSOR: return sizeof(ei_tensor);
+    case EI_STRUCT_LAYER_DESC: return sizeof(ei_layer_desc);
+    case EI_STRUCT_MODEL_DESC: return sizeof(ei_model_desc);
+    case EI_STRUCT_ENGINE_PARAMS: return sizeof(ei_engine_params);
+    default: return 0;
+    }
+}
+
+#define EI_LAYER_NAME_(name, kind, presence, ne0, ne1) #name,
+static const char *const g_layer_tensor_names[] = {EI_LAYER_TENSORS(EI_LAYER_NAME_)};
+
+const char *ei_layer_tensor_name(int i) {
+    const int n = (int)(sizeof(g_layer_tensor_names) / sizeof(g_layer_tensor_names[0]));
+    return i >= 0 && i < n ? g_layer_tensor_names[i] : NULL;
+}
+
 ei_status ei_fail(ei_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -94,17 +112,23 @@ ei_status ei_kernel_glu(int isa, int gelu, int n, float *y, const float *g, cons
     return EI_OK;
 }
 
-ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int t0, int t1, int kv_f32, size_t k_stride,
-                         size_t v_stride, float scale, float softcap, const float *q, const void *kc,
-                         const void *vc, float *out) {
+ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int t0, int t1, int k_type, int v_type,
+                         size_t k_row_bytes, size_t v_row_bytes, float scale, float softcap,
+                         const float *q, const void *kc, const void *vc, float *out) {
     ei_status st;
     const ei_kernels *k = kernels(isa, &st);
     if (!k) return st;
-    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM || head_dim_v <= 0 || head_dim_v > EI_MAX_HEAD_DIM || t0 < 0 || t1 <= t0)
+    if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM || head_dim_v <= 0 || head_dim_v > EI_MAX_HEAD_DIM ||
+        t0 < 0 || t1 <= t0)
         return ei_fail(EI_ERR_INVALID, "bad attention shape");
+    if (!ei_attn_reads(k, k_type) || !ei_attn_reads(k, v_type))
+        return ei_fail(EI_ERR_UNSUPPORTED, "%s attention reads no cache of types %d (K) and %d (V)",
+                       k->name, k_type, v_type);
+    if (k_row_bytes < ei_row_size(k_type, head_dim) || v_row_bytes < ei_row_size(v_type, head_dim_v))
+        return ei_fail(EI_ERR_INVALID, "cache rows overlap: their strides are shorter than a head");
     double *scratch = malloc(sizeof(double) * 2 * (size_t)(t1 - t0));
     if (!scratch) return ei_fail(EI_ERR_NOMEM, "out of memory");
-    ei_attn_params p = {head_dim, head_dim_v, t0, t1, kv_f32, k_stride, v_stride, scale, softcap};
+    ei_attn_params p = {head_dim, head_dim_v, t0, t1, k_type, v_type, k_row_bytes, v_row_bytes, scale, softcap};
     k->attn(&p, q, kc, vc, out, scratch);
     free(scratch);
     return EI_OK;

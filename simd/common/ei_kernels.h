@@ -4,7 +4,19 @@
  * starts from the scalar reference table and overrides what it implements, so a missing
  * kernel falls back to the reference rather than to nothing. Every variant of a kernel
  * computes the same function: integer results bit for bit, floating point within a stated
- * tolerance (tests/simd). */
+ * tolerance (tests/simd).
+ *
+ * Every instruction-set folder uses the same file names for the same jobs, so a reader who
+ * knows one knows them all and a missing variant shows as a missing file:
+ *   quants.c   activation quantizers and row decoders (from_float, to_float) and the dot
+ *              product of one weight row with one activation row (vec_dot)
+ *   gemm.c     tiles of a matrix product (gemm) and products of interleaved rows (gemm_x16)
+ *   ops.c      rms_norm, rope, geglu / swiglu, add, scale
+ *   attn.c     attention (attn, attn_group); its scalar middle is common/attn_softmax.h
+ *   kernels.c  the folder's table: ei_kernels_init_<isa>
+ *   simd.h     the folder's private header: intrinsics, inline helpers, its files' entry points
+ *   blocks.h   weight blocks unpacked for the integer products, shared by quants.c and gemm.c
+ * ref/ has no gemm.c (a NULL gemm loops vec_dot) and no private headers. */
 #ifndef EI_KERNELS_H
 #define EI_KERNELS_H
 
@@ -40,19 +52,19 @@ typedef void (*ei_to_float_fn)(const void *x, float *y, int64_t n);
 #endif
 
 /* One query head against the cache of one KV head, as llama.cpp's unfused attention rounds:
- * the query is rounded to the cache type; scores[t] = dot(q, k[t]) for t in [t0, t1) (in
+ * the query is rounded to the key type; scores[t] = dot(q, k[t]) for t in [t0, t1) (in
  * double, rounded to float), times scale, optionally soft-capped; softmax weights
- * exp(s - max) / sum in double, rounded to float and then to the cache type;
- * out = sum_t p[t] * v[t] in double, rounded to float. K and V rows are fp16 (kv_f32 = 0)
- * or f32 (kv_f32 = 1); row t of K starts at k + t * k_stride elements. scratch holds
- * 1.5 * (t1 - t0) doubles. */
+ * exp(s - max) / sum in double, rounded to float and then to the value type;
+ * out = sum_t p[t] * v[t] in double, rounded to float. K rows are of k_type, V rows of v_type
+ * (GGML types; ei_kernels.attn_types says which the kernel reads); row t of K starts at
+ * k + t * k_row_bytes bytes. scratch holds 1.5 * (t1 - t0) doubles. */
 typedef struct {
     int head_dim, head_dim_v;
-    int t0, t1;           /* the keys this query sees */
-    int kv_f32;           /* cache element type: 0 fp16, 1 f32 */
-    size_t k_stride, v_stride; /* elements between consecutive positions */
-    float scale;          /* applied to the scores (1 when the queries are pre-scaled) */
-    float softcap;        /* 0: none; else scores = softcap * tanh(scores / softcap) */
+    int t0, t1;                     /* the keys this query sees */
+    int k_type, v_type;             /* cache element types (EI_TYPE_F16, EI_TYPE_F32) */
+    size_t k_row_bytes, v_row_bytes; /* bytes between consecutive positions */
+    float scale;                    /* applied to the scores (1 when the queries are pre-scaled) */
+    float softcap;                  /* 0: none; else scores = softcap * tanh(scores / softcap) */
 } ei_attn_params;
 
 typedef void (*ei_attn_fn)(const ei_attn_params *p, const float *q, const void *k, const void *v,
@@ -86,7 +98,14 @@ typedef struct ei_kernels {
     void (*scale)(int n, float *y, float s);
     ei_attn_fn attn;
     ei_attn_group_fn attn_group; /* NULL: attn per query */
+    uint32_t attn_types;         /* bit t set: attn and attn_group read cache rows of type t */
 } ei_kernels;
+
+/* whether the kernels' attention reads cache rows of a type */
+static inline int ei_attn_reads(const ei_kernels *k, int type) {
+    return type >= 0 && type < EI_TYPE_COUNT && type < 32 && (k->attn_types >> type & 1u);
+}
+#define EI_ATTN_F16_F32 ((1u << EI_TYPE_F16) | (1u << EI_TYPE_F32))
 
 /* the partner (vec-dot activation) type of each weight type, as in GGML's CPU backend */
 int ei_partner_type(int weight_type);

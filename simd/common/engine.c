@@ -2,24 +2,16 @@
  * or tokens of several sequences), all threads running it together between barriers.
  *
  * Buffers carry their shapes in comments; "n" is the number of tokens in the step. */
-#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
-#define _DEFAULT_SOURCE /* madvise under -std=c11 */
-#endif
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__unix__) || defined(__APPLE__)
-#include <sys/mman.h>
-#include <unistd.h>
-#endif
 
 #include "ei_internal.h"
+#include "repack.h"
 #include "threadpool.h"
 
 #define MAX_BASES 4     /* distinct rope bases among the layers */
 #define ROW_BLOCK 16    /* weight rows one thread takes at a time (kept in L1 across tokens) */
-#define LAYOUT_X16 1    /* ei_tensor.layout of the engine's interleaved copies */
-#define LAYOUT_PENDING 2 /* a weight whose interleaved copy the first product using it makes */
 static_assert(ROW_BLOCK % EI_X16 == 0, "row blocks hold whole interleaved groups");
 #define MAX_BATCH 4096  /* tokens per internal step */
 
@@ -30,8 +22,10 @@ struct ei_engine {
     int isa;
     const ei_kernels *k;
     ei_pool *pool;
-    size_t kv_elem;          /* bytes per cache element: 2 (f16) or 4 (f32) */
-    size_t k_layer, v_layer; /* elements per layer of one sequence: n_ctx * n_head_kv * head_dim(_v) */
+    /* cache strides in bytes, all from ei_row_size of the cache types (p.kv_type_k, _v) */
+    size_t k_head_bytes, v_head_bytes;   /* one head of one position: head_dim(_v) values */
+    size_t k_row_bytes, v_row_bytes;     /* one position: n_head_kv heads */
+    size_t k_layer_bytes, v_layer_bytes; /* one layer of one sequence: n_ctx positions */
     void **k_cache, **v_cache; /* (n_seq_max) x (n_layer, n_ctx, n_head_kv, head_dim(_v)), lazily */
     int q_dim, kv_dim, v_dim, att_dim, max_cols;
     float *x;        /* (n_batch, n_embd) residual stream */
@@ -49,9 +43,8 @@ struct ei_engine {
     int n_bases, *layer_base; /* (n_layer) index into bases */
     float *freq_factors; /* (n_rot / 2) or NULL */
     ei_f16 *gelu;    /* (65536) GELU of every fp16 value, as fp16 */
-    struct pack_item *packs; /* (n_layer * 7 + 1) interleaved copies of weights, n_packed of them */
-    int n_packed;
-    size_t bytes, packed_bytes;
+    ei_repack repack; /* interleaved copies of weights (repack.c) */
+    size_t bytes;
 };
 
 /* ---- allocation ------------------------------------------------------------------------ */
@@ -86,110 +79,95 @@ static int vector_ok(const ei_tensor *t, int64_t n) {
     return t->data && t->type == EI_TYPE_F32 && t->ne0 == n && t->ne1 == 1;
 }
 
+/* the dimensions the shapes of EI_LAYER_TENSORS are written in */
+typedef struct { int64_t n_embd, q_dim, kv_dim, v_dim, att_dim, head_dim, n_ff, one; } layer_dims;
+
+/* whether a layer tensor is as EI_LAYER_TENSORS describes it */
+static int layer_tensor_ok(const ei_tensor *t, int matrix, int required, int64_t ne0, int64_t ne1,
+                           const ei_kernels *k) {
+    if (!t->data) return !required;
+    return matrix ? tensor_ok(t, ne0, ne1, k, 1) : vector_ok(t, ne0) && ne1 == 1;
+}
+
+#define EI_MATRIX 1
+#define EI_VECTOR 0
+#define EI_REQUIRED 1
+#define EI_OPTIONAL 0
+#define CHECK_LAYER_TENSOR_(name, kind, presence, ne0, ne1)                                    \
+    if (!layer_tensor_ok(&l->name, kind, presence, d.ne0, d.ne1, k))                           \
+        return ei_fail(EI_ERR_UNSUPPORTED, "layer %d: %s has a bad shape or an unsupported type", \
+                       il, #name);
+
+static ei_status check_layer(const ei_layer_desc *l, int il, layer_dims d, const ei_kernels *k) {
+    EI_LAYER_TENSORS(CHECK_LAYER_TENSOR_)
+    if (l->window < 0 || !(l->rope_base > 0) || !(l->rope_scale > 0))
+        return ei_fail(EI_ERR_UNSUPPORTED, "layer %d: negative window or non-positive rope base/scale", il);
+    return EI_OK;
+}
+
 static ei_status check_model(const ei_model_desc *m, const ei_kernels *k) {
     if (m->n_embd <= 0 || m->n_layer <= 0 || m->n_head <= 0 || m->n_head_kv <= 0 || m->n_vocab <= 0 ||
         m->n_head % m->n_head_kv || m->head_dim <= 0 || m->head_dim > EI_MAX_HEAD_DIM ||
         m->head_dim_v <= 0 || m->head_dim_v > EI_MAX_HEAD_DIM || m->n_rot <= 0 ||
         m->n_rot > m->head_dim || m->n_rot % 2 || m->n_ff <= 0 || !m->layers)
         return ei_fail(EI_ERR_INVALID, "inconsistent hyper-parameters");
-    const int64_t e = m->n_embd, q = (int64_t)m->n_head * m->head_dim;
-    const int64_t kv = (int64_t)m->n_head_kv * m->head_dim, v = (int64_t)m->n_head_kv * m->head_dim_v;
+    const int64_t e = m->n_embd;
+    const layer_dims d = {e, (int64_t)m->n_head * m->head_dim, (int64_t)m->n_head_kv * m->head_dim,
+                          (int64_t)m->n_head_kv * m->head_dim_v, (int64_t)m->n_head * m->head_dim_v,
+                          m->head_dim, m->n_ff, 1};
     if (!tensor_ok(&m->tok_embd, e, m->n_vocab, k, 0)) return ei_fail(EI_ERR_UNSUPPORTED, "token_embd: bad shape or type");
     if (!tensor_ok(&m->output, e, m->n_vocab, k, 1)) return ei_fail(EI_ERR_UNSUPPORTED, "output: bad shape or type");
     if (!vector_ok(&m->output_norm, e)) return ei_fail(EI_ERR_UNSUPPORTED, "output_norm: bad shape or type");
     if (m->rope_freqs.data && !vector_ok(&m->rope_freqs, m->n_rot / 2)) return ei_fail(EI_ERR_UNSUPPORTED, "rope_freqs: bad shape");
     for (int il = 0; il < m->n_layer; il++) {
-        const ei_layer_desc *l = &m->layers[il];
-        const int ok = vector_ok(&l->attn_norm, e) && vector_ok(&l->ffn_norm, e) &&
-            tensor_ok(&l->wq, e, q, k, 1) && tensor_ok(&l->wk, e, kv, k, 1) && tensor_ok(&l->wv, e, v, k, 1) &&
-            tensor_ok(&l->wo, (int64_t)m->n_head * m->head_dim_v, e, k, 1) &&
-            tensor_ok(&l->ffn_gate, e, m->n_ff, k, 1) && tensor_ok(&l->ffn_up, e, m->n_ff, k, 1) &&
-            tensor_ok(&l->ffn_down, m->n_ff, e, k, 1) &&
-            (!l->bq.data || vector_ok(&l->bq, q)) && (!l->bk.data || vector_ok(&l->bk, kv)) &&
-            (!l->bv.data || vector_ok(&l->bv, v)) &&
-            (!l->q_norm.data || vector_ok(&l->q_norm, m->head_dim)) &&
-            (!l->k_norm.data || vector_ok(&l->k_norm, m->head_dim)) &&
-            (!l->attn_post_norm.data || vector_ok(&l->attn_post_norm, e)) &&
-            (!l->ffn_post_norm.data || vector_ok(&l->ffn_post_norm, e)) && l->window >= 0 && l->rope_base > 0 && l->rope_scale > 0;
-        if (!ok) return ei_fail(EI_ERR_UNSUPPORTED, "layer %d: a tensor has a bad shape or an unsupported type", il);
+        const ei_status st = check_layer(&m->layers[il], il, d, k);
+        if (st != EI_OK) return st;
     }
     return EI_OK;
 }
 
-/* drops the resident pages of a weight the engine has copied: the mapping stays valid (a
- * later read faults them in again from the file), but they no longer count in memory use */
-static void release_pages(const void *data, size_t n) {
-#if defined(__unix__) || defined(__APPLE__)
-    const long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0) return;
-    const uintptr_t lo = ((uintptr_t)data + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
-    const uintptr_t hi = ((uintptr_t)data + n) & ~(uintptr_t)(page - 1);
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
-#else
-    (void)data; (void)n;
-#endif
+/* the matrices of a layer (the EI_MATRIX entries of EI_LAYER_TENSORS), in that order */
+#define COUNT_MATRIX_(name, kind, presence, ne0, ne1) +(kind == EI_MATRIX)
+enum { EI_LAYER_MATRICES = 0 EI_LAYER_TENSORS(COUNT_MATRIX_) };
+#define LIST_MATRIX_(name, kind, presence, ne0, ne1) if (kind == EI_MATRIX) out[n++] = &l->name;
+
+static int layer_matrices(ei_layer_desc *l, ei_tensor *out[EI_LAYER_MATRICES]) {
+    int n = 0;
+    EI_LAYER_TENSORS(LIST_MATRIX_)
+    return n;
 }
 
-/* Weights the instruction set has an interleaved kernel for are copied into that layout (the
- * product then needs no horizontal sums) by the first product that uses them, so loading
- * reads no tensor data: the copies cost the tensors' sizes (reserved at load, resident once
- * written), and the file's pages are released unless another tensor (a tied embedding)
- * still reads them. */
-typedef struct pack_item {
-    ei_tensor *t;
-    uint8_t *copy;
-    int release;
-} pack_item;
-
-/* 0: out of memory */
-static int plan_pack(ei_engine *e, ei_tensor *t, const void *shared) {
-    if (!e->k->gemm_x16[t->type] || t->ne1 % EI_X16) return 1;
-    const size_t size = ei_row_size(t->type, t->ne0) * (size_t)t->ne1;
-    pack_item *it = &e->packs[e->n_packed];
-    if (!(it->copy = malloc(size))) return 0;
-    it->t = t;
-    it->release = t->data != shared;
-    e->n_packed++;
-    e->bytes += size;
-    e->packed_bytes += size;
-    t->layout = LAYOUT_PENDING;
-    return 1;
-}
-
-/* 0: out of memory */
+/* copies planned for the layers' matrices and the output; 0: out of memory */
 static int plan_packs(ei_engine *e) {
-    if (!(e->packs = calloc((size_t)e->m.n_layer * 7 + 1, sizeof(pack_item)))) return 0;
+    if (!ei_repack_reserve(&e->repack, e->m.n_layer * EI_LAYER_MATRICES + 1)) return 0;
     for (int il = 0; il < e->m.n_layer; il++) {
-        ei_layer_desc *l = &e->layers[il];
-        ei_tensor *w[7] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->ffn_gate, &l->ffn_up, &l->ffn_down};
-        for (int j = 0; j < 7; j++)
-            if (!plan_pack(e, w[j], NULL)) return 0;
+        ei_tensor *w[EI_LAYER_MATRICES];
+        const int n = layer_matrices(&e->layers[il], w);
+        for (int j = 0; j < n; j++)
+            if (w[j]->data && !ei_repack_plan(&e->repack, e->k, w[j], NULL)) return 0;
     }
-    return plan_pack(e, &e->m.output, e->m.tok_embd.data);
-}
-
-/* the planned copy of t (which must have one) */
-static const pack_item *pack_of(const ei_engine *e, const ei_tensor *t) {
-    const pack_item *it = e->packs;
-    while (it->t != t) it++;
-    return it;
-}
-
-/* this thread's share of t's groups copied; the file's pages of them released at once, so
- * that they and the copies are never resident together (only pages wholly inside the share) */
-static void pack_share(const ei_engine *e, const ei_tensor *t, int ith, int nth) {
-    const pack_item *it = pack_of(e, t);
-    const size_t row = ei_row_size(t->type, t->ne0);
-    const int64_t groups = t->ne1 / EI_X16, g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
-    for (int64_t g = g0; g < g1; g++)
-        ei_pack_x16(t->type, (const uint8_t *)t->data + (size_t)g * EI_X16 * row, row, t->ne0,
-                    it->copy + (size_t)g * EI_X16 * row);
-    if (it->release) release_pages((const uint8_t *)t->data + (size_t)g0 * EI_X16 * row, (size_t)(g1 - g0) * EI_X16 * row);
+    const int ok = ei_repack_plan(&e->repack, e->k, &e->m.output, e->m.tok_embd.data);
+    e->bytes += e->repack.bytes;
+    return ok;
 }
 
 static void note_partner(ei_engine *e, const ei_tensor *t) {
     const int pt = ei_partner_type(t->type);
     e->act_row[pt] = ei_row_size(pt, e->max_cols);
+}
+
+/* the cache types and layout of the parameters: rows this build can write and read */
+static ei_status check_cache(const ei_engine_params *p, const ei_model_desc *m, const ei_kernels *k) {
+    if (p->kv_layout != EI_KV_ROWS) return ei_fail(EI_ERR_UNSUPPORTED, "KV cache layout %d is not supported", p->kv_layout);
+    const int types[2] = {p->kv_type_k, p->kv_type_v}, dims[2] = {m->head_dim, m->head_dim_v};
+    for (int i = 0; i < 2; i++) {
+        const int t = types[i];
+        const int writable = t == EI_TYPE_F32 || (t >= 0 && t < EI_TYPE_COUNT && k->from_float[t]);
+        if (!writable || !ei_attn_reads(k, t) || !ei_row_size(t, dims[i]))
+            return ei_fail(EI_ERR_UNSUPPORTED, "%s: the %s attention cannot use a %s cache of type %d",
+                           i ? "values" : "keys", k->name, i ? "value" : "key", t);
+    }
+    return EI_OK;
 }
 
 ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *params, ei_engine **out) {
@@ -203,6 +181,7 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     const ei_kernels *k = ei_kernels_for(isa);
     if (!k) return ei_fail(EI_ERR_ISA, "instruction set %s is not available: %s", ei_isa_name(isa), ei_isa_reason(isa));
     ei_status st = check_model(m, k);
+    if (st == EI_OK) st = check_cache(&p, m, k);
     if (st != EI_OK) return st;
 
     ei_engine *e = calloc(1, sizeof(*e));
@@ -223,9 +202,12 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     e->max_cols = m->n_embd;
     if (m->n_ff > e->max_cols) e->max_cols = m->n_ff;
     if (e->att_dim > e->max_cols) e->max_cols = e->att_dim;
-    e->kv_elem = p.kv_f32 ? 4 : 2;
-    e->k_layer = (size_t)p.n_ctx * (size_t)e->kv_dim;
-    e->v_layer = (size_t)p.n_ctx * (size_t)e->v_dim;
+    e->k_head_bytes = ei_row_size(p.kv_type_k, m->head_dim);
+    e->v_head_bytes = ei_row_size(p.kv_type_v, m->head_dim_v);
+    e->k_row_bytes = e->k_head_bytes * (size_t)m->n_head_kv;
+    e->v_row_bytes = e->v_head_bytes * (size_t)m->n_head_kv;
+    e->k_layer_bytes = (size_t)p.n_ctx * e->k_row_bytes;
+    e->v_layer_bytes = (size_t)p.n_ctx * e->v_row_bytes;
 
     const size_t nb = (size_t)p.n_batch;
     e->x = alloc(e, nb * m->n_embd * 4);
@@ -259,8 +241,10 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
             e->scales[e->n_bases++] = l->rope_scale;
         }
         e->layer_base[il] = b;
-        note_partner(e, &l->wq); note_partner(e, &l->wk); note_partner(e, &l->wv); note_partner(e, &l->wo);
-        note_partner(e, &l->ffn_gate); note_partner(e, &l->ffn_up); note_partner(e, &l->ffn_down);
+        ei_tensor *w[EI_LAYER_MATRICES];
+        const int n_mat = layer_matrices(&e->layers[il], w);
+        for (int j = 0; j < n_mat; j++)
+            if (w[j]->data) note_partner(e, w[j]);
     }
     note_partner(e, &m->output);
     for (int t = 0; t < EI_TYPE_COUNT; t++) {
@@ -278,22 +262,28 @@ nomem:
 }
 
 static ei_status ensure_cache(ei_engine *e, int s) {
-    if (e->k_cache[s]) return EI_OK;
+    if (e->k_cache[s] && e->v_cache[s]) return EI_OK;
     /* calloc'd pages cost memory only once written: the cache grows with the context used */
-    e->k_cache[s] = alloc(e, e->k_layer * (size_t)e->m.n_layer * e->kv_elem);
-    e->v_cache[s] = alloc(e, e->v_layer * (size_t)e->m.n_layer * e->kv_elem);
+    if (!e->k_cache[s]) e->k_cache[s] = alloc(e, e->k_layer_bytes * (size_t)e->m.n_layer);
+    if (!e->v_cache[s]) e->v_cache[s] = alloc(e, e->v_layer_bytes * (size_t)e->m.n_layer);
     if (!e->k_cache[s] || !e->v_cache[s]) return ei_fail(EI_ERR_NOMEM, "out of memory for the KV cache");
     return EI_OK;
 }
 
 ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
-    return EI_OK; /* positions are overwritten as they are decoded again; nothing to free */
+    /* freed rather than zeroed: a cleared sequence costs nothing until it is decoded again */
+    if (e->k_cache[seq]) e->bytes -= e->k_layer_bytes * (size_t)e->m.n_layer;
+    if (e->v_cache[seq]) e->bytes -= e->v_layer_bytes * (size_t)e->m.n_layer;
+    free(e->k_cache[seq]);
+    free(e->v_cache[seq]);
+    e->k_cache[seq] = e->v_cache[seq] = NULL;
+    return EI_OK;
 }
 
 int ei_engine_isa(const ei_engine *e) { return e ? e->isa : -1; }
 size_t ei_engine_memory(const ei_engine *e) { return e ? e->bytes : 0; }
-size_t ei_engine_weight_copies(const ei_engine *e) { return e ? e->packed_bytes : 0; }
+size_t ei_engine_weight_copies(const ei_engine *e) { return e ? e->repack.bytes : 0; }
 
 void ei_engine_free(ei_engine *e) {
     if (!e) return;
@@ -305,8 +295,7 @@ void ei_engine_free(ei_engine *e) {
     free(e->x); free(e->h); free(e->q); free(e->kk); free(e->vv); free(e->att); free(e->t);
     free(e->gate); free(e->up); free(e->scratch); free(e->rope); free(e->gelu);
     free(e->layer_base); free(e->layers);
-    for (int i = 0; i < e->n_packed; i++) free(e->packs[i].copy);
-    free(e->packs);
+    ei_repack_release(&e->repack);
     free(e);
 }
 
@@ -335,18 +324,14 @@ typedef struct mm_job {
 /* the pending copies of a group of products, made by every thread together */
 static void pack_pending(ei_engine *e, const mm_job *jobs, int n_jobs, int ith, int nth) {
     int pending = 0;
-    for (int j = 0; j < n_jobs; j++) pending |= jobs[j].w->layout == LAYOUT_PENDING;
+    for (int j = 0; j < n_jobs; j++) pending |= jobs[j].w->layout == EI_LAYOUT_PENDING;
     if (!pending) return;
     for (int j = 0; j < n_jobs; j++)
-        if (jobs[j].w->layout == LAYOUT_PENDING) pack_share(e, jobs[j].w, ith, nth);
+        if (jobs[j].w->layout == EI_LAYOUT_PENDING) ei_repack_share(&e->repack, jobs[j].w, ith, nth);
     ei_pool_barrier(e->pool); /* every share written, every thread past its layout reads */
     if (ith == 0)
-        for (int j = 0; j < n_jobs; j++) {
-            if (jobs[j].w->layout != LAYOUT_PENDING) continue;
-            const pack_item *it = pack_of(e, jobs[j].w);
-            it->t->data = it->copy; /* it->t: the engine's own, writable description */
-            it->t->layout = LAYOUT_X16;
-        }
+        for (int j = 0; j < n_jobs; j++)
+            if (jobs[j].w->layout == EI_LAYOUT_PENDING) ei_repack_finish(&e->repack, jobs[j].w);
     ei_pool_barrier(e->pool);
 }
 
@@ -384,7 +369,7 @@ static void matmul_group(ei_engine *e, const mm_job *jobs, int n_jobs, const flo
         const size_t wrow = ei_row_size(w->type, cols), arow = e->act_row[pt];
         const ei_vec_dot_fn dot = e->k->vec_dot[w->type];
         const ei_gemm_fn gemm = e->k->gemm[w->type];
-        const ei_gemm_x16_fn gemm_x16 = w->layout == LAYOUT_X16 ? e->k->gemm_x16[w->type] : NULL;
+        const ei_gemm_x16_fn gemm_x16 = w->layout == EI_LAYOUT_X16 ? e->k->gemm_x16[w->type] : NULL;
         const int r_end = hi * ROW_BLOCK < w->ne1 ? hi * ROW_BLOCK : (int)w->ne1;
         float *out = jobs[j].out;
         const size_t os = (size_t)jobs[j].out_stride;
@@ -422,13 +407,16 @@ static void add_bias(const ei_tensor *b, float *x, int n) {
     for (int i = 0; i < n; i++) x[i] += v[i];
 }
 
-static void *cache_row(ei_engine *e, void **cache, size_t per_layer, int dim, int s, int il, int pos) {
-    return (uint8_t *)cache[s] + (((size_t)il * per_layer) + (size_t)pos * dim) * e->kv_elem;
+/* the row of position pos of layer il of sequence s: layer_bytes and row_bytes are the K or
+ * V cache's strides */
+static uint8_t *cache_row(void **cache, size_t layer_bytes, size_t row_bytes, int s, int il, int pos) {
+    return (uint8_t *)cache[s] + (size_t)il * layer_bytes + (size_t)pos * row_bytes;
 }
 
-static void store_kv(ei_engine *e, void *dst, const float *src, int n) {
-    if (e->kv_elem == 4) memcpy(dst, src, (size_t)n * 4);
-    else e->k->from_float[EI_TYPE_F16](src, dst, n);
+/* n floats encoded as a cache row of the given type (check_cache made sure it has an encoder) */
+static void store_kv(ei_engine *e, int type, void *dst, const float *src, int n) {
+    if (type == EI_TYPE_F32) memcpy(dst, src, (size_t)n * 4);
+    else e->k->from_float[type](src, dst, n);
 }
 
 /* token-wise work after the QKV products: biases, q/k norms, rope, cache writes */
@@ -455,8 +443,10 @@ static void qkv_post(ei_engine *e, const step *st, int il, int ith, int nth) {
             if (l->k_norm.data) e->k->rms_norm(m->head_dim, kh, kh, l->k_norm.data, m->norm_eps);
             e->k->rope(m->n_rot, kh, cs, m->rope_neox);
         }
-        store_kv(e, cache_row(e, e->k_cache, e->k_layer, e->kv_dim, st->seq[i], il, st->pos[i]), k, e->kv_dim);
-        store_kv(e, cache_row(e, e->v_cache, e->v_layer, e->v_dim, st->seq[i], il, st->pos[i]), v, e->v_dim);
+        store_kv(e, e->p.kv_type_k, cache_row(e->k_cache, e->k_layer_bytes, e->k_row_bytes, st->seq[i], il, st->pos[i]),
+                 k, e->kv_dim);
+        store_kv(e, e->p.kv_type_v, cache_row(e->v_cache, e->v_layer_bytes, e->v_row_bytes, st->seq[i], il, st->pos[i]),
+                 v, e->v_dim);
     }
     ei_pool_barrier(e->pool);
 }
@@ -468,9 +458,10 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     ei_attn_params ap = {0};
     ap.head_dim = m->head_dim;
     ap.head_dim_v = m->head_dim_v;
-    ap.kv_f32 = e->kv_elem == 4;
-    ap.k_stride = (size_t)e->kv_dim;
-    ap.v_stride = (size_t)e->v_dim;
+    ap.k_type = e->p.kv_type_k;
+    ap.v_type = e->p.kv_type_v;
+    ap.k_row_bytes = e->k_row_bytes;
+    ap.v_row_bytes = e->v_row_bytes;
     ap.scale = m->scale_q ? 1.0f : m->kq_scale;
     int a, b;
     if (e->k->attn_group && group > 1 && st->n >= nth) {
@@ -480,11 +471,10 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
             const int i = w / m->n_head_kv, g = w % m->n_head_kv, pos = st->pos[i];
             ap.t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
             ap.t1 = pos + 1;
-            const void *kbase = cache_row(e, e->k_cache, e->k_layer, e->kv_dim, st->seq[i], il, 0);
-            const void *vbase = cache_row(e, e->v_cache, e->v_layer, e->v_dim, st->seq[i], il, 0);
+            const uint8_t *kbase = cache_row(e->k_cache, e->k_layer_bytes, e->k_row_bytes, st->seq[i], il, 0);
+            const uint8_t *vbase = cache_row(e->v_cache, e->v_layer_bytes, e->v_row_bytes, st->seq[i], il, 0);
             e->k->attn_group(&ap, group, e->q + (size_t)i * e->q_dim + (size_t)g * group * m->head_dim, (size_t)m->head_dim,
-                             (const uint8_t *)kbase + (size_t)g * m->head_dim * e->kv_elem,
-                             (const uint8_t *)vbase + (size_t)g * m->head_dim_v * e->kv_elem,
+                             kbase + (size_t)g * e->k_head_bytes, vbase + (size_t)g * e->v_head_bytes,
                              e->att + (size_t)i * e->att_dim + (size_t)g * group * m->head_dim_v, (size_t)m->head_dim_v, scratch);
         }
         ei_pool_barrier(e->pool);
@@ -495,11 +485,10 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
         const int i = w / m->n_head, h = w % m->n_head, g = h / group, pos = st->pos[i];
         ap.t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
         ap.t1 = pos + 1;
-        const void *kbase = cache_row(e, e->k_cache, e->k_layer, e->kv_dim, st->seq[i], il, 0);
-        const void *vbase = cache_row(e, e->v_cache, e->v_layer, e->v_dim, st->seq[i], il, 0);
+        const uint8_t *kbase = cache_row(e->k_cache, e->k_layer_bytes, e->k_row_bytes, st->seq[i], il, 0);
+        const uint8_t *vbase = cache_row(e->v_cache, e->v_layer_bytes, e->v_row_bytes, st->seq[i], il, 0);
         e->k->attn(&ap, e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim,
-                   (const uint8_t *)kbase + (size_t)g * m->head_dim * e->kv_elem,
-                   (const uint8_t *)vbase + (size_t)g * m->head_dim_v * e->kv_elem,
+                   kbase + (size_t)g * e->k_head_bytes, vbase + (size_t)g * e->v_head_bytes,
                    e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v, scratch);
     }
     ei_pool_barrier(e->pool);

@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 3
+#define EI_API_VERSION 4
 
 typedef enum {
     EI_OK = 0,
@@ -23,8 +23,7 @@ typedef enum {
     EI_ERR_NOMEM = 2,       /* an allocation failed */
     EI_ERR_UNSUPPORTED = 3, /* a type or feature this build cannot compute */
     EI_ERR_CONTEXT = 4,     /* a position lies outside the context */
-    EI_ERR_ISA = 5,         /* the instruction set is not available here */
-    EI_ERR_CANCELLED = 6
+    EI_ERR_ISA = 5          /* the instruction set is not available here */
 } ei_status;
 
 /* instruction-set variants, in the order ei_isa_name() reports them */
@@ -38,9 +37,35 @@ typedef struct {
     int64_t ne0, ne1;
 } ei_tensor;
 
+/* The tensors of one decoder layer, written once: the layer struct's fields, the engine's
+ * shape checks and the list of matrices (partner types, interleaved copies) all expand it, and
+ * ei_layer_tensor_name() reports it to Python, which checks it against its own LayerTensors.
+ * X(name, kind, presence, ne0, ne1): kind EI_MATRIX is the weight of a matrix product (any
+ * supported type), EI_VECTOR an f32 vector (ne1 == 1); presence EI_REQUIRED or EI_OPTIONAL;
+ * the shape in the names n_embd, q_dim (n_head * head_dim), kv_dim (n_head_kv * head_dim),
+ * v_dim (n_head_kv * head_dim_v), att_dim (n_head * head_dim_v), head_dim, n_ff and one (1).
+ * The order is the layer struct's, and LayerTensors' (edgeinfer/models/base.py). */
+#define EI_LAYER_TENSORS(X)                                   \
+    X(attn_norm, EI_VECTOR, EI_REQUIRED, n_embd, one)         \
+    X(wq, EI_MATRIX, EI_REQUIRED, n_embd, q_dim)              \
+    X(wk, EI_MATRIX, EI_REQUIRED, n_embd, kv_dim)             \
+    X(wv, EI_MATRIX, EI_REQUIRED, n_embd, v_dim)              \
+    X(wo, EI_MATRIX, EI_REQUIRED, att_dim, n_embd)            \
+    X(ffn_norm, EI_VECTOR, EI_REQUIRED, n_embd, one)          \
+    X(ffn_gate, EI_MATRIX, EI_REQUIRED, n_embd, n_ff)         \
+    X(ffn_up, EI_MATRIX, EI_REQUIRED, n_embd, n_ff)           \
+    X(ffn_down, EI_MATRIX, EI_REQUIRED, n_ff, n_embd)         \
+    X(bq, EI_VECTOR, EI_OPTIONAL, q_dim, one)                 \
+    X(bk, EI_VECTOR, EI_OPTIONAL, kv_dim, one)                \
+    X(bv, EI_VECTOR, EI_OPTIONAL, v_dim, one)                 \
+    X(q_norm, EI_VECTOR, EI_OPTIONAL, head_dim, one)          \
+    X(k_norm, EI_VECTOR, EI_OPTIONAL, head_dim, one)          \
+    X(attn_post_norm, EI_VECTOR, EI_OPTIONAL, n_embd, one)    \
+    X(ffn_post_norm, EI_VECTOR, EI_OPTIONAL, n_embd, one)
+
+#define EI_LAYER_FIELD_(name, kind, presence, ne0, ne1) ei_tensor name;
 typedef struct {
-    ei_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, attn_post_norm;
-    ei_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, ffn_post_norm;
+    EI_LAYER_TENSORS(EI_LAYER_FIELD_)
     int32_t window;  /* keys within this many positions are seen; 0: all */
     float rope_base;  /* rotary frequency base of this layer */
     float rope_scale; /* its position scale (1 / linear scaling factor) */
@@ -61,14 +86,26 @@ typedef struct {
     int32_t n_threads; /* worker threads including the caller's */
     int32_t n_seq_max; /* sequences that may hold cache at once */
     int32_t n_batch;   /* most tokens per internal step; longer calls are split */
-    int32_t kv_f32;    /* 0: float16 KV cache (default), 1: float32 */
+    int32_t kv_type_k; /* GGML type of a key cache element (EI_TYPE_F16, EI_TYPE_F32) */
+    int32_t kv_type_v; /* of a value cache element */
+    int32_t kv_layout; /* EI_KV_ROWS: one row per (position, KV head) */
     int32_t isa;       /* EI_ISA_* to use, or -1 for the best supported */
 } ei_engine_params;
+
+/* how a cache tensor's elements are grouped (edgeinfer/kv_cache.py: CacheLayout) */
+enum { EI_KV_ROWS = 0 };
 
 typedef struct ei_engine ei_engine;
 
 EI_EXPORT int ei_api_version(void);
 EI_EXPORT const char *ei_last_error(void);
+
+/* the structs Python mirrors, for ei_struct_size(): a mismatch means the library is not used */
+enum { EI_STRUCT_TENSOR = 0, EI_STRUCT_LAYER_DESC, EI_STRUCT_MODEL_DESC, EI_STRUCT_ENGINE_PARAMS,
+       EI_STRUCT_COUNT };
+EI_EXPORT size_t ei_struct_size(int which); /* sizeof of an EI_STRUCT_*, 0 for another number */
+/* the name of layer tensor i in EI_LAYER_TENSORS order, NULL past the last */
+EI_EXPORT const char *ei_layer_tensor_name(int i);
 
 /* instruction sets: built into this library, supported by this CPU and OS, and why (not) */
 EI_EXPORT const char *ei_isa_name(int isa);
@@ -85,6 +122,7 @@ EI_EXPORT ei_status ei_engine_create(const ei_model_desc *model, const ei_engine
  * only when calls do not overlap. */
 EI_EXPORT ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const int32_t *pos,
                                      const int32_t *seq, const int8_t *out_mask, float *logits);
+/* forgets sequence seq: its cache is freed, so its next token starts an empty context */
 EI_EXPORT ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq);
 EI_EXPORT int ei_engine_isa(const ei_engine *e);
 EI_EXPORT size_t ei_engine_memory(const ei_engine *e); /* bytes this engine allocated */
@@ -100,9 +138,11 @@ EI_EXPORT ei_status ei_kernel_vec_dot(int isa, int weight_type, int n, const voi
 EI_EXPORT ei_status ei_kernel_rms_norm(int isa, int n, float *y, const float *x, const float *w, float eps);
 EI_EXPORT ei_status ei_kernel_rope(int isa, int n_rot, float *x, const float *cs, int neox);
 EI_EXPORT ei_status ei_kernel_glu(int isa, int gelu, int n, float *y, const float *g, const float *u);
-EI_EXPORT ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int t0, int t1, int kv_f32,
-                                   size_t k_stride, size_t v_stride, float scale, float softcap,
-                                   const float *q, const void *k, const void *v, float *out);
+/* K and V are rows of k_type / v_type (GGML types), k_row_bytes / v_row_bytes apart */
+EI_EXPORT ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int t0, int t1, int k_type,
+                                   int v_type, size_t k_row_bytes, size_t v_row_bytes, float scale,
+                                   float softcap, const float *q, const void *k, const void *v,
+                                   float *out);
 EI_EXPORT int ei_partner_type_of(int weight_type);
 
 #endif

@@ -1,8 +1,8 @@
-/* Scalar reference of the float operations of a decoder step.
+/* Scalar reference of the float operations of a decoder step (attention: attn.c).
  *
  * Elementwise steps are float32 operations in a fixed order, never fused; reductions (sums
- * of squares, dot products, softmax sums) and transcendental functions are computed in
- * double and rounded once. The numpy reference engine computes the same values. */
+ * of squares) and transcendental functions are computed in double and rounded once. The
+ * numpy reference engine computes the same values. */
 #include <math.h>
 #include <string.h>
 
@@ -53,53 +53,11 @@ static void ref_scale(int n, float *y, float s) {
     for (int i = 0; i < n; i++) y[i] *= s;
 }
 
-static inline float kv_at(const void *base, int f32, size_t i) {
-    return f32 ? ((const float *)base)[i] : ei_fp16_to_fp32(((const ei_f16 *)base)[i]);
-}
-
-static void ref_attn(const ei_attn_params *p, const float *q, const void *k, const void *v,
-                     float *out, double *scratch) {
-    const int n = p->t1 - p->t0, hd = p->head_dim;
-    float qr[EI_MAX_HEAD_DIM]; /* the query as the cache type sees it */
-    for (int d = 0; d < hd; d++) qr[d] = p->kv_f32 ? q[d] : ei_fp16_to_fp32(ei_fp32_to_fp16(q[d]));
-    float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
-    float max = -INFINITY;
-    for (int t = 0; t < n; t++) {
-        const size_t row = (size_t)(p->t0 + t) * p->k_stride;
-        double dot = 0.0;
-        for (int d = 0; d < hd; d++) dot += (double)qr[d] * kv_at(k, p->kv_f32, row + d);
-        float s = (float)dot * p->scale;
-        if (p->softcap != 0.0f) s = p->softcap * (float)tanh((double)(s / p->softcap));
-        scores[t] = s;
-        max = fmaxf(max, s);
-    }
-    double sum = 0.0;
-    for (int t = 0; t < n; t++) {
-        scratch[t] = exp((double)(scores[t] - max));
-        sum += scratch[t];
-    }
-    double acc[EI_MAX_HEAD_DIM];
-    for (int d = 0; d < p->head_dim_v; d++) acc[d] = 0.0;
-    for (int t = 0; t < n; t++) {
-        float pr = (float)(scratch[t] / sum);
-        if (!p->kv_f32) pr = ei_fp16_to_fp32(ei_fp32_to_fp16(pr));
-        const size_t row = (size_t)(p->t0 + t) * p->v_stride;
-        for (int d = 0; d < p->head_dim_v; d++) acc[d] += (double)pr * kv_at(v, p->kv_f32, row + d);
-    }
-    for (int d = 0; d < p->head_dim_v; d++) out[d] = (float)acc[d];
-}
-
-void ei_ref_quant_kernels(ei_kernels *k);
-
-void ei_kernels_init_ref(ei_kernels *k) {
-    memset(k, 0, sizeof(*k));
-    k->name = "scalar";
-    ei_ref_quant_kernels(k);
+void ei_ref_op_kernels(ei_kernels *k) {
     k->rms_norm = ref_rms_norm;
     k->rope = ref_rope;
     k->geglu = ref_geglu;
     k->swiglu = ref_swiglu;
     k->add = ref_add;
     k->scale = ref_scale;
-    k->attn = ref_attn;
 }

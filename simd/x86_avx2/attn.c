@@ -1,4 +1,4 @@
-/* AVX2 attention of one query head over its KV head, rounded as the reference (ref/ops.c).
+/* AVX2 attention of one query head over its KV head, rounded as the reference (ref/attn.c).
  *
  * Scores: each product of the cache-rounded query and a key is exact (in float for an fp16
  * cache, in double for f32), but their sum in double is not, so every key's sum runs in
@@ -7,7 +7,8 @@
  * p[t] * v[t] in the order of t as the reference does, the products exact in double. */
 #include <math.h>
 
-#include "avx2.h"
+#include "../common/attn_softmax.h"
+#include "simd.h"
 
 /* adds the four lanes of terms to *sum in lane order */
 EI_AVX2_INLINE void add_in_order(double *sum, __m256d terms) {
@@ -18,11 +19,11 @@ EI_AVX2_INLINE void add_in_order(double *sum, __m256d terms) {
 
 /* acc[key] += qr[d] * k_key[d] for d in [d0, d0 + 8) in order, four keys; each product is exact
  * in float */
-EI_AVX2_INLINE __m256d dot4x8_f16(__m256d acc, __m256 qv, const ei_f16 *k, size_t stride) {
+EI_AVX2_INLINE __m256d dot4x8_f16(__m256d acc, __m256 qv, const uint8_t *k, size_t row_bytes) {
     __m256 p[4];
     EI_UNROLL
     for (int r = 0; r < 4; r++)
-        p[r] = _mm256_mul_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + (size_t)r * stride))));
+        p[r] = _mm256_mul_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + (size_t)r * row_bytes))));
     /* columns d (low halves) and d + 4 (high halves) of the 4 x 8 products */
     const __m256 a = _mm256_unpacklo_ps(p[0], p[1]), b = _mm256_unpacklo_ps(p[2], p[3]);
     const __m256 c = _mm256_unpackhi_ps(p[0], p[1]), e = _mm256_unpackhi_ps(p[2], p[3]);
@@ -35,16 +36,17 @@ EI_AVX2_INLINE __m256d dot4x8_f16(__m256d acc, __m256 qv, const ei_f16 *k, size_
     return acc;
 }
 
-/* dots of the fp16-rounded query with keys k[0..m) (m <= 8), each summed in order */
-static void dots_f16(const float *qr, const ei_f16 *k, size_t stride, int hd, int m, double *out) {
+/* dots of the fp16-rounded query with keys k[0..m) (m <= 8, row_bytes apart), each summed in
+ * order */
+static void dots_f16(const float *qr, const uint8_t *k, size_t row_bytes, int hd, int m, double *out) {
     int done = 0;
     if (m == 8) { /* two independent groups of four keys keep two addition chains in flight */
         __m256d a0 = _mm256_setzero_pd(), a1 = a0;
         int d = 0;
         for (; d + 8 <= hd; d += 8) {
             const __m256 qv = _mm256_loadu_ps(qr + d);
-            a0 = dot4x8_f16(a0, qv, k + d, stride);
-            a1 = dot4x8_f16(a1, qv, k + 4 * stride + d, stride);
+            a0 = dot4x8_f16(a0, qv, k + 2 * (size_t)d, row_bytes);
+            a1 = dot4x8_f16(a1, qv, k + 4 * row_bytes + 2 * (size_t)d, row_bytes);
         }
         _mm256_storeu_pd(out, a0);
         _mm256_storeu_pd(out + 4, a1);
@@ -53,7 +55,7 @@ static void dots_f16(const float *qr, const ei_f16 *k, size_t stride, int hd, in
         for (int t = 0; t < m; t++) out[t] = 0.0;
     }
     for (int t = 0; t < m; t++) {
-        const ei_f16 *kr = k + (size_t)t * stride;
+        const ei_f16 *kr = (const ei_f16 *)(k + (size_t)t * row_bytes);
         double sum = out[t];
         int d = done;
         for (; d + 8 <= hd; d += 8) {
@@ -75,16 +77,17 @@ static double dot_f32_key(const float *q, const float *k, int hd) {
     return sum;
 }
 
-/* acc[d] += p[t] * v[t][d] for t in order, d in [0, hv); p already rounded as the cache type */
-static void weighted_sum_f16(const double *p, const ei_f16 *v, size_t stride, int n, int hv, double *acc) {
+/* acc[d] += p[t] * v[t][d] for t in order, d in [0, hv); p already rounded as the value type;
+ * rows row_bytes apart */
+static void weighted_sum_f16(const double *p, const uint8_t *v, size_t row_bytes, int n, int hv, double *acc) {
     int d = 0;
     for (; d + 16 <= hv; d += 16) {
         __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-        const ei_f16 *row = v + d;
-        for (int t = 0; t < n; t++, row += stride) {
+        const uint8_t *row = v + 2 * (size_t)d;
+        for (int t = 0; t < n; t++, row += row_bytes) {
             const __m256d w = _mm256_set1_pd(p[t]);
             const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)row));
-            const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8)));
+            const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 16))); /* 8 fp16 further */
             a0 = _mm256_fmadd_pd(w, _mm256_cvtps_pd(_mm256_castps256_ps128(v0)), a0);
             a1 = _mm256_fmadd_pd(w, _mm256_cvtps_pd(_mm256_extractf128_ps(v0, 1)), a1);
             a2 = _mm256_fmadd_pd(w, _mm256_cvtps_pd(_mm256_castps256_ps128(v1)), a2);
@@ -95,85 +98,78 @@ static void weighted_sum_f16(const double *p, const ei_f16 *v, size_t stride, in
     }
     for (; d < hv; d++) {
         double a = 0.0;
-        for (int t = 0; t < n; t++) a += p[t] * ei_fp16_to_fp32(v[(size_t)t * stride + d]);
+        for (int t = 0; t < n; t++) a += p[t] * ei_fp16_to_fp32(((const ei_f16 *)(v + (size_t)t * row_bytes))[d]);
         acc[d] = a;
     }
 }
 
-static void weighted_sum_f32(const double *p, const float *v, size_t stride, int n, int hv, double *acc) {
+static void weighted_sum_f32(const double *p, const uint8_t *v, size_t row_bytes, int n, int hv, double *acc) {
     int d = 0;
     for (; d + 16 <= hv; d += 16) {
         __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-        const float *row = v + d;
-        for (int t = 0; t < n; t++, row += stride) {
+        const uint8_t *row = v + 4 * (size_t)d;
+        for (int t = 0; t < n; t++, row += row_bytes) {
             const __m256d w = _mm256_set1_pd(p[t]);
-            a0 = _mm256_fmadd_pd(w, _mm256_cvtps_pd(_mm_loadu_ps(row)), a0);
-            a1 = _mm256_fmadd_pd(w, _mm256_cvtps_pd(_mm_loadu_ps(row + 4)), a1);
-            a2 = _mm256_fmadd_pd(w, _mm256_cvtps_pd(_mm_loadu_ps(row + 8)), a2);
-            a3 = _mm256_fmadd_pd(w, _mm256_cvtps_pd(_mm_loadu_ps(row + 12)), a3);
+            const float *r = (const float *)row;
+            a0 = _mm256_fmadd_pd(w, _mm256_cvtps_pd(_mm_loadu_ps(r)), a0);
+            a1 = _mm256_fmadd_pd(w, _mm256_cvtps_pd(_mm_loadu_ps(r + 4)), a1);
+            a2 = _mm256_fmadd_pd(w, _mm256_cvtps_pd(_mm_loadu_ps(r + 8)), a2);
+            a3 = _mm256_fmadd_pd(w, _mm256_cvtps_pd(_mm_loadu_ps(r + 12)), a3);
         }
         _mm256_storeu_pd(acc + d, a0); _mm256_storeu_pd(acc + d + 4, a1);
         _mm256_storeu_pd(acc + d + 8, a2); _mm256_storeu_pd(acc + d + 12, a3);
     }
     for (; d < hv; d++) {
         double a = 0.0;
-        for (int t = 0; t < n; t++) a += p[t] * v[(size_t)t * stride + d];
+        for (int t = 0; t < n; t++) a += p[t] * ((const float *)(v + (size_t)t * row_bytes))[d];
         acc[d] = a;
     }
 }
 
 static void avx2_attn(const ei_attn_params *p, const float *q, const void *k, const void *v, float *out,
                       double *scratch) {
-    const int n = p->t1 - p->t0, hd = p->head_dim, hv = p->head_dim_v, f32 = p->kv_f32;
-    float qr[EI_MAX_HEAD_DIM]; /* the query as the cache type sees it */
+    const int n = p->t1 - p->t0, hd = p->head_dim, hv = p->head_dim_v;
+    const int k_f32 = p->k_type == EI_TYPE_F32, v_f32 = p->v_type == EI_TYPE_F32;
+    float qr[EI_MAX_HEAD_DIM]; /* the query as the key type sees it */
     int d = 0;
-    if (!f32)
+    if (!k_f32)
         for (; d + 8 <= hd; d += 8)
             _mm256_storeu_ps(qr + d, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(q + d), _MM_FROUND_TO_NEAREST_INT)));
-    for (; d < hd; d++) qr[d] = f32 ? q[d] : ei_fp16_to_fp32(ei_fp32_to_fp16(q[d]));
+    for (; d < hd; d++) qr[d] = ei_attn_round_to(q[d], p->k_type);
 
     float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
-    float max = -INFINITY;
+    const uint8_t *kbase = (const uint8_t *)k + (size_t)p->t0 * p->k_row_bytes;
     for (int t = 0; t < n; t += 8) {
         const int m = n - t < 8 ? n - t : 8;
-        const size_t row = (size_t)(p->t0 + t) * p->k_stride;
+        const uint8_t *rows = kbase + (size_t)t * p->k_row_bytes;
         double dot[8];
-        if (f32)
-            for (int j = 0; j < m; j++) dot[j] = dot_f32_key(qr, (const float *)k + row + (size_t)j * p->k_stride, hd);
+        if (k_f32)
+            for (int j = 0; j < m; j++)
+                dot[j] = dot_f32_key(qr, (const float *)(rows + (size_t)j * p->k_row_bytes), hd);
         else
-            dots_f16(qr, (const ei_f16 *)k + row, p->k_stride, hd, m, dot);
-        for (int j = 0; j < m; j++) {
-            float s = (float)dot[j] * p->scale;
-            if (p->softcap != 0.0f) s = p->softcap * (float)tanh((double)(s / p->softcap));
-            scores[t + j] = s;
-            max = fmaxf(max, s);
-        }
+            dots_f16(qr, rows, p->k_row_bytes, hd, m, dot);
+        for (int j = 0; j < m; j++) scores[t + j] = ei_attn_score((float)dot[j], p);
     }
-    double sum = 0.0;
-    for (int t = 0; t < n; t++) {
-        scratch[t] = exp((double)(scores[t] - max));
-        sum += scratch[t];
-    }
-    /* the weights as the cache type rounds them, back in scratch: (float)(e / sum), then fp16 */
+    const double sum = ei_attn_softmax(scores, n, scratch);
+    /* the weights as the value type rounds them, back in scratch: (float)(e / sum), then fp16 */
     int t = 0;
     const __m256d vsum = _mm256_set1_pd(sum);
     for (; t + 4 <= n; t += 4) {
         __m128 pr = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_loadu_pd(scratch + t), vsum));
-        if (!f32) pr = _mm_cvtph_ps(_mm_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT));
+        if (!v_f32) pr = _mm_cvtph_ps(_mm_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT));
         _mm256_storeu_pd(scratch + t, _mm256_cvtps_pd(pr));
     }
-    for (; t < n; t++) {
-        float pr = (float)(scratch[t] / sum);
-        if (!f32) pr = ei_fp16_to_fp32(ei_fp32_to_fp16(pr));
-        scratch[t] = pr;
-    }
+    for (; t < n; t++) scratch[t] = ei_attn_prob(scratch[t], sum, p->v_type);
     double acc[EI_MAX_HEAD_DIM];
-    const char *vbase = (const char *)v + (size_t)p->t0 * p->v_stride * (f32 ? 4 : 2);
-    if (f32) weighted_sum_f32(scratch, (const float *)vbase, p->v_stride, n, hv, acc);
-    else weighted_sum_f16(scratch, (const ei_f16 *)vbase, p->v_stride, n, hv, acc);
+    const uint8_t *vbase = (const uint8_t *)v + (size_t)p->t0 * p->v_row_bytes;
+    if (v_f32) weighted_sum_f32(scratch, vbase, p->v_row_bytes, n, hv, acc);
+    else weighted_sum_f16(scratch, vbase, p->v_row_bytes, n, hv, acc);
     d = 0;
     for (; d + 4 <= hv; d += 4) _mm_storeu_ps(out + d, _mm256_cvtpd_ps(_mm256_loadu_pd(acc + d)));
     for (; d < hv; d++) out[d] = (float)acc[d];
 }
 
-void ei_avx2_attn_kernels(ei_kernels *k) { k->attn = avx2_attn; }
+void ei_avx2_attn_kernels(ei_kernels *k) {
+    k->attn = avx2_attn;
+    k->attn_types = EI_ATTN_F16_F32;
+}

@@ -4,8 +4,7 @@
  * rows' integer sums of one block land in the four lanes of one vector, and each lane adds
  * its row's block terms in block order: every output is the reference's vec_dot, bit for
  * bit. Missing rows (nr < 4) repeat row 0 and are not stored. */
-#include "kblock.h"
-#include "legacy.h"
+#include "blocks.h"
 
 /* four lanes of acc as floats: s[r] for r < nr */
 EI_AVX2_INLINE void store_rows(float *s, __m256d acc, int nr) {

@@ -1,6 +1,6 @@
 /* The AVX2+FMA+F16C variant: the scalar reference table with every kernel overridden by
  * this folder's versions (converters, dot products, tiles, float operations, attention). */
-#include "avx2.h"
+#include "simd.h"
 
 void ei_kernels_init_avx2(ei_kernels *k) {
     ei_kernels_init_ref(k);

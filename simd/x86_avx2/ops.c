@@ -2,7 +2,7 @@
  * order, eight lanes at a time and never fused; reductions add in the reference's order. */
 #include <math.h>
 
-#include "avx2.h"
+#include "simd.h"
 
 static void avx2_rms_norm(int n, float *y, const float *x, const float *w, float eps) {
     /* squares rounded to float, summed in double in index order: the sum is not exact in

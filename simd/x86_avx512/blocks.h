@@ -10,7 +10,7 @@
 #define EI_AVX512_BLOCKS_H
 
 #include "../common/ei_kernels.h"
-#include "intrinsics.h"
+#include "simd.h"
 
 /* The loops over tile rows, columns and vector quarters must unroll and the helpers inline:
  * their arrays of vectors live in registers only then (-O2 does not unroll on its own).

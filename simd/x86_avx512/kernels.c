@@ -4,7 +4,7 @@
  * (vpdpbusd, vpdpwssd) is checked here, at run time, and the integer kernels take their
  * VNNI form only where the CPU has it. */
 #include "../common/ei_kernels.h"
-#include "intrinsics.h"
+#include "simd.h"
 
 #if defined(EI_AVX512_NO_VNNI) /* tests build the fallback this way */
 static int cpu_has_vnni(void) { return 0; }
@@ -29,5 +29,6 @@ void ei_kernels_init_avx512(ei_kernels *k) {
     k->name = vnni ? "avx512-vnni" : "avx512";
     ei_avx512_quant_kernels(k, vnni);
     ei_avx512_gemm_kernels(k, vnni);
-    ei_avx512_float_kernels(k);
+    ei_avx512_op_kernels(k);
+    ei_avx512_attn_kernels(k);
 }

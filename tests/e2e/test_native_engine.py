@@ -13,10 +13,14 @@ import pytest
 import edgeinfer
 from edgeinfer import _native
 from tests.e2e.parity import PROMPTS, compare
+from tests.simd.platform_gates import isa_params
 
 pytestmark = pytest.mark.slow
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
-SUPPORTED_ISAS = [r["name"] for r in _native.isa_report() if r["supported"]]
+# every instruction set; those this machine lacks are skips that say why
+ALL_ISAS = isa_params(_native.ISA_NAMES)
+# the same, less the scalar one that the others are compared with
+VARIANT_ISAS = isa_params(name for name in _native.ISA_NAMES if name != "scalar")
 
 
 def _assert_same(ref: np.ndarray, ours: np.ndarray) -> None:
@@ -43,7 +47,7 @@ def test_gemma_logits_equal_reference(gemma_path):
             _assert_same(ref.logits(tokens), nat.logits(tokens))
 
 
-@pytest.mark.parametrize("isa", SUPPORTED_ISAS)
+@pytest.mark.parametrize("isa", VARIANT_ISAS)
 def test_every_instruction_set_gives_the_same_greedy_text(gemma_path, isa):
     prompt = "The old lighthouse keeper climbed the stairs and"
     with edgeinfer.load(gemma_path, engine="native", n_ctx=256, isa="scalar") as scalar:
@@ -54,7 +58,7 @@ def test_every_instruction_set_gives_the_same_greedy_text(gemma_path, isa):
     assert got.tokens == expected.tokens and got.text == expected.text
 
 
-@pytest.mark.parametrize("isa", SUPPORTED_ISAS)
+@pytest.mark.parametrize("isa", ALL_ISAS)
 def test_interleaved_weight_copies_equal_reference(fixture_models, isa):
     """The llama fixture's Q4_0 matrices are copied into interleaved rows where the
     instruction set has a kernel for them (avx2, avx512), reported as such, and change no bit."""

@@ -1,5 +1,5 @@
 /* Edge cases of one instruction-set variant against the scalar reference, exactly: the
- * shapes simd/tests/check_kernels.c leaves out (odd lengths and block counts, vector tails,
+ * shapes check_kernels.c leaves out (odd lengths and block counts, vector tails,
  * tile strides, odd head dimensions, soft-capping, NaN and infinity in conversions, ties in
  * rounding). Built like check_kernels.c, with -DEI_CHECK_INIT=<the variant's init>; prints
  * "N passed, M failed" and exits non-zero on any failure. */
@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../simd/common/ei_kernels.h"
+#define CHECK_RNG_SEED 0x243f6a8885a308d3ull
+#include "check_common.h"
 
 #ifndef EI_CHECK_INIT
 #error "define EI_CHECK_INIT as the variant's init function"
@@ -17,13 +18,6 @@
 void EI_CHECK_INIT(ei_kernels *k);
 
 static int passed, failed;
-static uint64_t rng = 0x243f6a8885a308d3ull;
-
-static uint32_t next_u32(void) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float uniform(void) { return (next_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
 
 static void check(const char *what, int ok) {
     if (ok) { passed++; return; }
@@ -56,11 +50,8 @@ static void random_row(int type, uint8_t *w, int n) {
         return;
     }
     const size_t block = ei_row_size(type, ei_block_size(type));
-    int offs[2] = {0, -1};
-    if (type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1 || type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K) offs[1] = 2;
-    if (type == EI_TYPE_Q2_K) { offs[0] = 80; offs[1] = 82; }
-    if (type == EI_TYPE_Q3_K) offs[0] = 108;
-    if (type == EI_TYPE_Q6_K) offs[0] = 208;
+    int offs[2];
+    scale_offsets(type, offs);
     for (size_t b = 0; b + block <= bytes; b += block)
         for (int j = 0; j < 2; j++)
             if (offs[j] >= 0) {
@@ -206,18 +197,21 @@ static void check_attn(const ei_kernels *ref, const ei_kernels *var) {
     for (int i = 0; i < STRIDE; i++) q[i] = uniform() * 3.0f;
     const int dims[][2] = {{1, 1}, {3, 5}, {4, 4}, {7, 9}, {64, 64}, {72, 40}, {130, 131}};
     for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
-        for (int f32 = 0; f32 < 2; f32++)
+        for (int kv = 0; kv < 4; kv++) /* every pair of key and value types */
             for (int t0 = 0; t0 <= 6; t0 += 3)
                 for (int t1 = t0 + 1; t1 <= T; t1 += 1 + t1 / 4)
                     for (int cap = 0; cap < 2; cap++) {
-                        ei_attn_params p = {dims[di][0], dims[di][1], t0, t1, f32, STRIDE, STRIDE, 0.125f,
+                        const int k_f32 = kv & 1, v_f32 = kv >> 1;
+                        const int kt = k_f32 ? EI_TYPE_F32 : EI_TYPE_F16, vt = v_f32 ? EI_TYPE_F32 : EI_TYPE_F16;
+                        ei_attn_params p = {dims[di][0], dims[di][1], t0, t1, kt, vt,
+                                            ei_row_size(kt, STRIDE), ei_row_size(vt, STRIDE), 0.125f,
                                             cap ? 5.0f : 0.0f};
-                        const void *k = f32 ? (const void *)k32 : (const void *)k16;
-                        const void *v = f32 ? (const void *)v32 : (const void *)v16;
+                        const void *k = k_f32 ? (const void *)k32 : (const void *)k16;
+                        const void *v = v_f32 ? (const void *)v32 : (const void *)v16;
                         ref->attn(&p, q, k, v, oa, scratch);
                         var->attn(&p, q, k, v, ob, scratch);
-                        snprintf(what, sizeof(what), "attn hd %d hdv %d f32 %d t %d..%d softcap %d", dims[di][0],
-                                 dims[di][1], f32, t0, t1, cap);
+                        snprintf(what, sizeof(what), "attn hd %d hdv %d k_f32 %d v_f32 %d t %d..%d softcap %d",
+                                 dims[di][0], dims[di][1], k_f32, v_f32, t0, t1, cap);
                         check(what, same_floats(oa, ob, dims[di][1]));
                     }
 }

@@ -1,6 +1,6 @@
 /* The native forward pass with every supported variant against the scalar one, bit for bit:
  * small random models whose layers use every weight type, a prompt (tiles with 4 and with
- * fewer activations), then single tokens (tiles with one), several threads, both cache types,
+ * fewer activations), then single tokens (tiles with one), several threads, three cache types,
  * a Llama-like and a Gemma-like configuration. Linked from the library's objects; prints
  * "N passed, M failed". */
 #include <math.h>
@@ -9,15 +9,10 @@
 #include <string.h>
 
 #include "../../simd/common/ei_internal.h"
+#include "check_common.h"
 
 enum { E = 256, FF = 512, HEADS = 4, KV_HEADS = 2, HD = 64, VOCAB = 301, LAYERS = 3, PROMPT = 11, STEPS = 3 };
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t next_u32(void) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float uniform(void) { return (next_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
 
 /* a (rows, cols) weight of the given type: random bits, sane fp16 scales, small floats */
 static ei_tensor weight(int type, int cols, int rows, float scale) {
@@ -32,11 +27,8 @@ static ei_tensor weight(int type, int cols, int rows, float scale) {
         }
     } else {
         const size_t block = ei_row_size(type, ei_block_size(type));
-        int offs[2] = {0, -1};
-        if (type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1 || type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K) offs[1] = 2;
-        if (type == EI_TYPE_Q2_K) { offs[0] = 80; offs[1] = 82; }
-        if (type == EI_TYPE_Q3_K) offs[0] = 108;
-        if (type == EI_TYPE_Q6_K) offs[0] = 208;
+        int offs[2];
+        scale_offsets(type, offs);
         for (size_t b = 0; b + block <= bytes; b += block)
             for (int j = 0; j < 2; j++)
                 if (offs[j] >= 0) {
@@ -98,9 +90,12 @@ static void build(ei_model_desc *m, ei_layer_desc *layers, int gemma) {
     m->layers = layers;
 }
 
+/* the (key, value) cache types run: both f16, both f32, and a mixed pair */
+static const int KV_TYPES[3][2] = {{EI_TYPE_F16, EI_TYPE_F16}, {EI_TYPE_F32, EI_TYPE_F32}, {EI_TYPE_F16, EI_TYPE_F32}};
+
 /* logits of a prompt, then of single tokens, as (PROMPT + STEPS, VOCAB) */
-static int run(const ei_model_desc *m, int isa, int threads, int kv_f32, float *logits) {
-    ei_engine_params p = {64, threads, 1, 16, kv_f32, isa};
+static int run(const ei_model_desc *m, int isa, int threads, const int kv[2], float *logits) {
+    ei_engine_params p = {64, threads, 1, 16, kv[0], kv[1], EI_KV_ROWS, isa};
     ei_engine *e;
     if (ei_engine_create(m, &p, &e) != EI_OK) {
         printf("FAIL create %s: %s\n", ei_isa_name(isa), ei_last_error());
@@ -128,8 +123,9 @@ int main(void) {
     for (int gemma = 0; gemma < 2; gemma++) {
         ei_model_desc m;
         build(&m, layers, gemma);
-        for (int kv_f32 = 0; kv_f32 < 2; kv_f32++) {
-            if (!run(&m, EI_ISA_SCALAR, 1, kv_f32, ref)) return 1;
+        for (int c = 0; c < 3; c++) {
+            const int *kv = KV_TYPES[c];
+            if (!run(&m, EI_ISA_SCALAR, 1, kv, ref)) return 1;
             float lo = ref[0], hi = ref[0];
             for (int i = 0; i < (PROMPT + STEPS) * VOCAB; i++) {
                 if (!isfinite(ref[i])) lo = -INFINITY;
@@ -143,13 +139,13 @@ int main(void) {
                 if (!ei_isa_supported(isa)) continue;
                 for (int threads = 1; threads <= 3; threads += 2) {
                     memset(got, 0, sizeof(got));
-                    const int same = run(&m, isa, threads, kv_f32, got) && memcmp(ref, got, sizeof(ref)) == 0;
+                    const int same = run(&m, isa, threads, kv, got) && memcmp(ref, got, sizeof(ref)) == 0;
                     if (same) { passed++; continue; }
                     failed++;
                     int at = 0;
                     while (at < (PROMPT + STEPS) * VOCAB && !memcmp(&ref[at], &got[at], 4)) at++;
-                    printf("FAIL %s model, %s cache, %s, %d threads: logit %d: %.9g vs scalar %.9g\n",
-                           gemma ? "gemma-like" : "llama-like", kv_f32 ? "f32" : "f16", ei_isa_name(isa), threads,
+                    printf("FAIL %s model, cache types %d/%d, %s, %d threads: logit %d: %.9g vs scalar %.9g\n",
+                           gemma ? "gemma-like" : "llama-like", kv[0], kv[1], ei_isa_name(isa), threads,
                            at, got[at], ref[at]);
                 }
             }

@@ -2,8 +2,8 @@
 
 Most machines that build edgeinfer lack AVX-512 (the target laptops are AVX2-only), so the
 variant's source is also compiled against SIMDe, which emulates each AVX-512 intrinsic with
-narrower instructions (simd/x86_avx512/intrinsics.h fills in the ones SIMDe lacks). Each
-build links the C check drivers (simd/tests/check_kernels.c, tests/simd/check_edges.c)
+narrower instructions (simd/x86_avx512/simd.h fills in the ones SIMDe lacks). Each
+build links the C check drivers (tests/simd/check_kernels.c, tests/simd/check_edges.c)
 with the reference and runs them: every kernel must equal the reference bit for bit,
 "0 failed". Where the CPU has AVX-512 the same drivers also run natively, built with
 setup.py's flags. Both the VNNI kernels and the fallback chosen on AVX-512 CPUs without
@@ -22,11 +22,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.simd.platform_gates import missing_tool
+
 ROOT = Path(__file__).resolve().parents[2]
 SIMD = ROOT / "simd"
+HERE = Path(__file__).resolve().parent
 FOLDER = SIMD / "x86_avx512"
 DRIVERS = {
-    "kernels": SIMD / "tests" / "check_kernels.c",
+    "kernels": HERE / "check_kernels.c",
     "edges": Path(__file__).with_name("check_edges.c"),
     "guard": None,  # GUARD_DRIVER below, written out at test time
 }
@@ -154,7 +157,7 @@ def _compiler() -> str:
     for cc in (os.environ.get("CC"), "gcc", "clang", "cc"):
         if cc and shutil.which(cc):
             return cc
-    pytest.skip("no C compiler")
+    missing_tool("no C compiler")
 
 
 def _cpu_flags() -> set[str]:
@@ -198,14 +201,14 @@ BUILDS = {
 def _build_flags(build: str) -> list[str]:
     flags = [*_setup_literal("GCC_BASE"), "-Wno-psabi", *BUILDS[build]]
     if build.startswith("simde"):
-        # an intrinsic neither SIMDe nor intrinsics.h defines must not compile to a call
+        # an intrinsic neither SIMDe nor simd.h defines must not compile to a call
         return [*flags, "-Werror=implicit-function-declaration"]
     return [*flags, *_setup_literal("X86_VARIANTS")["x86_avx512"][0]]
 
 
 def _skip_unless_compilable(build: str, cc: str) -> None:
     if build.startswith("simde") and not _has_simde(cc):
-        pytest.skip("SIMDe headers not installed (Debian: libsimde-dev)")
+        missing_tool("SIMDe headers not installed (Debian: libsimde-dev)")
 
 
 def _skip_unless_runnable(build: str) -> None:
@@ -285,7 +288,7 @@ def test_fallback_kernels_contain_no_vnni(objects):
     _, get = objects
     objdump = shutil.which("objdump")
     if not objdump:
-        pytest.skip("objdump not installed")
+        missing_tool("objdump not installed")
     offenders = []
     for obj in (o for o in get("native") if o.name.startswith("x86_avx512_")):
         listing = subprocess.run(

@@ -1,7 +1,7 @@
 """The native kernels: every instruction-set variant this CPU runs against the scalar
 reference, bit for bit, on inputs of several distributions and lengths; the reference
 against the numpy codecs (edgeinfer.quants) and the numpy engine's activation quantizers;
-block sizes against the C structs; and the standalone C checks (simd/tests/check_kernels.c
+block sizes against the C structs; and the standalone C checks (tests/simd/check_kernels.c
 and a tile driver below), built natively for each x86 variant with the package's flags.
 
 Float results compare as bits; two NaNs compare equal whatever their payloads (the
@@ -22,21 +22,19 @@ from edgeinfer import _native, quants
 from edgeinfer.converters import quantizers
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 from edgeinfer.models import reference
+from tests.simd.platform_gates import isa_params, missing_tool, runnable_isas
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMD = ROOT / "simd"
+HERE = Path(__file__).resolve().parent
 
 AVAILABLE, WHY = _native.available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"native library: {WHY}")
 
 
-def _variants() -> list[str]:
-    if not AVAILABLE:
-        return []
-    return [r["name"] for r in _native.isa_report() if r["supported"] and r["name"] != "scalar"]
-
-
-VARIANTS = _variants()
+# every variant but the reference, those this machine lacks as skips with the reason
+VARIANTS = isa_params(name for name in _native.ISA_NAMES if name != "scalar")
+SUPPORTED_VARIANTS = runnable_isas(name for name in _native.ISA_NAMES if name != "scalar")
 
 WEIGHT_TYPES = [
     GGMLType.F32,
@@ -211,7 +209,7 @@ int main(void) {
 def _gcc() -> str:
     cc = shutil.which("gcc")
     if cc is None:
-        pytest.skip("gcc is not installed")
+        missing_tool("gcc is not installed")
     return cc
 
 
@@ -382,7 +380,7 @@ def test_decoders_equal_the_reference_and_numpy(ref, t):
             assert_same_floats(
                 want, quants.dequantize(raw, t, (n,)), f"scalar vs numpy {kind} n={n}"
             )
-            for isa in VARIANTS:
+            for isa in SUPPORTED_VARIANTS:
                 assert_same_floats(
                     _native.Kernels(isa).to_float(int(t), raw, n), want, f"{isa} {kind} n={n}"
                 )
@@ -566,10 +564,14 @@ def _setup_literal(name: str):
 
 
 X86_FOLDERS = {"avx2": "x86_avx2", "avx512": "x86_avx512"}
+# the x86 variants' C checks are built here with gcc; on another machine they are skips
 X86_HERE = (
-    [v for v in VARIANTS if v in X86_FOLDERS]
+    isa_params(X86_FOLDERS)
     if platform.machine().lower() in ("x86_64", "amd64")
-    else []
+    else [
+        pytest.param(v, id=v, marks=pytest.mark.skip(reason=f"{v} is x86-64 only"))
+        for v in X86_FOLDERS
+    ]
 )
 
 
@@ -621,7 +623,7 @@ def run_check(exe: Path) -> str:
 @pytest.mark.parametrize("variant", X86_HERE)
 def test_check_driver_native(tmp_path, variant, variant_objects):
     out = run_check(
-        build(tmp_path, variant, SIMD / "tests" / "check_kernels.c", variant_objects(variant))
+        build(tmp_path, variant, HERE / "check_kernels.c", variant_objects(variant))
     )
     assert out.startswith(f"checking {variant}")
 

@@ -270,6 +270,7 @@ static inline __m512i ei_simde_shuffle_epi32(__m512i a, int imm) {
 void ei_avx512_quant_kernels(struct ei_kernels *k, int vnni);
 ei_vec_dot_fn ei_avx512_vec_dot(int type, int vnni);
 void ei_avx512_gemm_kernels(struct ei_kernels *k, int vnni);
-void ei_avx512_float_kernels(struct ei_kernels *k);
+void ei_avx512_op_kernels(struct ei_kernels *k);
+void ei_avx512_attn_kernels(struct ei_kernels *k);
 
 #endif

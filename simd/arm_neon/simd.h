@@ -42,9 +42,8 @@
 
 /* what each file adds to the table */
 void EI_NEON_FN(ei_neon_quantize)(ei_kernels *k);
-void EI_NEON_FN(ei_neon_dot_legacy)(ei_kernels *k);
-void EI_NEON_FN(ei_neon_dot_kquants)(ei_kernels *k);
-void EI_NEON_FN(ei_neon_dot_float)(ei_kernels *k);
+void EI_NEON_FN(ei_neon_vec_dots)(ei_kernels *k);
+void EI_NEON_FN(ei_neon_gemms)(ei_kernels *k);
 void EI_NEON_FN(ei_neon_ops)(ei_kernels *k);
 void EI_NEON_FN(ei_neon_attn)(ei_kernels *k);
 

@@ -1,146 +1,91 @@
-/* NEON dot products of the K-quant types (Q2_K .. Q6_K) with q8_K activations: single dots
- * and tiles of up to 4 weight rows x 4 activations.
- *
- * Per 256-value block: the exact integers isum = sum_j sc_j * dot_j and, for the types with
- * minimums, imin = sum_j mn_j * bsum_j; then, in double as the reference writes it,
- * (y.d * d) * isum - (y.d * dmin) * imin. Each output adds its block terms in block order. */
-#include <stddef.h>
+/* NEON tiles of a matrix product: up to 4 weight rows x 4 activation rows, for the legacy
+ * blocks, the K-quants and the float rows (blocks.h states each type's terms). Each output
+ * adds its terms in the order the reference's dot product does, so every tile entry is
+ * vec_dot's value bit for bit. */
+#include "blocks.h"
 
-#include "neon.h"
+/* ---- legacy blocks ------------------------------------------------------------------------ */
 
-/* group g (0..7) of a block as 32 int8 values: v[0] = values 32g..32g+15, v[1] the next 16 */
-typedef void (*kunpack_fn)(const uint8_t *block, int g, int8x16_t v[2]);
-/* the block's integer scales and minimums per sub-block (16 of 16 values, or 8 of 32) */
-typedef void (*kscales_fn)(const uint8_t *block, int8_t sc[16], int8_t mn[16]);
-
-/* v << left (a negative count shifts right): the shifts depend on g, which need not be constant */
-static inline uint8x16_t shl(uint8x16_t v, int left) { return vshlq_u8(v, vdupq_n_s8((int8_t)left)); }
-
-static inline void unpack_q2_K(const uint8_t *b, int g, int8x16_t v[2]) {
-    const uint8_t *qs = b + offsetof(block_q2_K, qs) + 32 * (g >> 2);
-    EI_UNROLL for (int h = 0; h < 2; h++) v[h] = vreinterpretq_s8_u8(vandq_u8(shl(vld1q_u8(qs + 16 * h), -2 * (g & 3)), vdupq_n_u8(3)));
-}
-
-static inline void unpack_q3_K(const uint8_t *b, int g, int8x16_t v[2]) {
-    const uint8_t *qs = b + offsetof(block_q3_K, qs) + 32 * (g >> 2), *hm = b + offsetof(block_q3_K, hmask);
-    const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << g));
-    EI_UNROLL for (int h = 0; h < 2; h++) {
-        const uint8x16_t low = vandq_u8(shl(vld1q_u8(qs + 16 * h), -2 * (g & 3)), vdupq_n_u8(3));
-        const uint8x16_t four = vbicq_u8(vdupq_n_u8(4), vtstq_u8(vld1q_u8(hm + 16 * h), bit)); /* 4 where the bit is clear */
-        v[h] = vreinterpretq_s8_u8(vsubq_u8(low, four));
+/* rows in lanes: acc[c] holds the four rows' sums for activation c (NC of them) */
+EI_INLINE void legacy_tile_rows(int nb, int nr, int nc, int NC, float *s, size_t ss, const uint8_t *xr[4],
+                                const uint8_t *yc[4], size_t xb, unpack32_fn unpack, int small, int has_min) {
+    const size_t yb = ACT_BYTES(has_min), yq = ACT_QS(has_min);
+    float64x2_t acc[4][2];
+    EI_UNROLL for (int c = 0; c < NC; c++) acc[c][0] = acc[c][1] = vdupq_n_f64(0.0);
+    for (int i = 0; i < nb; i++) {
+        const size_t xo = (size_t)i * xb, yo = (size_t)i * yb;
+        int8x16_t w[4][2];
+        EI_UNROLL for (int r = 0; r < 4; r++) unpack(xr[r] + xo, w[r]);
+        const float32x4_t dw = h2f_x4(xr[0] + xo, xr[1] + xo, xr[2] + xo, xr[3] + xo);
+        float32x4_t mw = dw;
+        if (has_min) mw = h2f_x4(xr[0] + xo + M_OFF, xr[1] + xo + M_OFF, xr[2] + xo + M_OFF, xr[3] + xo + M_OFF);
+        EI_UNROLL for (int c = 0; c < NC; c++) {
+            const uint8_t *yi = yc[c] + yo;
+            int32x4_t p[4];
+            EI_UNROLL for (int r = 0; r < 4; r++) p[r] = block_dot(w[r], yi + yq, small);
+            float64x2_t t[2];
+            block_terms(t, vmulq_n_f32(dw, h2f_at(yi)), hsum4(p[0], p[1], p[2], p[3]), has_min,
+                        vmulq_n_f32(mw, h2f_at(yi + M_OFF)));
+            acc[c][0] = vaddq_f64(acc[c][0], t[0]);
+            acc[c][1] = vaddq_f64(acc[c][1], t[1]);
+        }
     }
+    for (int c = 0; c < nc; c++) store_lanes(s + (size_t)c * ss, 1, nr, acc[c]);
 }
 
-static inline void unpack_q4_K(const uint8_t *b, int g, int8x16_t v[2]) {
-    const uint8_t *qs = b + offsetof(block_q4_K, qs) + 32 * (g >> 1);
-    EI_UNROLL for (int h = 0; h < 2; h++) v[h] = vreinterpretq_s8_u8(vandq_u8(shl(vld1q_u8(qs + 16 * h), -4 * (g & 1)), vdupq_n_u8(0x0f)));
-}
-
-static inline void unpack_q5_K(const uint8_t *b, int g, int8x16_t v[2]) {
-    const uint8_t *qs = b + offsetof(block_q5_K, qs) + 32 * (g >> 1), *qh = b + offsetof(block_q5_K, qh);
-    EI_UNROLL for (int h = 0; h < 2; h++) {
-        const uint8x16_t low = vandq_u8(shl(vld1q_u8(qs + 16 * h), -4 * (g & 1)), vdupq_n_u8(0x0f));
-        const uint8x16_t high = vandq_u8(shl(vld1q_u8(qh + 16 * h), 4 - g), vdupq_n_u8(0x10)); /* bit g */
-        v[h] = vreinterpretq_s8_u8(vorrq_u8(low, high));
-    }
-}
-
-static inline void unpack_q6_K(const uint8_t *b, int g, int8x16_t v[2]) {
-    const int half = g >> 2, s = g & 3;
-    const uint8_t *ql = b + offsetof(block_q6_K, ql) + 64 * half + 32 * (s & 1), *qh = b + offsetof(block_q6_K, qh) + 32 * half;
-    EI_UNROLL for (int h = 0; h < 2; h++) {
-        const uint8x16_t low = vandq_u8(shl(vld1q_u8(ql + 16 * h), -4 * (s >> 1)), vdupq_n_u8(0x0f));
-        const uint8x16_t high = vandq_u8(shl(vld1q_u8(qh + 16 * h), 4 - 2 * s), vdupq_n_u8(0x30)); /* bits 2s, 2s+1 */
-        v[h] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(low, high)), vdupq_n_s8(32));
-    }
-}
-
-static inline void scales_q2_K(const uint8_t *b, int8_t sc[16], int8_t mn[16]) {
-    const uint8x16_t s = vld1q_u8(b + offsetof(block_q2_K, scales));
-    vst1q_s8(sc, vreinterpretq_s8_u8(vandq_u8(s, vdupq_n_u8(0x0f))));
-    vst1q_s8(mn, vreinterpretq_s8_u8(vshrq_n_u8(s, 4)));
-}
-
-/* 16 scales of 6 bits: low nibbles in bytes 0..7 (two per byte), high pairs in bytes 8..11 */
-static inline void scales_q3_K(const uint8_t *b, int8_t sc[16], int8_t mn[16]) {
-    uint32_t a[3];
-    memcpy(a, b + offsetof(block_q3_K, scales), 12);
-    const uint32_t nib = 0x0f0f0f0f, two = 0x03030303;
-    const uint32_t w[4] = {(a[0] & nib) | ((a[2] & two) << 4), (a[1] & nib) | (((a[2] >> 2) & two) << 4),
-                           ((a[0] >> 4) & nib) | (((a[2] >> 4) & two) << 4), ((a[1] >> 4) & nib) | (((a[2] >> 6) & two) << 4)};
-    vst1q_s8(sc, vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(w)), vdupq_n_s8(32)));
-    (void)mn;
-}
-
-/* 8 x (6-bit scale, 6-bit minimum) in 12 bytes */
-static inline void scales_k4(const uint8_t *s, int8_t sc[16], int8_t mn[16]) {
-    uint32_t a[3];
-    memcpy(a, s, 12);
-    const uint32_t six = 0x3f3f3f3f, nib = 0x0f0f0f0f, two = 0x03030303;
-    const uint32_t w[4] = {a[0] & six, (a[2] & nib) | (((a[0] >> 6) & two) << 4),
-                           a[1] & six, ((a[2] >> 4) & nib) | (((a[1] >> 6) & two) << 4)};
-    memcpy(sc, w, 8);
-    memcpy(mn, w + 2, 8);
-    memset(sc + 8, 0, 8); /* eight sub-blocks: the rest stays defined for whole-vector loads */
-    memset(mn + 8, 0, 8);
-}
-
-static inline void scales_q4_K(const uint8_t *b, int8_t sc[16], int8_t mn[16]) { scales_k4(b + offsetof(block_q4_K, scales), sc, mn); }
-static inline void scales_q5_K(const uint8_t *b, int8_t sc[16], int8_t mn[16]) { scales_k4(b + offsetof(block_q5_K, scales), sc, mn); }
-
-static inline void scales_q6_K(const uint8_t *b, int8_t sc[16], int8_t mn[16]) {
-    memcpy(sc, b + offsetof(block_q6_K, scales), 16);
-    (void)mn;
-}
-
-/* lanes summing to imin = sum_j mn_j * bsum_j (bsum_j over the sub-block's 16 or 32 values) */
-EI_INLINE int32x4_t min_dot(const int8_t *mn, const int16_t *bsums, int sub) {
-    const int16x8_t b0 = vld1q_s16(bsums), b1 = vld1q_s16(bsums + 8);
-    if (sub == 32) {
-        const int16x8_t bs = vpaddq_s16(b0, b1), m = vmovl_s8(vld1_s8(mn));
-        return vmlal_high_s16(vmull_s16(vget_low_s16(m), vget_low_s16(bs)), m, bs);
-    }
-    const int8x16_t m8 = vld1q_s8(mn);
-    const int16x8_t m0 = vmovl_s8(vget_low_s8(m8)), m1 = vmovl_high_s8(m8);
-    int32x4_t p = vmull_s16(vget_low_s16(m0), vget_low_s16(b0));
-    p = vmlal_high_s16(p, m0, b0);
-    p = vmlal_s16(p, vget_low_s16(m1), vget_low_s16(b1));
-    return vmlal_high_s16(p, m1, b1);
-}
-
-/* one weight type as the generic kernels see it */
-typedef struct {
-    size_t bytes;
-    int d_off, dmin_off; /* dmin_off < 0: no minimums */
-    int sub;             /* values per scale: 16 or 32 */
-} ktype;
-
-EI_INLINE void kq_dot(int n, float *s, const uint8_t *x, const block_q8_K *y, ktype t, kunpack_fn unpack,
-                      kscales_fn scales) {
-    double sum = 0.0;
-    for (int i = 0; i < n / QK_K; i++) {
-        const uint8_t *b = x + (size_t)i * t.bytes;
-        int8_t sc[16], mn[16];
-        scales(b, sc, mn);
-        int32x4_t acc = vdupq_n_s32(0);
-        const int32x4_t z = vdupq_n_s32(0);
-        EI_UNROLL for (int g = 0; g < 8; g++) {
-            int8x16_t w[2];
-            unpack(b, g, w);
-            const int8x16_t y0 = vld1q_s8(y[i].qs + 32 * g), y1 = vld1q_s8(y[i].qs + 32 * g + 16);
-            if (t.sub == 32) {
-                acc = vmlaq_n_s32(acc, dot32s(z, w[0], w[1], y0, y1), sc[g]);
-            } else {
-                acc = vmlaq_n_s32(acc, dot16(z, w[0], y0), sc[2 * g]);
-                acc = vmlaq_n_s32(acc, dot16(z, w[1], y1), sc[2 * g + 1]);
+#if EI_NEON_LEVEL >= 2
+/* smmla: 2 rows x 2 activations per instruction, results in pair layout (see store_pairs) */
+EI_INLINE void legacy_tile_pairs(int nb, int nr, int nc, float *s, size_t ss, const uint8_t *xr[4],
+                                 const uint8_t *yc[4], size_t xb, unpack32_fn unpack, int has_min) {
+    const size_t yb = ACT_BYTES(has_min), yq = ACT_QS(has_min);
+    float64x2_t acc[2][2][2];
+    EI_UNROLL for (int i = 0; i < 8; i++) (&acc[0][0][0])[i] = vdupq_n_f64(0.0);
+    for (int i = 0; i < nb; i++) {
+        const size_t xo = (size_t)i * xb, yo = (size_t)i * yb;
+        int8x16_t w[4][2];
+        EI_UNROLL for (int r = 0; r < 4; r++) unpack(xr[r] + xo, w[r]);
+        const float32x4_t dw = h2f_x4(xr[0] + xo, xr[1] + xo, xr[2] + xo, xr[3] + xo);
+        const float32x4_t dy = h2f_x4(yc[0] + yo, yc[1] + yo, yc[2] + yo, yc[3] + yo);
+        float32x4_t mw = dw, sy = dy;
+        if (has_min) {
+            mw = h2f_x4(xr[0] + xo + M_OFF, xr[1] + xo + M_OFF, xr[2] + xo + M_OFF, xr[3] + xo + M_OFF);
+            sy = h2f_x4(yc[0] + yo + M_OFF, yc[1] + yo + M_OFF, yc[2] + yo + M_OFF, yc[3] + yo + M_OFF);
+        }
+        EI_UNROLL for (int cp = 0; cp < 2; cp++) {
+            const int8_t *ya = (const int8_t *)(yc[2 * cp] + yo + yq), *yb_ = (const int8_t *)(yc[2 * cp + 1] + yo + yq);
+            const int8x16_t a0 = vld1q_s8(ya), a1 = vld1q_s8(ya + 16), b0 = vld1q_s8(yb_), b1 = vld1q_s8(yb_ + 16);
+            /* [c0, c1, c0, c1] of this column pair against [r0, r0, r1, r1] of a row pair */
+            const float32x2_t dyh = cp ? vget_high_f32(dy) : vget_low_f32(dy), syh = cp ? vget_high_f32(sy) : vget_low_f32(sy);
+            EI_UNROLL for (int rp = 0; rp < 2; rp++) {
+                int32x4_t m = mmla16(vdupq_n_s32(0), w[2 * rp][0], w[2 * rp + 1][0], a0, b0);
+                m = mmla16(m, w[2 * rp][1], w[2 * rp + 1][1], a1, b1);
+                const float32x4_t dwz = rp ? vzip2q_f32(dw, dw) : vzip1q_f32(dw, dw);
+                const float32x4_t mwz = rp ? vzip2q_f32(mw, mw) : vzip1q_f32(mw, mw);
+                float64x2_t t[2];
+                block_terms(t, vmulq_f32(dwz, vcombine_f32(dyh, dyh)), m, has_min, vmulq_f32(mwz, vcombine_f32(syh, syh)));
+                acc[rp][cp][0] = vaddq_f64(acc[rp][cp][0], t[0]);
+                acc[rp][cp][1] = vaddq_f64(acc[rp][cp][1], t[1]);
             }
         }
-        const double yd = y[i].d, a = yd * h2f_at(b + t.d_off) * (double)vaddvq_s32(acc);
-        if (t.dmin_off < 0) sum += a;
-        else sum += a - yd * h2f_at(b + t.dmin_off) * (double)vaddvq_s32(min_dot(mn, y[i].bsums, t.sub));
     }
-    *s = (float)sum;
+    store_pairs(s, ss, nr, nc, acc);
 }
+#endif
+
+EI_INLINE void legacy_gemm(int n, int nr, int nc, float *s, size_t ss, const void *x, size_t xs, const void *y,
+                           size_t ys, size_t xb, unpack32_fn unpack, int small, int has_min) {
+    const uint8_t *xr[4], *yc[4];
+    tile_rows(xr, x, xs, nr);
+    tile_rows(yc, y, ys, nc);
+    if (nc == 1) legacy_tile_rows(n / 32, nr, 1, 1, s, ss, xr, yc, xb, unpack, small, has_min);
+#if EI_NEON_LEVEL >= 2
+    else legacy_tile_pairs(n / 32, nr, nc, s, ss, xr, yc, xb, unpack, has_min);
+#else
+    else legacy_tile_rows(n / 32, nr, nc, 4, s, ss, xr, yc, xb, unpack, small, has_min);
+#endif
+}
+
+/* ---- K-quants ----------------------------------------------------------------------------- */
 
 /* scv[j] = scale j of the four rows, as int32 lanes (count: 8 or 16 scales) */
 EI_INLINE void transpose_scales(int8_t sc[4][16], int32x4_t scv[16], int count) {
@@ -307,31 +252,97 @@ EI_INLINE void kq_gemm(int n, int nr, int nc, float *s, size_t ss, const void *x
 #endif
 }
 
-#define KQUANT_KERNELS(T, SUB, DMIN_OFF)                                                                   \
+/* ---- float rows --------------------------------------------------------------------------- */
+
+/* acc += lanes of v times a (four rows, one activation value) */
+EI_INLINE void acc_rows(float64x2_t acc[2], float32x4_t v, float a, int kind) {
+    float64x2_t p[2];
+    products(p, v, a, kind);
+    acc[0] = vaddq_f64(acc[0], p[0]);
+    acc[1] = vaddq_f64(acc[1], p[1]);
+}
+
+EI_INLINE void float_tile(int n, int nr, int nc, int NC, float *s, size_t ss, const uint8_t *xr[4],
+                          const uint8_t *yc[4], int kind) {
+    float64x2_t acc[4][2];
+    EI_UNROLL for (int c = 0; c < NC; c++) acc[c][0] = acc[c][1] = vdupq_n_f64(0.0);
+    int e = 0;
+    for (; e + 4 <= n; e += 4) {
+        const float32x4_t r0 = load4(xr[0], e, kind), r1 = load4(xr[1], e, kind);
+        const float32x4_t r2 = load4(xr[2], e, kind), r3 = load4(xr[3], e, kind);
+        const float64x2_t t0 = vreinterpretq_f64_f32(vtrn1q_f32(r0, r1)), t1 = vreinterpretq_f64_f32(vtrn2q_f32(r0, r1));
+        const float64x2_t t2 = vreinterpretq_f64_f32(vtrn1q_f32(r2, r3)), t3 = vreinterpretq_f64_f32(vtrn2q_f32(r2, r3));
+        /* v[m]: element e + m of the four rows */
+        const float32x4_t v[4] = {vreinterpretq_f32_f64(vzip1q_f64(t0, t2)), vreinterpretq_f32_f64(vzip1q_f64(t1, t3)),
+                                  vreinterpretq_f32_f64(vzip2q_f64(t0, t2)), vreinterpretq_f32_f64(vzip2q_f64(t1, t3))};
+        EI_UNROLL for (int c = 0; c < NC; c++) {
+            const float32x4_t a = load4(yc[c], e, kind);
+            acc_rows(acc[c], v[0], vgetq_lane_f32(a, 0), kind);
+            acc_rows(acc[c], v[1], vgetq_lane_f32(a, 1), kind);
+            acc_rows(acc[c], v[2], vgetq_lane_f32(a, 2), kind);
+            acc_rows(acc[c], v[3], vgetq_lane_f32(a, 3), kind);
+        }
+    }
+    for (; e < n; e++) {
+        const float v[4] = {load1(xr[0], e, kind), load1(xr[1], e, kind), load1(xr[2], e, kind), load1(xr[3], e, kind)};
+        EI_UNROLL for (int c = 0; c < NC; c++) acc_rows(acc[c], vld1q_f32(v), load1(yc[c], e, kind), kind);
+    }
+    for (int c = 0; c < nc; c++) store_lanes(s + (size_t)c * ss, 1, nr, acc[c]);
+}
+
+EI_INLINE void float_gemm(int n, int nr, int nc, float *s, size_t ss, const void *x, size_t xs, const void *y,
+                          size_t ys, int kind) {
+    const uint8_t *xr[4], *yc[4];
+    tile_rows(xr, x, xs, nr);
+    tile_rows(yc, y, ys, nc);
+    if (nc == 1) float_tile(n, nr, 1, 1, s, ss, xr, yc, kind);
+    else float_tile(n, nr, nc, 4, s, ss, xr, yc, kind);
+}
+
+#define LEGACY_GEMM(T, SMALL, HAS_MIN)                                                                     \
+    static void neon_gemm_##T(int n, int nr, int nc, float *s, size_t ss, const void *x, size_t xs,        \
+                              const void *y, size_t ys) {                                                   \
+        legacy_gemm(n, nr, nc, s, ss, x, xs, y, ys, sizeof(block_##T), unpack_##T, SMALL, HAS_MIN);         \
+    }
+LEGACY_GEMM(q4_0, 1, 0)
+LEGACY_GEMM(q4_1, 1, 1)
+LEGACY_GEMM(q5_0, 1, 0)
+LEGACY_GEMM(q5_1, 1, 1)
+LEGACY_GEMM(q8_0, 0, 0)
+
+#define KQUANT_GEMM(T, SUB, DMIN_OFF)                                                                      \
     static const ktype type_##T = {sizeof(block_##T), offsetof(block_##T, d), DMIN_OFF, SUB};               \
-    static void neon_dot_##T(int n, float *s, const void *x, const void *y) {                               \
-        kq_dot(n, s, x, y, type_##T, unpack_##T, scales_##T);                                               \
-    }                                                                                                       \
     static void neon_gemm_##T(int n, int nr, int nc, float *s, size_t ss, const void *x, size_t xs,        \
                               const void *y, size_t ys) {                                                   \
         kq_gemm(n, nr, nc, s, ss, x, xs, y, ys, type_##T, unpack_##T, scales_##T);                          \
     }
+KQUANT_GEMM(q2_K, 16, offsetof(block_q2_K, dmin))
+KQUANT_GEMM(q3_K, 16, -1)
+KQUANT_GEMM(q4_K, 32, offsetof(block_q4_K, dmin))
+KQUANT_GEMM(q5_K, 32, offsetof(block_q5_K, dmin))
+KQUANT_GEMM(q6_K, 16, -1)
 
-KQUANT_KERNELS(q2_K, 16, offsetof(block_q2_K, dmin))
-KQUANT_KERNELS(q3_K, 16, -1)
-KQUANT_KERNELS(q4_K, 32, offsetof(block_q4_K, dmin))
-KQUANT_KERNELS(q5_K, 32, offsetof(block_q5_K, dmin))
-KQUANT_KERNELS(q6_K, 16, -1)
+#define FLOAT_GEMM(T, KIND)                                                                                \
+    static void neon_gemm_##T(int n, int nr, int nc, float *s, size_t ss, const void *x, size_t xs,        \
+                              const void *y, size_t ys) {                                                   \
+        float_gemm(n, nr, nc, s, ss, x, xs, y, ys, KIND);                                                    \
+    }
+FLOAT_GEMM(f32, ROW_F32)
+FLOAT_GEMM(f16, ROW_F16)
+FLOAT_GEMM(bf16, ROW_BF16)
 
-void EI_NEON_FN(ei_neon_dot_kquants)(ei_kernels *k) {
-    k->vec_dot[EI_TYPE_Q2_K] = neon_dot_q2_K;
-    k->vec_dot[EI_TYPE_Q3_K] = neon_dot_q3_K;
-    k->vec_dot[EI_TYPE_Q4_K] = neon_dot_q4_K;
-    k->vec_dot[EI_TYPE_Q5_K] = neon_dot_q5_K;
-    k->vec_dot[EI_TYPE_Q6_K] = neon_dot_q6_K;
+void EI_NEON_FN(ei_neon_gemms)(ei_kernels *k) {
+    k->gemm[EI_TYPE_Q4_0] = neon_gemm_q4_0;
+    k->gemm[EI_TYPE_Q4_1] = neon_gemm_q4_1;
+    k->gemm[EI_TYPE_Q5_0] = neon_gemm_q5_0;
+    k->gemm[EI_TYPE_Q5_1] = neon_gemm_q5_1;
+    k->gemm[EI_TYPE_Q8_0] = neon_gemm_q8_0;
     k->gemm[EI_TYPE_Q2_K] = neon_gemm_q2_K;
     k->gemm[EI_TYPE_Q3_K] = neon_gemm_q3_K;
     k->gemm[EI_TYPE_Q4_K] = neon_gemm_q4_K;
     k->gemm[EI_TYPE_Q5_K] = neon_gemm_q5_K;
     k->gemm[EI_TYPE_Q6_K] = neon_gemm_q6_K;
+    k->gemm[EI_TYPE_F32] = neon_gemm_f32;
+    k->gemm[EI_TYPE_F16] = neon_gemm_f16;
+    k->gemm[EI_TYPE_BF16] = neon_gemm_bf16;
 }

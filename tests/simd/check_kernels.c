@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/ei_kernels.h"
+#include "check_common.h"
 
 #ifndef EI_CHECK_INIT
 #error "define EI_CHECK_INIT as the variant's init function, e.g. ei_kernels_init_neon"
@@ -21,14 +21,6 @@
 void EI_CHECK_INIT(ei_kernels *k);
 
 static int passed, failed;
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint32_t next_u32(void) {
-    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-static float uniform(void) { return (next_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
-static float gaussian(void) { float s = 0; for (int i = 0; i < 4; i++) s += uniform(); return s; }
 
 /* inputs of several shapes: plain, with an outlier, tiny, constant, all zero */
 static void fill(float *x, int n, int kind) {
@@ -80,11 +72,8 @@ static void random_weights(int type, uint8_t *w, size_t bytes) {
     }
     /* scale fields: where they sit in each block */
     const size_t block = ei_row_size(type, ei_block_size(type));
-    int offs[2] = {0, -1};
-    if (type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1 || type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K) offs[1] = 2;
-    if (type == EI_TYPE_Q2_K) { offs[0] = 80; offs[1] = 82; }
-    if (type == EI_TYPE_Q3_K) offs[0] = 108;
-    if (type == EI_TYPE_Q6_K) offs[0] = 208;
+    int offs[2];
+    scale_offsets(type, offs);
     for (size_t b = 0; b + block <= bytes; b += block)
         for (int j = 0; j < 2; j++)
             if (offs[j] >= 0) {
@@ -181,23 +170,27 @@ int main(void) {
             k32[i] = gaussian(); v32[i] = gaussian();
             k16[i] = ei_fp32_to_fp16(k32[i]); v16[i] = ei_fp32_to_fp16(v32[i]);
         }
-        for (int f32 = 0; f32 < 2; f32++)
+        for (int kv = 0; kv < 4; kv++) /* every pair of key and value types */
             for (int t0 = 0; t0 < 20; t0 += 19) {
-                ei_attn_params ap = {256, 256, t0, 64, f32, 256, 256, 0.0625f, 0.0f};
-                ref.attn(&ap, x[2], f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16, ya, scratch);
-                var.attn(&ap, x[2], f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16, yb, scratch);
-                snprintf(what, sizeof(what), "attn kv_f32 %d t0 %d", f32, t0);
+                const int k_f32 = kv & 1, v_f32 = kv >> 1;
+                const int kt = k_f32 ? EI_TYPE_F32 : EI_TYPE_F16, vt = v_f32 ? EI_TYPE_F32 : EI_TYPE_F16;
+                const void *kc = k_f32 ? (void *)k32 : (void *)k16, *vc = v_f32 ? (void *)v32 : (void *)v16;
+                ei_attn_params ap = {256, 256, t0, 64, kt, vt, ei_row_size(kt, 256), ei_row_size(vt, 256),
+                                     0.0625f, 0.0f};
+                ref.attn(&ap, x[2], kc, vc, ya, scratch);
+                var.attn(&ap, x[2], kc, vc, yb, scratch);
+                snprintf(what, sizeof(what), "attn k_f32 %d v_f32 %d t0 %d", k_f32, v_f32, t0);
                 check_floats(what, yb, ya, 256);
                 if (!var.attn_group) continue;
                 /* a grouped-query group: up to 9 query heads (more than one pass of 8) */
                 static double gscratch[9 * 2 * 64];
                 static float gout[9 * 256];
                 for (int nq = 1; nq <= 9; nq += 4) {
-                    var.attn_group(&ap, nq, x[3], 256, f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16,
-                                   gout, 256, gscratch);
+                    var.attn_group(&ap, nq, x[3], 256, kc, vc, gout, 256, gscratch);
                     for (int i = 0; i < nq; i++) {
-                        ref.attn(&ap, x[3] + i * 256, f32 ? (void *)k32 : (void *)k16, f32 ? (void *)v32 : (void *)v16, ya, scratch);
-                        snprintf(what, sizeof(what), "attn_group nq %d query %d kv_f32 %d t0 %d", nq, i, f32, t0);
+                        ref.attn(&ap, x[3] + i * 256, kc, vc, ya, scratch);
+                        snprintf(what, sizeof(what), "attn_group nq %d query %d k_f32 %d v_f32 %d t0 %d", nq, i,
+                                 k_f32, v_f32, t0);
                         check_floats(what, gout + i * 256, ya, 256);
                     }
                 }

@@ -1,0 +1,88 @@
+/* Weights the instruction set has an interleaved kernel for are copied into that layout (the
+ * product then needs no horizontal sums) by the first product that uses them, so loading
+ * reads no tensor data: the copies cost the tensors' sizes (reserved at load, resident once
+ * written), and the file's pages are released unless another tensor (a tied embedding)
+ * still reads them. */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE /* madvise under -std=c11 */
+#endif
+#include <stdlib.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
+#include "repack.h"
+
+struct ei_repack_item {
+    ei_tensor *t;  /* the engine's own, writable description of the weight */
+    uint8_t *copy; /* its interleaved rows, the same number of bytes */
+    int release;   /* whether the file's pages may be dropped once copied */
+};
+
+/* drops the resident pages of a weight the engine has copied: the mapping stays valid (a
+ * later read faults them in again from the file), but they no longer count in memory use */
+static void release_pages(const void *data, size_t n) {
+#if defined(__unix__) || defined(__APPLE__)
+    const long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) return;
+    const uintptr_t lo = ((uintptr_t)data + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
+    const uintptr_t hi = ((uintptr_t)data + n) & ~(uintptr_t)(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#else
+    (void)data; (void)n;
+#endif
+}
+
+int ei_repack_reserve(ei_repack *r, int capacity) {
+    r->items = calloc((size_t)capacity, sizeof(ei_repack_item));
+    r->capacity = r->items ? capacity : 0;
+    return r->items != NULL;
+}
+
+int ei_repack_plan(ei_repack *r, const ei_kernels *k, ei_tensor *t, const void *shared) {
+    if (!k->gemm_x16[t->type] || t->ne1 % EI_X16) return 1;
+    if (r->n == r->capacity) return 0;
+    const size_t size = ei_row_size(t->type, t->ne0) * (size_t)t->ne1;
+    ei_repack_item *it = &r->items[r->n];
+    if (!(it->copy = malloc(size))) return 0;
+    it->t = t;
+    it->release = t->data != shared;
+    r->n++;
+    r->bytes += size;
+    t->layout = EI_LAYOUT_PENDING;
+    return 1;
+}
+
+/* the planned copy of t (which must have one) */
+static const ei_repack_item *copy_of(const ei_repack *r, const ei_tensor *t) {
+    const ei_repack_item *it = r->items;
+    while (it->t != t) it++;
+    return it;
+}
+
+/* the share's groups copied; the file's pages of them released at once, so that they and the
+ * copies are never resident together (only pages wholly inside the share) */
+void ei_repack_share(const ei_repack *r, const ei_tensor *t, int ith, int nth) {
+    const ei_repack_item *it = copy_of(r, t);
+    const size_t row = ei_row_size(t->type, t->ne0);
+    const int64_t groups = t->ne1 / EI_X16, g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
+    for (int64_t g = g0; g < g1; g++)
+        ei_pack_x16(t->type, (const uint8_t *)t->data + (size_t)g * EI_X16 * row, row, t->ne0,
+                    it->copy + (size_t)g * EI_X16 * row);
+    const size_t group_bytes = (size_t)EI_X16 * row;
+    const uint8_t *share = (const uint8_t *)t->data + (size_t)g0 * group_bytes;
+    if (it->release) release_pages(share, (size_t)(g1 - g0) * group_bytes);
+}
+
+void ei_repack_finish(const ei_repack *r, const ei_tensor *t) {
+    const ei_repack_item *it = copy_of(r, t);
+    it->t->data = it->copy;
+    it->t->layout = EI_LAYOUT_X16;
+}
+
+void ei_repack_release(ei_repack *r) {
+    for (int i = 0; i < r->n; i++) free(r->items[i].copy);
+    free(r->items);
+    *r = (ei_repack){0};
+}

@@ -1,0 +1,274 @@
+/* avx512 attention, rounded as the reference (ref/attn.c): every reduction adds in the
+ * reference's order (one lane per key for the scores, one lane per dimension for the
+ * output), so the results are the reference's bit for bit, whether or not the double sums
+ * are exact. */
+#include <math.h>
+
+#include "../common/attn_softmax.h"
+#include "blocks.h"
+
+/* 16 fp16 values (dims of 16 keys, or 16 dims of one key) as two vectors of doubles */
+EI_INLINE void f16x16_pd(__m256i h, __m512d *lo, __m512d *hi) {
+    const __m512 f = _mm512_cvtph_ps(h);
+    *lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+    *hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+}
+
+/* out[j] = sum over d in order of qd[d] * k_j[d] for 16 fp16 keys k_j at k + j * row_bytes
+ * (j >= m repeats key 0, not stored), one double lane per key; every product is exact */
+static void key_dots16_f16(const double *qd, const uint8_t *k, size_t row_bytes, int hd, int m, double *out) {
+    const ei_f16 *row[16];
+    for (int j = 0; j < 16; j++) row[j] = (const ei_f16 *)(k + (size_t)(j < m ? j : 0) * row_bytes);
+    __m512d even = _mm512_setzero_pd(), odd = _mm512_setzero_pd(); /* keys 0, 2, .. 14 and 1, 3, .. 15 */
+    int d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        /* x[i]: keys 2i (128-bit lanes 0, 1) and 2i + 1 (lanes 2, 3), dims d..d+15 */
+        __m512i x[8], t[8], s[8];
+        EI_UNROLL for (int i = 0; i < 8; i++)
+            x[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(row[2 * i] + d))),
+                                      _mm256_loadu_si256((const __m256i *)(row[2 * i + 1] + d)), 1);
+        /* an 8x8 transpose of 16-bit values in each 128-bit lane: afterwards x[e] holds dim e
+         * (lanes 0, 2) and dim e + 8 (lanes 1, 3) of the even (lanes 0, 1) and odd keys */
+        EI_UNROLL for (int i = 0; i < 4; i++) {
+            t[2 * i] = _mm512_unpacklo_epi16(x[2 * i], x[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi16(x[2 * i], x[2 * i + 1]);
+        }
+        EI_UNROLL for (int g = 0; g < 2; g++) {
+            s[4 * g + 0] = _mm512_unpacklo_epi32(t[4 * g + 0], t[4 * g + 2]);
+            s[4 * g + 1] = _mm512_unpackhi_epi32(t[4 * g + 0], t[4 * g + 2]);
+            s[4 * g + 2] = _mm512_unpacklo_epi32(t[4 * g + 1], t[4 * g + 3]);
+            s[4 * g + 3] = _mm512_unpackhi_epi32(t[4 * g + 1], t[4 * g + 3]);
+        }
+        EI_UNROLL for (int e = 0; e < 4; e++) {
+            x[2 * e] = _mm512_shuffle_i64x2(_mm512_unpacklo_epi64(s[e], s[4 + e]), _mm512_unpacklo_epi64(s[e], s[4 + e]), _MM_SHUFFLE(3, 1, 2, 0));
+            x[2 * e + 1] = _mm512_shuffle_i64x2(_mm512_unpackhi_epi64(s[e], s[4 + e]), _mm512_unpackhi_epi64(s[e], s[4 + e]), _MM_SHUFFLE(3, 1, 2, 0));
+        }
+        /* x[e]: dim e of the 16 keys in its low half, dim e + 8 in its high half */
+        EI_UNROLL for (int h = 0; h < 2; h++)
+            EI_UNROLL for (int e = 0; e < 8; e++) {
+                __m512d lo, hi;
+                f16x16_pd(h ? _mm512_extracti64x4_epi64(x[e], 1) : _mm512_castsi512_si256(x[e]), &lo, &hi);
+                const __m512d q = _mm512_set1_pd(qd[d + 8 * h + e]);
+                even = _mm512_fmadd_pd(lo, q, even); /* the product is exact: one rounding, the add */
+                odd = _mm512_fmadd_pd(hi, q, odd);
+            }
+    }
+    double ev[8], ov[8];
+    _mm512_storeu_pd(ev, even);
+    _mm512_storeu_pd(ov, odd);
+    for (int j = 0; j < m; j++) {
+        double sum = j % 2 ? ov[j / 2] : ev[j / 2];
+        for (int dd = d; dd < hd; dd++) sum += qd[dd] * ei_fp16_to_fp32(row[j][dd]);
+        out[j] = sum;
+    }
+}
+
+/* one f32 key: the exact products added in order */
+static double key_dot_f32(const float *q, const float *k, int hd) {
+    double sum = 0.0;
+    int d = 0;
+    for (; d + 8 <= hd; d += 8) {
+        double t[8];
+        _mm512_storeu_pd(t, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(q + d)), _mm512_cvtps_pd(_mm256_loadu_ps(k + d))));
+        EI_UNROLL for (int j = 0; j < 8; j++) sum += t[j];
+    }
+    for (; d < hd; d++) sum += (double)q[d] * k[d];
+    return sum;
+}
+
+/* 16 values of a cache row from dimension d0 as doubles */
+EI_INLINE void v_row16(const uint8_t *row, int f32, int d0, __m512d *lo, __m512d *hi) {
+    if (f32) {
+        *lo = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)row + d0));
+        *hi = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)row + d0 + 8));
+    } else {
+        f16x16_pd(_mm256_loadu_si256((const __m256i *)((const ei_f16 *)row + d0)), lo, hi);
+    }
+}
+
+/* acc[d0 + j] = sum over t in order of p[t] * v_t[d0 + j] for j < 16 * G, one double lane per
+ * dimension; every product is exact */
+#define WEIGHTED_SUM(G)                                                                              \
+    static void weighted_sum##G(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int d0, double *acc) { \
+        __m512d a[2 * G];                                                                            \
+        EI_UNROLL for (int i = 0; i < 2 * G; i++) a[i] = _mm512_setzero_pd();                         \
+        for (int t = 0; t < n; t++) {                                                                \
+            const __m512d pt = _mm512_set1_pd(p[t]);                                                 \
+            EI_UNROLL for (int i = 0; i < G; i++) {                                                  \
+                __m512d lo, hi;                                                                      \
+                v_row16(v + (size_t)t * row_bytes, f32, d0 + 16 * i, &lo, &hi);                      \
+                a[2 * i] = _mm512_fmadd_pd(lo, pt, a[2 * i]);                                        \
+                a[2 * i + 1] = _mm512_fmadd_pd(hi, pt, a[2 * i + 1]);                                \
+            }                                                                                        \
+        }                                                                                            \
+        EI_UNROLL for (int i = 0; i < 2 * G; i++) _mm512_storeu_pd(acc + d0 + 8 * i, a[i]);           \
+    }
+WEIGHTED_SUM(8)
+WEIGHTED_SUM(1)
+
+/* rows row_bytes apart, of f32 or fp16 values */
+static void weighted_sum(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int hv, double *acc) {
+    int d = 0;
+    for (; d + 128 <= hv; d += 128) weighted_sum8(p, v, f32, row_bytes, n, d, acc);
+    for (; d + 16 <= hv; d += 16) weighted_sum1(p, v, f32, row_bytes, n, d, acc);
+    for (; d < hv; d++) {
+        double s = 0.0;
+        for (int t = 0; t < n; t++) {
+            const uint8_t *row = v + (size_t)t * row_bytes;
+            s += p[t] * (f32 ? ((const float *)row)[d] : ei_fp16_to_fp32(((const ei_f16 *)row)[d]));
+        }
+        acc[d] = s;
+    }
+}
+
+static void attn(const ei_attn_params *p, const float *q, const void *k, const void *v, float *out, double *scratch) {
+    const int n = p->t1 - p->t0, hd = p->head_dim, hv = p->head_dim_v;
+    const int k_f32 = p->k_type == EI_TYPE_F32, v_f32 = p->v_type == EI_TYPE_F32;
+    float qr[EI_MAX_HEAD_DIM];  /* the query as the key type sees it */
+    double qd[EI_MAX_HEAD_DIM]; /* the same, in double */
+    int d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        __m512 x = _mm512_loadu_ps(q + d);
+        if (!k_f32) x = _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_storeu_ps(qr + d, x);
+    }
+    for (; d < hd; d++) qr[d] = ei_attn_round_to(q[d], p->k_type);
+    for (d = 0; d < hd; d++) qd[d] = qr[d];
+
+    float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
+    const uint8_t *kbase = (const uint8_t *)k + (size_t)p->t0 * p->k_row_bytes;
+    for (int t = 0; t < n; t += 16) {
+        const int m = n - t < 16 ? n - t : 16;
+        const uint8_t *rows = kbase + (size_t)t * p->k_row_bytes;
+        double dot[16];
+        if (k_f32)
+            for (int j = 0; j < m; j++) dot[j] = key_dot_f32(qr, (const float *)(rows + (size_t)j * p->k_row_bytes), hd);
+        else
+            key_dots16_f16(qd, rows, p->k_row_bytes, hd, m, dot);
+        for (int j = 0; j < m; j++) scores[t + j] = ei_attn_score((float)dot[j], p);
+    }
+    const double sum = ei_attn_softmax(scores, n, scratch);
+    /* the weights as the value type rounds them, back in scratch */
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        __m256 pr = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_loadu_pd(scratch + t), _mm512_set1_pd(sum)));
+        if (!v_f32) pr = _mm256_cvtph_ps(_mm256_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_storeu_pd(scratch + t, _mm512_cvtps_pd(pr));
+    }
+    for (; t < n; t++) scratch[t] = ei_attn_prob(scratch[t], sum, p->v_type);
+    double acc[EI_MAX_HEAD_DIM];
+    const uint8_t *vbase = (const uint8_t *)v + (size_t)p->t0 * p->v_row_bytes;
+    weighted_sum(scratch, vbase, v_f32, p->v_row_bytes, n, hv, acc);
+    d = 0;
+    for (; d + 8 <= hv; d += 8) _mm256_storeu_ps(out + d, _mm512_cvtpd_ps(_mm512_loadu_pd(acc + d)));
+    for (; d < hv; d++) out[d] = (float)acc[d];
+}
+
+/* ---- attention of a group of query heads ------------------------------------------------- */
+
+/* scores[i][j] = sum over d in order of qT[d][i] * k_j[d] for 8 fp16 keys (j >= m repeats
+ * key 0), one double lane per query: each key row is converted once for all the queries */
+static void group_scores8(const double (*qT)[8], const uint8_t *k, size_t row_bytes, int hd, int m, double out[8][8]) {
+    const ei_f16 *row[8];
+    for (int j = 0; j < 8; j++) row[j] = (const ei_f16 *)(k + (size_t)(j < m ? j : 0) * row_bytes);
+    __m512d acc[8];
+    EI_UNROLL for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_pd();
+    for (int d = 0; d < hd; d += 16) {
+        double kd[8][16];
+        EI_UNROLL for (int j = 0; j < 8; j++) {
+            __m512d lo, hi;
+            f16x16_pd(_mm256_loadu_si256((const __m256i *)(row[j] + d)), &lo, &hi);
+            _mm512_storeu_pd(kd[j], lo);
+            _mm512_storeu_pd(kd[j] + 8, hi);
+        }
+        /* the broadcasts below read memory (a load port) rather than permute registers */
+        __asm__ volatile("" ::: "memory");
+        EI_UNROLL for (int e = 0; e < 16; e++) {
+            const __m512d qv = _mm512_loadu_pd(qT[d + e]);
+            EI_UNROLL for (int j = 0; j < 8; j++) acc[j] = _mm512_fmadd_pd(qv, _mm512_set1_pd(kd[j][e]), acc[j]);
+        }
+    }
+    EI_UNROLL for (int j = 0; j < 8; j++) _mm512_storeu_pd(out[j], acc[j]);
+}
+
+/* acc[i][d0 + c] = sum over t in order of w[i][t] * v_t[d0 + c], c < 16 G, for NQ queries */
+#define GROUP_SUM(NQ, G)                                                                             \
+    static void group_sum_##NQ##_##G(const double *w, int n, const uint8_t *v, size_t row_bytes, int d0, double *out, size_t os) { \
+        __m512d acc[NQ][2 * G];                                                                      \
+        EI_UNROLL for (int i = 0; i < NQ; i++)                                                       \
+            EI_UNROLL for (int c = 0; c < 2 * G; c++) acc[i][c] = _mm512_setzero_pd();               \
+        for (int t = 0; t < n; t++) {                                                                \
+            __m512d vd[2 * G];                                                                       \
+            EI_UNROLL for (int c = 0; c < G; c++)                                                    \
+                f16x16_pd(_mm256_loadu_si256((const __m256i *)((const ei_f16 *)(v + (size_t)t * row_bytes) + d0 + 16 * c)), &vd[2 * c], &vd[2 * c + 1]); \
+            EI_UNROLL for (int i = 0; i < NQ; i++) {                                                 \
+                const __m512d wt = _mm512_set1_pd(w[(size_t)i * n + t]);                             \
+                EI_UNROLL for (int c = 0; c < 2 * G; c++) acc[i][c] = _mm512_fmadd_pd(vd[c], wt, acc[i][c]); \
+            }                                                                                        \
+        }                                                                                            \
+        EI_UNROLL for (int i = 0; i < NQ; i++)                                                       \
+            EI_UNROLL for (int c = 0; c < 2 * G; c++) _mm512_storeu_pd(out + i * os + d0 + 8 * c, acc[i][c]); \
+    }
+GROUP_SUM(4, 2)
+GROUP_SUM(2, 4)
+GROUP_SUM(1, 8)
+
+static void attn_group(const ei_attn_params *p, int nq, const float *q, size_t qs, const void *k, const void *v,
+                       float *out, size_t os, double *scratch) {
+    const int n = p->t1 - p->t0, hd = p->head_dim, hv = p->head_dim_v;
+    if (p->k_type != EI_TYPE_F16 || p->v_type != EI_TYPE_F16 || hd % 16 || hv % 64) {
+        for (int i = 0; i < nq; i++) attn(p, q + (size_t)i * qs, k, v, out + (size_t)i * os, scratch);
+        return;
+    }
+    for (int i0 = 0; i0 < nq; i0 += 8) { /* eight queries at a time */
+        const int nb = nq - i0 < 8 ? nq - i0 : 8;
+        double *w = scratch;                                /* (nb, n) weights */
+        float *sc = (float *)(scratch + (size_t)nb * n);    /* (nb, n) scores */
+        static EI_THREAD_LOCAL double qT[EI_MAX_HEAD_DIM][8]; /* the queries as fp16 rounds them, transposed */
+        for (int i = 0; i < 8; i++) {
+            const float *qi = q + (size_t)(i0 + (i < nb ? i : 0)) * qs;
+            for (int d = 0; d < hd; d += 16) {
+                const __m512 x = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(qi + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                float f[16];
+                _mm512_storeu_ps(f, x);
+                for (int e = 0; e < 16; e++) qT[d + e][i] = f[e];
+            }
+        }
+        const uint8_t *kb = (const uint8_t *)k + (size_t)p->t0 * p->k_row_bytes;
+        for (int t = 0; t < n; t += 8) {
+            const int m = n - t < 8 ? n - t : 8;
+            double dot[8][8];
+            group_scores8((const double (*)[8])qT, kb + (size_t)t * p->k_row_bytes, p->k_row_bytes, hd, m, dot);
+            for (int j = 0; j < m; j++)
+                for (int i = 0; i < nb; i++) sc[(size_t)i * n + t + j] = ei_attn_score((float)dot[j][i], p);
+        }
+        for (int i = 0; i < nb; i++) {
+            double *wi = w + (size_t)i * n;
+            const double sum = ei_attn_softmax(sc + (size_t)i * n, n, wi);
+            int t = 0;
+            for (; t + 8 <= n; t += 8) {
+                const __m256 pr = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_loadu_pd(wi + t), _mm512_set1_pd(sum)));
+                _mm512_storeu_pd(wi + t, _mm512_cvtps_pd(_mm256_cvtph_ps(_mm256_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))));
+            }
+            for (; t < n; t++) wi[t] = ei_attn_prob(wi[t], sum, EI_TYPE_F16);
+        }
+        /* the outputs, summed in double */
+        static EI_THREAD_LOCAL double acc[8 * EI_MAX_HEAD_DIM]; /* (nb, hv) */
+        const uint8_t *vb = (const uint8_t *)v + (size_t)p->t0 * p->v_row_bytes;
+        int i = 0;
+        for (; i + 4 <= nb; i += 4)
+            for (int d = 0; d < hv; d += 32) group_sum_4_2(w + (size_t)i * n, n, vb, p->v_row_bytes, d, acc + (size_t)i * hv, (size_t)hv);
+        for (; i + 2 <= nb; i += 2)
+            for (int d = 0; d < hv; d += 64) group_sum_2_4(w + (size_t)i * n, n, vb, p->v_row_bytes, d, acc + (size_t)i * hv, (size_t)hv);
+        for (; i < nb; i++) weighted_sum(w + (size_t)i * n, vb, 0, p->v_row_bytes, n, hv, acc + (size_t)i * hv);
+        for (int ii = 0; ii < nb; ii++)
+            for (int d = 0; d < hv; d += 8)
+                _mm256_storeu_ps(out + (size_t)(i0 + ii) * os + d, _mm512_cvtpd_ps(_mm512_loadu_pd(acc + (size_t)ii * hv + d)));
+    }
+}
+
+void ei_avx512_attn_kernels(ei_kernels *k) {
+    k->attn = attn;
+    k->attn_group = attn_group;
+    k->attn_types = EI_ATTN_F16_F32;
+}
