@@ -14,8 +14,10 @@ import pytest
 
 import edgeinfer
 from edgeinfer import _native, errors
+from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.constants import GGMLType
 from edgeinfer.kv_cache import CacheType
+from edgeinfer.models import config_from_gguf
 from edgeinfer.models.base import LayerTensors
 
 if not _native.available()[0]:
@@ -106,9 +108,11 @@ def test_attention_on_a_cache_type_it_cannot_read_is_a_status():
 
 def test_a_cache_type_the_engine_lacks_is_an_option_error(fixture_models):
     q8 = CacheType("q8_0", GGMLType.Q8_0)
-    why = r"q8_0 is not supported by the native engine \(one of f16, f32\)"
-    with pytest.raises(errors.InvalidOptionError, match=why):
+    with pytest.raises(errors.InvalidOptionError, match=r"keeps kv_type f16, f32, not 'q8_0'"):
         edgeinfer.load(fixture_models["llama"], engine="native", kv_type=q8)
+    why = r"q8_0 is not supported by the native engine \(one of f16, f32\)"
+    with GGUFFile(fixture_models["llama"]) as gguf, pytest.raises(errors.InvalidOptionError, match=why):
+        _native.NativeEngine(gguf, config_from_gguf(gguf), 16, n_threads=1, kv_type=q8)
 
 
 def _run(lib, handle, tokens: list[int], n_vocab: int, seq: int = 0) -> np.ndarray:
