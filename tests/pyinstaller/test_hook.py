@@ -5,6 +5,7 @@ collected and edgeinfer silently ran the numpy reference)."""
 from __future__ import annotations
 
 import importlib.metadata
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +35,8 @@ def test_hook_is_registered():
 @pytest.mark.parametrize("pyi_builder", ["onedir"], indirect=True)
 def test_frozen_app_runs_the_native_engine(pyi_builder, fixture_models):
     pyi_builder.test_source(FROZEN_SCRIPT, app_args=[str(fixture_models["llama"])])
+    bundle = Path(pyi_builder._dist_dir)  # the fixture keeps its dist folder here
+    libraries = list(bundle.rglob("_edgeinfer_native*"))
+    assert len(libraries) == 1 and libraries[0].parent.name == "edgeinfer"
+    # the optional backend stays out of an app that does not import it (it pulls in torch)
+    assert not list(bundle.rglob("onnxruntime")), "onnxruntime was bundled"
