@@ -1,5 +1,5 @@
-"""Fixtures of the converter tests: the vocabularies, the tiny HF checkpoints (written once
-per checkout under tests/.cache/), their conversions, and the two references (transformers
+"""Fixtures of the converter tests: the vocabularies, the tiny HF checkpoints (kept under
+tests/.cache/, keyed on the code that writes them), their conversions, and the two references (transformers
 and llama.cpp)."""
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import cache_dir
+from tests.conftest import gguf_writing_sources, keyed_cache
 from tests.converters.checkpoints import SPECS, SpmVocab, write_checkpoint
 
-CHECKPOINT_VERSION = 3  # bump when checkpoints.py changes what it writes
 ARCHS = list(SPECS)
 
 
@@ -34,10 +33,16 @@ def vocabs(gemma_path) -> dict:
     }
 
 
+def checkpoint_sources() -> list:
+    """What the HF folders are made with: checkpoints.py, and what the GGUF fixtures are made
+    with (the vocabularies, the Gemma file's reader)."""
+    return [Path(__file__).parent / "checkpoints.py", *gguf_writing_sources()]
+
+
 @pytest.fixture(scope="session")
 def checkpoints(vocabs) -> dict[str, Path]:
     """One HF folder per architecture; never modified by the tests."""
-    root = cache_dir() / f"hf-checkpoints-v{CHECKPOINT_VERSION}"
+    root = keyed_cache("hf-checkpoints", checkpoint_sources())
     out = {}
     for arch in ARCHS:
         folder = root / arch

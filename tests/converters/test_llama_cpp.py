@@ -12,21 +12,19 @@ from tests.conftest import llama_cpp_model
 from tests.converters.conftest import ARCHS, ggml_quantize, prompt_tokens
 from tests.e2e.parity import compare, llama_cpp_logits
 
-pytest.importorskip("llama_cpp")
-pytestmark = pytest.mark.slow  # ~100 conversions and llama.cpp loads: two minutes on two cores
+llama_cpp = pytest.importorskip("llama_cpp")
+pytestmark = pytest.mark.slow  # ~130 conversions and llama.cpp loads: three minutes on two cores
 
-# --type -> (llama_ftype, pure)
-LLAMA_FTYPES = {
-    "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q6_k": 18,
-    "q4_k_m": 15, "q4_k_s": 14, "q5_k_m": 17, "q5_k_s": 16,
-}  # fmt: skip
+# every --type of ours that llama-quantize also makes (all but f32, llama.cpp's source), each
+# with llama.cpp's own file type (llama_ftype), named as llama.cpp names it
+QUANTIZE_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q6_k", "q4_k_m",
+                  "q4_k_s", "q5_k_m", "q5_k_s")  # fmt: skip
+LLAMA_FTYPES = {t: getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{t.upper()}") for t in QUANTIZE_TYPES}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_llama_cpp_agrees_on_f32(arch, converted):
     """Exact regime (F32 weights, F32 cache): the two engines agree to summation order."""
-    import llama_cpp
-
     path = converted(arch, "f32")
     llm = llama_cpp_model(path, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
     try:
