@@ -16,6 +16,11 @@ from tests.conftest import gguf_writing_sources, keyed_cache
 from tests.converters.checkpoints import SPECS, SpmVocab, write_checkpoint
 
 ARCHS = list(SPECS)
+# llama.cpp against edgeinfer on a quantized conversion, F16 cache: llama.cpp's int8 activation
+# roundings flip with summation order, so the bar is loose; a wrong tensor or hyper-parameter
+# is far beyond it (mean KL over the positions, and the share of equal argmaxes)
+QUANTIZED_KL_BAR = 0.02
+QUANTIZED_TOP1_BAR = 0.85
 
 
 @pytest.fixture(scope="session")
