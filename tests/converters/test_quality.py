@@ -54,8 +54,9 @@ CALIB_TOKENS = 512
 ALL_TYPES = ("f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q5_k_s", "q5_1", "q5_0", "q4_k_m", "q4_k_s",
              "q4_1", "q4_0")  # fmt: skip
 # converting the whole model takes one to three minutes a type on two cores: the test suite
-# compares q8_0 and q4_k_m (the claim's reference), EDGEINFER_QUALITY_TYPES=all the table of
-# every type (the figures in README and the closing note)
+# compares q8_0 and q4_k_m (the claim's reference) here, and every type's bytes on the tiny
+# checkpoints (test_llama_cpp.py); EDGEINFER_QUALITY_TYPES=all the table of every type here
+# (the figures in README and the closing note)
 TYPES = ALL_TYPES if os.environ.get("EDGEINFER_QUALITY_TYPES") == "all" else ("q8_0", "q4_k_m")
 # edgeinfer multiplies float weights exactly (float64): ~80 s a window on two cores, so these
 # are converted and compared with llama.cpp's but not scored
