@@ -1,6 +1,6 @@
 """Fixtures of the converter tests: the vocabularies, the tiny HF checkpoints (kept under
-tests/.cache/, keyed on the code that writes them), their conversions, and the two references (transformers
-and llama.cpp)."""
+tests/.cache/, keyed on the code that writes them), their conversions, and the two references
+(transformers and llama.cpp)."""
 
 from __future__ import annotations
 

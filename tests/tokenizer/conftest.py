@@ -12,6 +12,7 @@ from edgeinfer.tokenizer import Tokenizer
 from tests.conftest import packaged_gemma_path
 from tests.fixtures.vocab import bpe_vocab, write_vocab_only_gguf
 
+
 @pytest.fixture(scope="session")
 def gemma_gguf_path() -> Path:
     """The packaged Gemma 3 270M Q4_K_M file, assembled once into tests/.cache."""
