@@ -1,8 +1,8 @@
 """Loading maps the file and reads no tensor data; how long it takes is measured and reported.
 
 The project's requirement is Gemma 3 270M loaded and ready in under a second (llama.cpp
-takes 0.5-1 s here). Tests carry no timing thresholds beyond hang guards, so the figures are
-printed (run with -s) rather than asserted.
+takes 0.5-1 s here). Tests carry no timing thresholds, so the load times are printed (run with
+-s) next to the memory figures that are asserted.
 """
 
 from __future__ import annotations
@@ -71,19 +71,14 @@ def test_loading_gemma_reads_no_tensor_data(gemma_path):
     size = gemma_path.stat().st_size
     grown = r["after"]["VmRSS"] - r["before"]["VmRSS"]
     file_pages = r["after"]["RssFile"] - r["before"]["RssFile"]
+    parts = r["parts"]
     print(f"\nload: RSS +{grown / 2**20:.0f} MB (file pages +{file_pages / 2**20:.0f} MB) "
           f"for a {size / 2**20:.0f} MB file")  # fmt: skip
-    # the metadata (a 262,144-token vocabulary) is read; the tensors (95% of the file) are not
-    assert file_pages < 0.10 * size
-    assert grown < 0.50 * size
-
-
-def test_load_time_is_measured(gemma_path):
-    r = _measure(gemma_path)
-    parts = r["parts"]
     print(
-        f"\nload to ready: best {min(r['loads']):.3f} s, first {r['first_load']:.3f} s "
+        f"load to ready: best {min(r['loads']):.3f} s, first {r['first_load']:.3f} s "
         f"(GGUF parse {parts['gguf']:.3f} s, tokenizer {parts['tokenizer']:.3f} s, "
         f"config {parts['config']:.4f} s); imports {r['imports']:.3f} s"
     )
-    assert r["first_load"] < 30  # hang guard; the requirement (< 1 s) is reported above
+    # the metadata (a 262,144-token vocabulary) is read; the tensors (95% of the file) are not
+    assert file_pages < 0.10 * size
+    assert grown < 0.50 * size

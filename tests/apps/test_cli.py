@@ -191,6 +191,109 @@ def test_info_on_gemma(gemma_path):
     assert "gemma3" in text.stdout and "Q4_K" in text.stdout
 
 
+# --- bench -----------------------------------------------------------------------------------
+
+BENCH_FIELDS = {
+    "model", "engine", "isa", "threads", "n_prompt", "n_gen", "repetitions", "pp_tok_s",
+    "pp_tok_s_sd", "tg_tok_s", "tg_tok_s_sd", "ttft_s", "load_s", "peak_rss_mb",
+    "engine_memory_mb", "weight_copies_mb",
+}  # fmt: skip
+
+
+def test_bench_json(fixture_models):
+    """A tiny run: every field there, each figure what it says it is (no timing bars)."""
+    path = fixture_models["llama"]
+    proc = cli("bench", path, "-p", "8", "-n", "4", "-r", "2", "-t", "1", "--json", *engine_args())
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert set(r) >= BENCH_FIELDS, BENCH_FIELDS - set(r)
+    with load(path) as model:
+        assert r["engine"] == model.engine
+    assert r["model"] == str(path)
+    assert (r["n_prompt"], r["n_gen"], r["repetitions"], r["threads"]) == (8, 4, 2, 1)
+    assert isinstance(r["isa"], str) and r["isa"]
+    rates = ("pp_tok_s", "tg_tok_s", "ttft_s", "load_s", "peak_rss_mb", "engine_memory_mb")
+    for key in rates:
+        assert np.isfinite(r[key]) and r[key] > 0, (key, r[key])
+    for key in ("pp_tok_s_sd", "tg_tok_s_sd", "weight_copies_mb"):
+        assert np.isfinite(r[key]) and r[key] >= 0, (key, r[key])
+    # ttft is the mean time of the 8-token prompt, pp the mean of 8 / time: the mean of the
+    # rates is at least the rate of the mean time (Jensen), equal when the runs tie
+    assert r["pp_tok_s"] * r["ttft_s"] >= 8 * (1 - 1e-9)
+    assert r["peak_rss_mb"] >= r["weight_copies_mb"]
+
+
+def test_bench_text(fixture_models):
+    proc = cli("bench", fixture_models["qwen2"], "-p", "8", "-n", "4", "-r", "1", *engine_args())
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("qwen2.gguf: ")
+    labels = [line.split()[0] for line in lines[1:6]]
+    assert labels == ["pp8", "tg4", "ttft", "load", "peak"], proc.stdout
+    assert lines[1].endswith("tok/s") and lines[2].endswith("tok/s"), proc.stdout
+
+
+# --- perplexity ------------------------------------------------------------------------------
+
+PPL_CTX, PPL_WINDOWS = 128, 3
+# mean NLL per scored token (nats) against llama.cpp's on F32 weights, where the F16 cache and
+# summation order are all that differ: 1.1e-5 (llama) and 1.7e-5 (gemma3) measured on an AVX2
+# EPYC; the bar is 10x the worse, rounded up
+NLL_BAR = 2e-4
+
+
+def llama_cpp_window_nll(path, text: str, n_ctx: int, windows: int) -> tuple[float, int]:
+    """llama-perplexity's figure from llama.cpp's logits (llama-cpp-python), computed here:
+    llama.cpp's tokens, each window's first token BOS, the second half of each window scored.
+    Mean NLL per scored token and the number of tokens scored."""
+    from tests.conftest import llama_cpp_model
+
+    llm = llama_cpp_model(path, n_ctx=n_ctx, n_batch=n_ctx)
+    try:
+        tokens = llm.tokenize(text.encode(), add_bos=False, special=False)
+        adds_bos = llm.tokenize(b"", add_bos=True, special=False) == [llm.token_bos()]
+        total, count = 0.0, 0
+        for w in range(windows):
+            window = tokens[w * n_ctx : (w + 1) * n_ctx]
+            if adds_bos:
+                window[0] = llm.token_bos()
+            llm.reset()
+            llm.eval(window)
+            logits = np.asarray(llm.scores[n_ctx // 2 - 1 : n_ctx - 1], dtype=np.float64)
+            target = np.asarray(window[n_ctx // 2 :])
+            top = logits.max(axis=1)
+            log_z = np.log(np.exp(logits - top[:, None]).sum(axis=1)) + top
+            total += float(np.sum(log_z - logits[np.arange(len(target)), target]))
+            count += len(target)
+    finally:
+        llm.close()
+    return total / count, count
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_perplexity_against_llama_cpp(fixture_models_f32, arch, tmp_path):
+    from tests.e2e.parity import PROMPTS
+
+    path = fixture_models_f32[arch]
+    text_file = tmp_path / "text.txt"
+    text_file.write_text("\n\n".join(PROMPTS * 2), encoding="utf-8")
+    args = ["perplexity", path, "-f", text_file, "-c", PPL_CTX, "--chunks", PPL_WINDOWS]
+    proc = cli(*args, "--json", *engine_args())
+    assert proc.returncode == 0, proc.stderr
+    ours = json.loads(proc.stdout)
+    nll, count = llama_cpp_window_nll(path, text_file.read_text(encoding="utf-8"), PPL_CTX,
+                                      PPL_WINDOWS)  # fmt: skip
+    print(f"\n{arch} perplexity: NLL edgeinfer {ours['nll']:.7f}, llama.cpp {nll:.7f}, "
+          f"difference {abs(ours['nll'] - nll):.2e}")
+    assert (ours["windows"], ours["scored_tokens"]) == (PPL_WINDOWS, count)
+    assert abs(ours["nll"] - nll) < NLL_BAR
+    assert ours["perplexity"] == pytest.approx(np.exp(ours["nll"]), rel=1e-12)
+    text = cli(*args, *engine_args())
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.strip() == (f"perplexity {ours['perplexity']:.4f} over {count} tokens "
+                                   f"({PPL_WINDOWS} windows of {PPL_CTX})")  # fmt: skip
+
+
 # --- doctor ----------------------------------------------------------------------------------
 
 

@@ -56,17 +56,29 @@ def test_fitted_plan_mixes_types(checkpoints):
     assert all(c.ggml_type == T.F32 for c in plan.tensors if not c.source.is_matrix)
 
 
-def test_llama_cpp_loads_fitted_file(checkpoints, tmp_path):
+def test_llama_cpp_computes_what_edgeinfer_computes_on_fitted_file(checkpoints, tmp_path):
+    """A fitted mix (several types in one file) runs in llama.cpp with the logits edgeinfer
+    computes, to the bars of the other quantized files (conftest.QUANTIZED_KL_BAR)."""
+    pytest.importorskip("llama_cpp")
     from tests.conftest import llama_cpp_model
+    from tests.converters.conftest import QUANTIZED_KL_BAR, QUANTIZED_TOP1_BAR, prompt_tokens
+    from tests.e2e.parity import compare, llama_cpp_logits
 
     small, big = plan_bounds(checkpoints["qwen3"])
     out = tmp_path / "fit.gguf"
-    convert(checkpoints["qwen3"], out, ConvertOptions(max_memory=(small + big) // 3, n_ctx=N_CTX))
+    plan = convert(
+        checkpoints["qwen3"], out, ConvertOptions(max_memory=(small + big) // 3, n_ctx=N_CTX)
+    )
+    assert len({c.ggml_type for c in plan.tensors if c.source.is_matrix}) >= 2  # a mix
     llm = llama_cpp_model(out)
     try:
-        llm.eval([1, 2, 3])
+        with edgeinfer.load(out, n_ctx=128, engine="reference") as model:
+            tokens = prompt_tokens(model.n_vocab)
+            kl, top1, kl_max = compare(llama_cpp_logits(llm, tokens), model.logits(tokens))
     finally:
         llm.close()
+    print(f"\nfitted qwen3: mean KL {kl:.3g}, max KL {kl_max:.3g}, top-1 {top1:.2%}")
+    assert kl < QUANTIZED_KL_BAR and top1 >= QUANTIZED_TOP1_BAR, (kl, top1)
 
 
 def test_kv_cache_counts_against_the_budget(checkpoints):

