@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-import time
 from collections import Counter
 from typing import Any
 

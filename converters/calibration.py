@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from edgeinfer.converters import errors
 
 if TYPE_CHECKING:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from edgeinfer import quants
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures import ArchConverter, SourceTensor, converter_for
 from edgeinfer.converters.architectures.base import MetadataItem, kv
@@ -35,8 +37,6 @@ from edgeinfer.converters.hf_folder import HFCheckpoint
 from edgeinfer.converters.profiles import Profile, load_profile, parse_size
 from edgeinfer.converters.recipes import FILE_TYPES, Model, recipe
 from edgeinfer.converters.vocab import Vocabulary, convert_vocabulary
-
-from edgeinfer import quants
 from edgeinfer.gguf.constants import GGMLType, ValueType
 from edgeinfer.gguf.writer import GGUFWriter
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from edgeinfer.converters import errors
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own cap

@@ -22,7 +22,6 @@ from edgeinfer.converters import errors
 from edgeinfer.converters.architectures.base import MetadataItem, kv
 from edgeinfer.converters.hf_folder import HFCheckpoint, read_json
 from edgeinfer.converters.sentencepiece_model import parse_sentencepiece
-
 from edgeinfer.gguf.constants import ValueType
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

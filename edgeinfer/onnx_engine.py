@@ -162,7 +162,7 @@ class OnnxEngine:
             self.session = ort.InferenceSession(
                 str(model_file), options, providers=["CPUExecutionProvider"]
             )
-        except Exception as e:  # noqa: BLE001 (onnxruntime's exceptions derive from Exception only)
+        except Exception as e:  # onnxruntime's exceptions derive from Exception only
             reason = " ".join(str(e).split())  # one line
             raise errors.ModelFileError(
                 f"{model_file}: onnxruntime cannot load it ({reason})"
@@ -195,7 +195,7 @@ class OnnxEngine:
             feed["position_ids"] = np.arange(self.n_past, self.n_past + n, dtype=np.int64)[None]
         try:
             logits = self._cache.run(self.session, feed)[0]  # (n, n_vocab)
-        except Exception as e:  # noqa: BLE001 (as above)
+        except Exception as e:  # as above
             raise errors.BackendError(f"onnxruntime failed: {' '.join(str(e).split())}") from None
         self.n_past += n
         return logits if all_logits else logits[-1]

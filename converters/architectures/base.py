@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+
 from edgeinfer.converters import errors
 from edgeinfer.converters.hf_folder import HFCheckpoint
 from edgeinfer.converters.safetensors_file import TensorEntry, read_rows
-
 from edgeinfer.gguf.constants import ValueType
 
 READ_CHUNK_VALUES = 1 << 22  # values read from the checkpoint at a time (16 MiB as float32)

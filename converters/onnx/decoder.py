@@ -29,11 +29,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+
 from edgeinfer.converters.architectures import SourceTensor
 from edgeinfer.converters.onnx import blockwise
 from edgeinfer.converters.onnx.spec import DecoderSpec, rotary_tables
 from edgeinfer.converters.onnx.tensor_data import TensorData
-from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 OPSET = 23
 MS_DOMAIN = "com.microsoft"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from edgeinfer.converters import errors
 from edgeinfer.converters.onnx.spec import DecoderSpec
 

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures import ArchConverter
 from edgeinfer.converters.architectures.base import Rope, llama3_rope_factors

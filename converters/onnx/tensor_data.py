@@ -80,7 +80,7 @@ class TensorData:
             os.fsync(self._file.fileno())
             self._file.close()
 
-    def __enter__(self) -> TensorData:  # noqa: PYI034
+    def __enter__(self) -> TensorData:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -13,7 +13,6 @@ import os
 import stat
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np

@@ -313,7 +313,7 @@ class GGUFWriter:
         if self._file is not None or self._done:
             raise errors.InvalidOptionError("the header is written: metadata and tensors are fixed")
 
-    def __enter__(self) -> GGUFWriter:  # noqa: PYI034 - typing.Self needs Python 3.11
+    def __enter__(self) -> GGUFWriter:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:

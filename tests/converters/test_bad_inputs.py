@@ -8,10 +8,10 @@ import struct
 from pathlib import Path
 
 import pytest
-from edgeinfer.converters import errors
-from edgeinfer.converters.convert import ConvertOptions, convert
 
 from edgeinfer import errors as ei_errors
+from edgeinfer.converters import errors
+from edgeinfer.converters.convert import ConvertOptions, convert
 from tests.converters.checkpoints import write_safetensors
 from tests.converters.conftest import leftovers
 

@@ -8,10 +8,10 @@ import ctypes
 
 import numpy as np
 import pytest
+
 from edgeinfer.converters.calibration import ActivationStats, collect_stats
 from edgeinfer.converters.convert import Conversion, ConvertOptions, convert, plan_conversion
 from edgeinfer.converters.fitting import quantization_error, sample_rows
-
 from edgeinfer.gguf import GGUFFile
 from tests.converters.conftest import ggml_quantize  # noqa: F401
 from tests.e2e.parity import PROMPTS

@@ -12,8 +12,8 @@ import sys
 import time
 
 import pytest
-from edgeinfer.apps.convert import add_parser, main, run
 
+from edgeinfer.apps.convert import add_parser, main, run
 from tests.converters.conftest import leftovers
 
 

@@ -8,12 +8,12 @@ import itertools
 
 import numpy as np
 import pytest
+
+import edgeinfer
 from edgeinfer.converters import errors
 from edgeinfer.converters.convert import Conversion, ConvertOptions, convert, plan_conversion
 from edgeinfer.converters.fitting import Option, fit
 from edgeinfer.converters.profiles import available_profiles, load_profile, parse_size
-
-import edgeinfer
 from edgeinfer.gguf.constants import GGMLType as T
 
 N_CTX = 256

@@ -9,11 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from edgeinfer.converters import errors
-from edgeinfer.converters.convert import ConvertOptions, convert
 
 import edgeinfer
 from edgeinfer import errors as ei_errors
+from edgeinfer.converters import errors
+from edgeinfer.converters.convert import ConvertOptions, convert
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import edgeinfer
 from edgeinfer.converters.architectures.base import SourceTensor
 from edgeinfer.converters.convert import ConvertOptions, convert
 from edgeinfer.converters.onnx.blockwise import BlockLayout, dequantize, quantize
-
-import edgeinfer
 from tests.converters.conftest import prompt_tokens
 from tests.converters.onnx_support import TEXT, ort_logits
 from tests.converters.real_gemma import real_gemma_checkpoint

@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import edgeinfer
 from edgeinfer.converters.calibration import ActivationStats, collect_stats
 from edgeinfer.converters.convert import Conversion, ConvertOptions, convert
 from edgeinfer.converters.recipes import recipe
-
-import edgeinfer
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.perplexity import PerplexityResult, perplexity
 from tests.conftest import cache_dir, llama_cpp_model

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+
+import edgeinfer
 from edgeinfer.converters import errors
 from edgeinfer.converters.hf_folder import HFCheckpoint
 from edgeinfer.converters.sentencepiece_model import parse_sentencepiece
 from edgeinfer.converters.vocab import convert_vocabulary, pre_tokenizer_name
-
-import edgeinfer
 from edgeinfer.gguf import GGUFFile
 from tests.converters.checkpoints import CHAT_TEMPLATE
 from tests.e2e.parity import PROMPTS

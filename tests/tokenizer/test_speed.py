@@ -8,7 +8,7 @@ from edgeinfer.tokenizer import Tokenizer
 from tests.tokenizer.corpus import long_text
 
 
-def _best_of(n: int, fn) -> float:  # noqa: ANN001
+def _best_of(n: int, fn) -> float:
     best = float("inf")
     for _ in range(n):
         start = time.perf_counter()
