@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -235,10 +236,8 @@ def _read_line() -> str | None:
 
 
 def _chat_loop(model: Any, args: argparse.Namespace) -> int:
-    try:
-        import readline  # noqa: F401  (line editing and history for input())
-    except ImportError:
-        pass
+    with contextlib.suppress(ImportError):
+        import readline  # noqa: F401 (imported for its effect: line editing and history for input())
     session = _ChatSession(model, args)
     while True:
         try:

@@ -83,7 +83,7 @@ def main() -> int:
         ours.append(_run(ours_cmd))
         theirs.append(_run(theirs_cmd))
     result = {"model": args.model, "threads": args.threads, "isa": ours[0]["isa"], "figures": {}}
-    for key, label, higher_better in FIGURES:
+    for key, _label, higher_better in FIGURES:
         a = statistics.mean(r[key] for r in ours)
         b = statistics.mean(r[key] for r in theirs)
         ratio = (a / b if higher_better else b / a) if a and b else float("nan")

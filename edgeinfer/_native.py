@@ -278,7 +278,7 @@ class NativeEngine:
             self._map = None
 
     def __del__(self) -> None:
-        try:
+        try:  # noqa: SIM105 (not contextlib.suppress: at interpreter exit module globals may be gone)
             self.close()
         except Exception:
             pass

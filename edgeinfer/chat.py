@@ -298,9 +298,12 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
                     _expect(_size(seq, MAX_VALUE_SIZE) * max(n, 0))
-            if isinstance(left, int) and isinstance(right, int):
-                if left.bit_length() + right.bit_length() > MAX_INT_BITS:
-                    raise _Refused("a chat template built too large a number")
+            if (
+                isinstance(left, int)
+                and isinstance(right, int)
+                and left.bit_length() + right.bit_length() > MAX_INT_BITS
+            ):
+                raise _Refused("a chat template built too large a number")
             return _check(operator.mul(left, right))
         if operator_name == "%" and isinstance(left, str):
             _expect(_percent_estimate(left, right))

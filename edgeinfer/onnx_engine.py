@@ -239,7 +239,7 @@ class _GrowingCache:
     def run(self, session: Any, feed: dict[str, np.ndarray]) -> np.ndarray:
         names = list(self.arrays)
         outputs = session.run(["logits", *map(_present, names)], {**feed, **self.arrays})
-        self.arrays = dict(zip(names, outputs[1:]))
+        self.arrays = dict(zip(names, outputs[1:], strict=True))
         return outputs[0]
 
     def truncate(self, n_keep: int) -> None:

@@ -8,6 +8,7 @@ typed error and bounded memory.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import stat
@@ -332,10 +333,9 @@ class GGUFFile:
         """Unmaps the file once no view into it remains; views keep it alive until then."""
         m, self._map = self._map, None
         if m is not None:
-            try:
+            # BufferError: numpy views still point into the map; it is unmapped when they go
+            with contextlib.suppress(BufferError):
                 m.close()
-            except BufferError:
-                pass  # numpy views still point into the map; it is unmapped when they go
 
     def __enter__(self) -> GGUFFile:
         return self

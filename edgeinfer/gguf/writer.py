@@ -12,6 +12,7 @@ names, rows that do not split into blocks, out-of-range integers, data of the wr
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
@@ -297,10 +298,8 @@ class GGUFWriter:
             f.close()
         tmp, self._tmp = self._tmp, None
         if tmp is not None:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-            except FileNotFoundError:
-                pass
 
     def _write(self, data: bytes | memoryview) -> None:
         assert self._file is not None
@@ -332,10 +331,9 @@ def _chmod_as_created(fd: int) -> None:
     the umask), since it becomes the output."""
     mask = os.umask(0)
     os.umask(mask)
-    try:
+    # AttributeError: no fchmod on Windows; the default mode is fine there
+    with contextlib.suppress(AttributeError, OSError):
         os.fchmod(fd, 0o666 & ~mask)
-    except (AttributeError, OSError):  # no fchmod on Windows; the default mode is fine there
-        pass
 
 
 def _fsync_directory(directory: Path) -> None:

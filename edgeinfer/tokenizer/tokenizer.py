@@ -242,7 +242,7 @@ class Tokenizer:
         if self._ranks is None:
             merges = self.vocab.merges
             # llama.cpp keeps the first rank of a merge listed twice
-            self._ranks = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1)))
+            self._ranks = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1), strict=True))
         ranks = self._ranks
 
         # byte-level words hold no raw spaces, so "left right" splits back unambiguously

@@ -221,7 +221,7 @@ def load_vocab(metadata: dict[str, Any]) -> Vocab:
     if prefix is not None:
         vocab.add_space_prefix = prefix
 
-    vocab.token_to_id = dict(zip(tokens, range(n)))
+    vocab.token_to_id = dict(zip(tokens, range(n), strict=True))
     if len(vocab.token_to_id) != n:
         raise TokenizerError(f"{KEY}tokens holds the same token text twice")
     _check_byte_tokens(vocab)

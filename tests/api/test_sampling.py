@@ -26,7 +26,7 @@ def softmax(x) -> np.ndarray:
 
 
 def as_dict(ids: np.ndarray, probs: np.ndarray) -> dict[int, float]:
-    return {int(i): float(p) for i, p in zip(ids, probs)}
+    return {int(i): float(p) for i, p in zip(ids, probs, strict=True)}
 
 
 def assert_draws_follow(
@@ -80,7 +80,7 @@ def test_tiny_temperature_is_nearly_greedy_without_overflow():
 def test_top_k():
     s = sampler(top_k=3, temperature=1.5)
     kept = [2, 6, 4]  # the three largest logits
-    expected = dict(zip(kept, softmax(LOGITS[kept] / 1.5)))
+    expected = dict(zip(kept, softmax(LOGITS[kept] / 1.5), strict=True))
     assert as_dict(*s.distribution(LOGITS, [])) == pytest.approx(expected)
     assert_draws_follow(s, LOGITS, [], expected)
     assert sampler(top_k=1)(LOGITS, []) == 2

@@ -172,7 +172,7 @@ def spm_model_bytes(
     # joined once: growing one bytes object piece by piece is quadratic (minutes at 262k pieces)
     out = b"".join(
         _field(1, 2, _field(1, 2, p.encode()) + _field(2, 5, struct.pack("<f", s)) + _field(3, 0, t))
-        for p, s, t in zip(pieces, scores, types)
+        for p, s, t in zip(pieces, scores, types, strict=True)
     )
     trainer = (
         _field(3, 0, 2) + _field(4, 0, len(pieces)) + _field(35, 0, 1) + _field(40, 0, unk_id)

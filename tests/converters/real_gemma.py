@@ -149,7 +149,7 @@ def real_gemma_checkpoint(
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     (folder / "tokenizer.model").write_bytes(spm_model_bytes(
         vocab.tokens, vocab.scores,
-        [UNKNOWN if t == "<unk>" else k for t, k in zip(vocab.tokens, vocab.types)],
+        [UNKNOWN if t == "<unk>" else k for t, k in zip(vocab.tokens, vocab.types, strict=True)],
         unk_id=vocab.ids["<unk>"], bos_id=vocab.ids["<bos>"], eos_id=vocab.ids["<eos>"],
         pad_id=vocab.ids["<pad>"],
     ))  # fmt: skip

@@ -62,7 +62,7 @@ def test_calibrated_quantization_is_llama_cpps_imatrix_path(
         np.ascontiguousarray(stats.sums[n] / stats.counts[n], dtype=np.float32) for n in names
     ]
     entries = (llama_cpp.llama_model_imatrix_data * (len(names) + 1))()
-    for e, n, a in zip(entries, names, arrays):
+    for e, n, a in zip(entries, names, arrays, strict=False):
         e.name, e.data, e.size = (
             n.encode(),
             a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),

@@ -106,7 +106,7 @@ def ggml_quantize_imatrix(src: Path, dst: Path, ftype: int, stats: ActivationSta
     names = sorted(stats.sums)
     values = [stats.importance(n, len(stats.sums[n])) for n in names]  # kept alive until done
     entries = (llama_cpp.llama_model_imatrix_data * (len(names) + 1))()  # NULL-terminated
-    for entry, name, v in zip(entries, names, values):
+    for entry, name, v in zip(entries, names, values, strict=False):
         entry.name, entry.size = name.encode(), v.size
         entry.data = v.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
     params = llama_cpp.llama_model_quantize_default_params()

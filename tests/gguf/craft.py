@@ -69,7 +69,7 @@ class GGUFSpec:
             pos = -(-pos // self.alignment) * self.alignment
             offsets.append(pos if t.offset is None else t.offset)
             pos += len(t.data)
-        for t, off in zip(self.tensors, offsets):
+        for t, off in zip(self.tensors, offsets, strict=True):
             head += _str(t.name) + struct.pack("<I", len(t.shape))
             head += b"".join(struct.pack("<Q", d) for d in t.shape)
             head += struct.pack("<IQ", t.ggml_type, off)
