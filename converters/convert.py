@@ -205,8 +205,9 @@ class Conversion:
         if budget is not None and plan.total_bytes > budget:
             raise errors.BudgetError(
                 f"{plan.recipe} does not fit: file {format_bytes(plan.file_size)} + KV cache "
-                f"{format_bytes(plan.kv_bytes)} at {n_ctx} tokens = {format_bytes(plan.total_bytes)}, "
-                f"budget {format_bytes(budget)} (short by {format_bytes(plan.total_bytes - budget)})",
+                f"{format_bytes(plan.kv_bytes)} at {n_ctx} tokens = "
+                f"{format_bytes(plan.total_bytes)}, budget {format_bytes(budget)} "
+                f"(short by {format_bytes(plan.total_bytes - budget)})",
                 needed=plan.total_bytes, budget=budget,
             )  # fmt: skip
         return plan
@@ -283,8 +284,9 @@ class Conversion:
         except errors.BudgetError as e:
             smallest = ", ".join(sorted({o[0].ggml_type.name for o in options_by_name.values()}))
             raise errors.BudgetError(
-                f"nothing fits: the smallest plan ({smallest}) needs a {format_bytes(e.needed - kv_bytes)} "
-                f"file + {format_bytes(kv_bytes)} of KV cache at {n_ctx} tokens = {format_bytes(e.needed)}; "
+                f"nothing fits: the smallest plan ({smallest}) needs a "
+                f"{format_bytes(e.needed - kv_bytes)} file + {format_bytes(kv_bytes)} of KV cache "
+                f"at {n_ctx} tokens = {format_bytes(e.needed)}; "
                 f"the budget is {format_bytes(budget)}, short by {format_bytes(e.shortfall)}",
                 needed=e.needed,
                 budget=budget,
@@ -293,7 +295,8 @@ class Conversion:
         for t in self.tensors:
             o = chosen.get(t.name)
             choices.append(TensorChoice(t, o.ggml_type, o.nbytes, o.error) if o else
-                           TensorChoice(t, GGMLType.F32, padded_nbytes(GGMLType.F32, t.n_elements)))  # fmt: skip
+                           TensorChoice(t, GGMLType.F32,
+                                        padded_nbytes(GGMLType.F32, t.n_elements)))  # fmt: skip
         return Plan(
             self.arch.gguf_arch,
             self.ckpt.architecture,
@@ -374,8 +377,8 @@ def plan_conversion(
 
 
 def convert(
-    src: str | os.PathLike[str], out: str | os.PathLike[str], options: ConvertOptions = ConvertOptions(),
-    progress: Progress = _no_progress,
+    src: str | os.PathLike[str], out: str | os.PathLike[str],
+    options: ConvertOptions = ConvertOptions(), progress: Progress = _no_progress,
 ) -> Plan:  # fmt: skip
     """Converts the Hugging Face folder ``src`` into ``out``; returns the plan carried out."""
     fmt = output_format(out, options.format)

@@ -44,8 +44,9 @@ class LayerDesc(ctypes.Structure):
 
 class ModelDesc(ctypes.Structure):
     _fields_ = [
-        *[(n, c_int32) for n in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim",
-                                 "head_dim_v", "n_ff", "n_rot", "rope_neox", "act_gelu", "scale_q")],
+        *[(n, c_int32) for n in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv",
+                                 "head_dim", "head_dim_v", "n_ff", "n_rot", "rope_neox",
+                                 "act_gelu", "scale_q")],
         *[(n, c_float) for n in ("norm_eps", "embed_scale", "kq_scale", "final_softcap")],
         *[(n, Tensor) for n in ("tok_embd", "output_norm", "output", "rope_freqs")],
         ("layers", ctypes.POINTER(LayerDesc)),
@@ -216,10 +217,10 @@ class NativeEngine:
             desc.rope_scale = cfg.layer_rope_scale(il)
         m = ModelDesc(
             n_vocab=cfg.n_vocab, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head,
-            n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, head_dim_v=cfg.head_dim_v, n_ff=cfg.n_ff,
-            n_rot=cfg.n_rot, rope_neox=int(cfg.rope_neox), act_gelu=int(cfg.activation == "gelu"),
-            scale_q=int(cfg.scale_q), norm_eps=cfg.norm_eps, embed_scale=cfg.embed_scale,
-            kq_scale=cfg.kq_scale,
+            n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, head_dim_v=cfg.head_dim_v,
+            n_ff=cfg.n_ff, n_rot=cfg.n_rot, rope_neox=int(cfg.rope_neox),
+            act_gelu=int(cfg.activation == "gelu"), scale_q=int(cfg.scale_q),
+            norm_eps=cfg.norm_eps, embed_scale=cfg.embed_scale, kq_scale=cfg.kq_scale,
             final_softcap=cfg.final_logit_softcap, tok_embd=tensor("token_embd.weight"),
             output_norm=tensor("output_norm.weight"), output=tensor(cfg.output_tensor),
             rope_freqs=tensor(cfg.rope_freqs_tensor), layers=self._layers,
@@ -341,7 +342,7 @@ class Kernels:
         k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
         out = np.zeros(v.shape[1], dtype=np.float32)
         check(self.lib.ei_kernel_attn(
-            self.isa, k.shape[1], v.shape[1], t0, t1, int(k.dtype == np.float32), k.shape[1], v.shape[1],
-            scale, softcap, _ptr(q), _ptr(k), _ptr(v), _ptr(out),
+            self.isa, k.shape[1], v.shape[1], t0, t1, int(k.dtype == np.float32),
+            k.shape[1], v.shape[1], scale, softcap, _ptr(q), _ptr(k), _ptr(v), _ptr(out),
         ))  # fmt: skip
         return out

@@ -71,7 +71,8 @@ def _read_config(folder: Path) -> OnnxConfig:
     arch = ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None
     if arch is None:
         raise errors.UnknownArchitectureError(
-            f"{path}: model type {model_type!r} is not supported ({', '.join(sorted(ARCHITECTURES))})"
+            f"{path}: model type {model_type!r} is not supported "
+            f"({', '.join(sorted(ARCHITECTURES))})"
         )
     if not isinstance(filename, str) or Path(filename).name != filename:
         raise errors.ModelFileError(f"{path}: bad decoder filename {filename!r}")
@@ -152,7 +153,8 @@ class OnnxEngine:
             ) from None
         if n_ctx > config.n_ctx_train:
             raise errors.InvalidOptionError(
-                f"n_ctx {n_ctx} exceeds the {config.n_ctx_train} positions the graph was exported for"
+                f"n_ctx {n_ctx} exceeds the {config.n_ctx_train} positions the graph was "
+                "exported for"
             )
         options = ort.SessionOptions()
         options.intra_op_num_threads = n_threads

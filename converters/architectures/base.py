@@ -287,8 +287,9 @@ class ArchConverter:
         if hp.tie_word_embeddings:
             used.add("lm_head.weight")  # some tied checkpoints store the copy too
         else:
-            out.append(self._take("output.weight", "lm_head.weight", (hp.vocab_size, hp.hidden_size),
-                                  used, keep_rows=n_vocab))  # fmt: skip
+            shape = (hp.vocab_size, hp.hidden_size)
+            out.append(self._take("output.weight", "lm_head.weight", shape, used,
+                                  keep_rows=n_vocab))  # fmt: skip
         unused = [
             n for n in self.ckpt.tensors if n not in used and not n.endswith(IGNORED_SUFFIXES)
         ]

@@ -183,8 +183,10 @@ class DecoderGraph:
         s = self.spec
         cache = ["batch_size", s.n_head_kv, "past_sequence_length", kv.cache_dim(s.head_dim)]
         out = [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
-            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64,
+                                          ["batch_size", "sequence_length"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                          ["batch_size", "total_sequence_length"]),
         ]  # fmt: skip
         for il in range(s.n_layer):
             for part in ("key", "value"):
@@ -251,12 +253,15 @@ class DecoderGraph:
             inputs = [data, "input_ids", f"{name}.scales"]
             if not self.weights.symmetric:
                 inputs.append(f"{name}.zero_points")
-            x = self._node("GatherBlockQuantized", inputs, domain=MS_DOMAIN, bits=layout.bits,
-                           block_size=layout.block_size, gather_axis=0, quantize_axis=1)  # fmt: skip
+            x = self._node("GatherBlockQuantized", inputs, domain=MS_DOMAIN,
+                           bits=layout.bits, block_size=layout.block_size,
+                           gather_axis=0, quantize_axis=1)  # fmt: skip
             if layout.padded_k != s.hidden_size:
-                x = self._node("Slice", [x, self._const("zero", np.array([0], np.int64)),
-                                         self._const("hidden", np.array([s.hidden_size], np.int64)),
-                                         self._const("last_axis", np.array([-1], np.int64))])  # fmt: skip
+                x = self._node("Slice", [
+                    x, self._const("zero", np.array([0], np.int64)),
+                    self._const("hidden", np.array([s.hidden_size], np.int64)),
+                    self._const("last_axis", np.array([-1], np.int64)),
+                ])  # fmt: skip
         if s.embed_scale != 1.0:
             x = self._node("Mul", [x, self._const("embed_scale", np.float32(s.embed_scale))])
         return x

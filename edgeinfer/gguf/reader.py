@@ -243,7 +243,8 @@ class GGUFFile:
             pos += 8
             if ln > end:
                 raise errors.AbsurdValueError(
-                    f"{self.path}: a string of {key!r} claims a length of {ln}, more than the whole file"
+                    f"{self.path}: a string of {key!r} claims a length of {ln}, "
+                    "more than the whole file"
                 )
             if ln > end - pos:
                 cur.pos = pos

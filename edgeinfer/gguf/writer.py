@@ -267,8 +267,8 @@ class GGUFWriter:
             self._write(data)
         if written != info.nbytes:
             raise errors.InvalidOptionError(
-                f"tensor {name!r}: got {'more than ' if written > info.nbytes else ''}{written} bytes "
-                f"of data, the table says {info.nbytes}"
+                f"tensor {name!r}: got {'more than ' if written > info.nbytes else ''}{written} "
+                f"bytes of data, the table says {info.nbytes}"
             )
         self._write(b"\0" * _pad(info.nbytes, self.alignment))
         self._next += 1
