@@ -196,8 +196,9 @@ def test_same_seed_same_draws_other_seed_other_draws():
     [
         dict(top_p=0.0), dict(top_p=1.01), dict(min_p=1.5), dict(min_p=-1e-9), dict(top_k=-1),
         dict(repeat_penalty=0.0), dict(repeat_penalty=-1.0), dict(repeat_last_n=-5),
-        dict(temperature=math.nan), dict(frequency_penalty=math.inf), dict(seed=-1), dict(seed=2**64),
-        dict(temperature="0.5"), dict(top_k=3.0), dict(seed=True), dict(top_p=None),
+        dict(temperature=math.nan), dict(frequency_penalty=math.inf), dict(seed=-1),
+        dict(seed=2**64), dict(temperature="0.5"), dict(top_k=3.0), dict(seed=True),
+        dict(top_p=None),
     ],
 )  # fmt: skip
 def test_invalid_params(options):

@@ -111,7 +111,7 @@ def test_calibration_lowers_the_weighted_error(stats, checkpoints):
 def test_calibration_from_a_text_file(checkpoints, tmp_path, out_dir):
     text = tmp_path / "calib.txt"
     text.write_text(CALIB_TEXT)
-    plan = convert(checkpoints["qwen2"], out_dir / "m.gguf",
-                   ConvertOptions(calib=text, calib_tokens=300, max_memory=5_000_000, n_ctx=64))  # fmt: skip
+    options = ConvertOptions(calib=text, calib_tokens=300, max_memory=5_000_000, n_ctx=64)
+    plan = convert(checkpoints["qwen2"], out_dir / "m.gguf", options)
     assert plan.total_bytes <= 5_000_000
     assert sorted(p.name for p in out_dir.iterdir()) == ["m.gguf"]  # the F16 copy is gone

@@ -74,7 +74,8 @@ def test_quantized_export_computes_its_dequantized_weights(
     ours = ort_logits(folder, tokens)
     diff = float(np.abs(ours - ref).max())
     print(
-        f"{arch} {type_name} b{block_size} {'zp' if zero_points else 'sym'}: max abs diff {diff:.1e}"
+        f"{arch} {type_name} b{block_size} {'zp' if zero_points else 'sym'}: "
+        f"max abs diff {diff:.1e}"
     )
     assert diff < 1e-3 * max(1.0, float(np.abs(ref).max()))
 

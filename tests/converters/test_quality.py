@@ -296,7 +296,8 @@ def table(run: QualityRun) -> str:
         theirs = run.rows.get(f"llama.cpp {type_name}")
         kept = theirs is not None and theirs.path.exists()
         lines.append("| {} | {} | {} | {} | {} |".format(
-            type_name, *cells(ours), *cells(theirs if kept else ours, None if kept else ours)))  # fmt: skip
+            type_name, *cells(ours),
+            *cells(theirs if kept else ours, None if kept else ours)))  # fmt: skip
     fitted, fitted_calib = run.fitted(False), run.fitted(True)
     q4_imatrix = run.theirs("q4_k_m", imatrix=True)
     lines.append("| fitted to Q4_K_M's size | {} | {} | | |".format(*cells(fitted)))

@@ -141,7 +141,9 @@ def test_pre_tokenizer_names():
         assert _tj({"type": "Sequence", "pretokenizers": [split, byte_level]}) == name
     assert _tj({"type": "ByteLevel", "use_regex": True}) == "gpt-2"
     digits = {"type": "Sequence", "pretokenizers": [
-        {"type": "Digits", "individual_digits": True}, {"type": "ByteLevel", "use_regex": True}]}  # fmt: skip
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "use_regex": True},
+    ]}  # fmt: skip
     assert _tj(digits, clean=False) == "smollm" and _tj(digits, clean=True) == "starcoder"
     other = {
         "type": "Sequence",

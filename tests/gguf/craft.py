@@ -91,7 +91,8 @@ def tiny_llama_spec(n_vocab: int = 64, n_embd: int = 32, n_layer: int = 1, seed:
     spec.add("general.architecture", STRING, "llama")
     spec.add("general.name", STRING, "tiny")
     for key, vt, v in (
-        ("context_length", U32, 128), ("embedding_length", U32, n_embd), ("block_count", U32, n_layer),
+        ("context_length", U32, 128), ("embedding_length", U32, n_embd),
+        ("block_count", U32, n_layer),
         ("feed_forward_length", U32, 2 * n_embd), ("attention.head_count", U32, 4),
         ("attention.head_count_kv", U32, 2), ("attention.layer_norm_rms_epsilon", F32, 1e-5),
         ("rope.freq_base", F32, 10000.0),
