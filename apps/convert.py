@@ -153,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _main_onnx(args: argparse.Namespace, options, progress) -> int:  # type: ignore[no-untyped-def]
+def _main_onnx(args: argparse.Namespace, options, progress) -> int:
     from edgeinfer.converters.convert import Conversion
     from edgeinfer.converters.onnx.export import export_onnx, onnx_plan
 

@@ -17,7 +17,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -57,7 +57,8 @@ class ActivationStats:
         return values.astype(np.float32)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        arrays = {f"sum:{k}": v for k, v in self.sums.items()}
+        # Any: numpy types savez's keyword arrays as if one could be its allow_pickle flag
+        arrays: dict[str, Any] = {f"sum:{k}": v for k, v in self.sums.items()}
         arrays.update({f"count:{k}": np.array(v) for k, v in self.counts.items()})
         np.savez(path, **arrays)
 

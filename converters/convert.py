@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,6 +40,9 @@ from edgeinfer.converters.recipes import FILE_TYPES, Model, recipe
 from edgeinfer.converters.vocab import Vocabulary, convert_vocabulary
 from edgeinfer.gguf.constants import GGMLType, ValueType
 from edgeinfer.gguf.writer import GGUFWriter
+
+if TYPE_CHECKING:  # the ONNX export imports onnx, which GGUF conversions do not need
+    from edgeinfer.converters.onnx.export import OnnxExport
 
 QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION
 DEFAULT_FIT_TYPES = (
@@ -136,7 +140,7 @@ class Conversion:
     def __init__(self, src: str | os.PathLike[str]) -> None:
         self.ckpt = HFCheckpoint(src)
         self.arch: ArchConverter = converter_for(self.ckpt)
-        rows = self.arch.hp.vocab_size  # type: ignore[attr-defined]
+        rows = self.arch.hp.vocab_size
         self.vocab: Vocabulary = convert_vocabulary(self.ckpt, max_tokens=rows)
         n_vocab = len(self.vocab.tokens) if self.arch.crop_vocab else rows
         self.vocab.resize(n_vocab, str(self.ckpt.folder))
@@ -191,10 +195,9 @@ class Conversion:
             raise errors.InvalidSizeError(
                 "--max-memory needs --ctx N (the context the KV cache must hold)"
             )
-        fitted = budget is not None and options.type is None
-        if fitted:
+        if budget is not None and n_ctx is not None and options.type is None:  # fit the budget
             types = profile.types if profile else DEFAULT_FIT_TYPES
-            plan = self._fitted_plan(types, budget, n_ctx, options, stats, progress)  # type: ignore[arg-type]
+            plan = self._fitted_plan(types, budget, n_ctx, options, stats, progress)
         else:
             plan = self._recipe_plan(options.type or DEFAULT_TYPE, options.pure)
             if options.measure:
@@ -379,14 +382,14 @@ def plan_conversion(
 def convert(
     src: str | os.PathLike[str], out: str | os.PathLike[str],
     options: ConvertOptions = ConvertOptions(), progress: Progress = _no_progress,
-) -> Plan:  # fmt: skip
+) -> Plan | OnnxExport:  # fmt: skip
     """Converts the Hugging Face folder ``src`` into ``out``; returns the plan carried out."""
     fmt = output_format(out, options.format)
     conversion = Conversion(src)
     if fmt == "onnx":
         from edgeinfer.converters.onnx.export import export_onnx
 
-        return export_onnx(conversion, out, options, progress)  # type: ignore[return-value]
+        return export_onnx(conversion, out, options, progress)
     stats = load_stats(conversion, options, progress, Path(out).parent)
     plan = conversion.plan(options, stats, progress)
     conversion.write_gguf(plan, out, stats, progress)

@@ -37,7 +37,8 @@ _LAYER_TENSORS = (
 
 
 class LayerDesc(ctypes.Structure):
-    _fields_ = [(name, Tensor) for name in _LAYER_TENSORS] + [
+    _fields_ = [
+        *[(name, Tensor) for name in _LAYER_TENSORS],
         ("window", c_int32), ("rope_base", c_float), ("rope_scale", c_float),
     ]  # fmt: skip
 
@@ -197,7 +198,7 @@ class NativeEngine:
         if kv_type not in ("f16", "f32"):
             raise errors.InvalidOptionError(f"kv_type must be f16 or f32 for the native engine, not {kv_type!r}")
         self.cfg, self.n_ctx, self.n_past = cfg, n_ctx, 0
-        self._map = np.frombuffer(gguf.buffer(), dtype=np.uint8)  # keeps the map alive
+        self._map: np.ndarray | None = np.frombuffer(gguf.buffer(), dtype=np.uint8)  # keeps the map alive
         base = _ptr(self._map)
 
         def tensor(name: str | None) -> Tensor:
@@ -231,7 +232,7 @@ class NativeEngine:
         )  # fmt: skip
         handle = c_void_p()
         check(lib.ei_engine_create(ctypes.byref(m), ctypes.byref(params), ctypes.byref(handle)))
-        self._handle = handle
+        self._handle: ctypes.c_void_p | None = handle
         self.isa = ISA_NAMES[lib.ei_engine_isa(handle)]
         self.n_batch = n_batch
 

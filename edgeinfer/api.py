@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +64,8 @@ class Model:
         if onnx:
             from edgeinfer.onnx_engine import OnnxFolder
 
-            self.gguf = OnnxFolder(self.path)
+            # a GGUFFile or an OnnxFolder: the engine registry (issue 8) gives each its own field
+            self.gguf: Any = OnnxFolder(self.path)
         else:
             self.gguf = GGUFFile(self.path)
         try:
@@ -325,7 +326,7 @@ class Model:
         engine, self._engine = self._engine, None
         if hasattr(engine, "close"):
             engine.close()
-        self._session = None  # type: ignore[assignment]
+        self._session = None  # type: ignore[assignment]  # closed: nothing uses it again
         self.gguf.close()
 
     def _stop_active(self) -> None:
@@ -397,7 +398,7 @@ class TextStream:
     def finish_reason(self) -> str:
         return self.stats.finish_reason
 
-    def _run(self, tokens: Iterator[int], stops: list[str]) -> Iterator[str]:
+    def _run(self, tokens: Iterator[int], stops: list[str]) -> Generator[str, None, None]:
         decoder = self._model.tokenizer.stream_decoder()
         longest = max((len(s) for s in stops), default=0)
         full = ""  # everything decoded; self.text is the part already handed out

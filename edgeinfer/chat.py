@@ -17,7 +17,7 @@ import string
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jinja2
@@ -191,13 +191,13 @@ def _lines(s: Any) -> int:
 
 # Upper bounds on the output of the functions whose output can outgrow their input by a
 # factor their arguments choose. Keyed by method name (on str) or filter name.
-_METHOD_ESTIMATES = {
+_METHOD_ESTIMATES: dict[str, Callable[..., int]] = {
     "replace": lambda s, *a, **k: _replace_estimate(s, *a, **k),
     "expandtabs": lambda s, tabsize=8: len(s) + s.count("\t") * int(tabsize),
     "format": lambda s, *a, **k: _format_estimate(s, a, k),
     "format_map": lambda s, m: _format_estimate(s, (), m),
 }
-_FILTER_ESTIMATES = {
+_FILTER_ESTIMATES: dict[str, Callable[..., int]] = {
     "replace": lambda s, old, new, count=None: _replace_estimate(
         str(s), str(old), str(new), -1 if count is None else count
     ),
@@ -441,7 +441,7 @@ def _with_watchdog(fn: Any, seconds: float, memory: int) -> Any:
             rss = _rss_bytes() if start_rss is not None else None
             if time.monotonic() > deadline:
                 why = f"ran longer than {seconds:g} s"
-            elif rss is not None and rss - start_rss > memory:
+            elif rss is not None and start_rss is not None and rss - start_rss > memory:
                 why = f"used more than {memory >> 20} MB of memory"
             else:
                 continue

@@ -210,8 +210,8 @@ class OnnxEngine:
         self.n_past = n_keep
 
     def close(self) -> None:
-        self.session = None  # type: ignore[assignment]
-        self._cache = None  # type: ignore[assignment]
+        self.session = None
+        self._cache = None  # type: ignore[assignment]  # closed: nothing reads the cache again
 
 
 def _cache_shape(spec: Any, length: int) -> tuple[np.dtype, tuple[int, ...]]:

@@ -873,6 +873,11 @@ class _Q45K(BlockQuant):
     ref_search: ClassVar[tuple[float, float, int]]  # rmin, rdelta, nstep without weights
 
     @classmethod
+    def _pack(cls, out, L) -> None:
+        """Writes the quants L (n, 256) into out's fields: Q4_K and Q5_K lay the bits out apart."""
+        raise NotImplementedError
+
+    @classmethod
     def _scale_min(cls, blocks):
         sc, m = _unpack_k4_scales(blocks["scales"])
         d = fp16_bits_to_fp32(blocks["d"])[:, None]

@@ -8,10 +8,11 @@ read its rows from the checkpoint. Nothing here reads tensor data.
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -135,7 +136,7 @@ class ConfigReader:
             raise errors.BadConfigError(f"{self.where}: {key} = {v!r} is not a string")
         return v
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: builtins.str, default: Any = None) -> Any:
         v = self.config.get(key)
         return self.defaults.get(key, default) if v is None else v
 
@@ -221,6 +222,7 @@ class ArchConverter:
 
     hf_architectures: ClassVar[tuple[str, ...]]
     gguf_arch: ClassVar[str]
+    hp: HParams  # set by each subclass's __init__
     # True: the embedding keeps the tokenizer's rows only; False: the vocabulary is padded
     # with unused tokens up to the embedding's rows (llama.cpp does each for some families)
     crop_vocab: ClassVar[bool] = False
@@ -255,12 +257,12 @@ class ArchConverter:
 
     @property
     def n_layer(self) -> int:
-        return self.hp.n_layer  # type: ignore[attr-defined]
+        return self.hp.n_layer
 
     def kv_cache_bytes(self, n_ctx: int, bytes_per_value: int = 2) -> int:
         """Keys and values of every layer for ``n_ctx`` positions (edgeinfer's cache: all
         layers keep the whole context, sliding-window ones too)."""
-        hp = self.hp  # type: ignore[attr-defined]
+        hp = self.hp
         return 2 * hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * bytes_per_value
 
     def rotary_heads(self, suffix: str) -> int:
@@ -272,7 +274,7 @@ class ArchConverter:
 
     def tensors(self, n_vocab: int) -> list[SourceTensor]:
         """Every GGUF tensor, in file order; ``n_vocab`` rows are kept of the embedding."""
-        hp = self.hp  # type: ignore[attr-defined]
+        hp = self.hp
         used: set[str] = set()
         out = [self._take("token_embd.weight", "model.embed_tokens.weight",
                           (hp.vocab_size, hp.hidden_size), used, keep_rows=n_vocab)]  # fmt: skip
@@ -351,6 +353,9 @@ def common_metadata(arch: str, hp: Any, *, head_dims: bool) -> list[MetadataItem
     return items
 
 
+_HParamsT = TypeVar("_HParamsT", bound="HParams")
+
+
 @dataclass(frozen=True)
 class HParams:
     """The decoder hyper-parameters of config.json that every family shares."""
@@ -371,12 +376,12 @@ class HParams:
 
     @classmethod
     def read(
-        cls,
+        cls: type[_HParamsT],
         cfg: ConfigReader,
         ropes: dict[str, Rope],
         activation_key: str = "hidden_act",
         **extra: Any,
-    ) -> HParams:
+    ) -> _HParamsT:
         hidden = cfg.int("hidden_size")
         n_head = cfg.int("num_attention_heads")
         n_head_kv = cfg.int("num_key_value_heads", n_head)

@@ -46,6 +46,7 @@ class Gemma3HParams(HParams):
 class Gemma3Converter(ArchConverter):
     hf_architectures = ("Gemma3ForCausalLM",)
     gguf_arch = "gemma3"
+    hp: Gemma3HParams
     crop_vocab = True  # llama.cpp's files keep only the tokenizer's rows of the embedding
     LAYER_NAMES: ClassVar[dict[str, str]] = {
         "attn_norm.weight": "input_layernorm.weight",

@@ -181,7 +181,9 @@ class DecoderGraph:
 
     def _inputs(self, kv: KVCache) -> list[Any]:
         s = self.spec
-        cache = ["batch_size", s.n_head_kv, "past_sequence_length", kv.cache_dim(s.head_dim)]
+        cache: list[str | int] = [
+            "batch_size", s.n_head_kv, "past_sequence_length", kv.cache_dim(s.head_dim)
+        ]
         out = [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64,
                                           ["batch_size", "sequence_length"]),
@@ -199,7 +201,9 @@ class DecoderGraph:
 
     def _outputs(self, kv: KVCache) -> list[Any]:
         s = self.spec
-        cache = ["batch_size", s.n_head_kv, "total_sequence_length", kv.cache_dim(s.head_dim)]
+        cache: list[str | int] = [
+            "batch_size", s.n_head_kv, "total_sequence_length", kv.cache_dim(s.head_dim)
+        ]
         out = [
             helper.make_tensor_value_info(
                 "logits", TensorProto.FLOAT, ["batch_size", "sequence_length", s.n_vocab]
@@ -279,7 +283,9 @@ class DecoderGraph:
             inputs = [x, f"{name}.B", f"{name}.scales"]
             if not self.weights.symmetric:
                 inputs.append(f"{name}.zero_points")
-            attrs = {"K": k, "N": n, "bits": layout.bits, "block_size": layout.block_size}
+            attrs: dict[str, Any] = {
+                "K": k, "N": n, "bits": layout.bits, "block_size": layout.block_size
+            }
             if self.weights.accuracy_level:
                 attrs["accuracy_level"] = self.weights.accuracy_level
             y = self._node("MatMulNBits", inputs, domain=MS_DOMAIN, **attrs)

@@ -82,7 +82,7 @@ class DecoderSpec:
             raise errors.UnsupportedArchitectureError(
                 f"{arch.ckpt.folder}: {arch.hf_architectures[0]} has no ONNX export"
             )
-        hp = arch.hp  # type: ignore[attr-defined]
+        hp = arch.hp
         activation = ACTIVATIONS.get(hp.activation)
         if activation is None:
             raise errors.UnsupportedFeatureError(

@@ -222,7 +222,7 @@ class GGUFFile:
             raise errors.AbsurdValueError(
                 f"{self.path}: array {key!r} claims {n} elements, more than the file holds"
             )
-        arr = np.frombuffer(self._map, dtype=dtype, count=n, offset=cur.pos).copy()
+        arr = np.frombuffer(cur.buf, dtype=dtype, count=n, offset=cur.pos).copy()
         cur.pos += n * size
         return arr.astype(bool) if etype == ValueType.BOOL else arr
 
@@ -231,7 +231,7 @@ class GGUFFile:
             raise errors.AbsurdValueError(
                 f"{self.path}: string array {key!r} claims {n} elements, more than the file holds"
             )
-        buf, pos, end = self._map, cur.pos, cur.size
+        buf, pos, end = cur.buf, cur.pos, cur.size
         unpack = struct.Struct("<Q").unpack_from
         out: list[str] = []
         append = out.append

@@ -257,7 +257,7 @@ class GGUFWriter:
         written = 0
         for chunk in chunks:
             data = (
-                memoryview(np.ascontiguousarray(chunk)).cast("B")
+                np.ascontiguousarray(chunk).data.cast("B")
                 if isinstance(chunk, np.ndarray)
                 else chunk
             )

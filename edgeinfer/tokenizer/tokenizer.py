@@ -140,7 +140,7 @@ class Tokenizer:
             self._tokenize_spm(text, fragments, out)
         else:
             for frag in fragments:
-                if type(frag) is int:
+                if isinstance(frag, int):
                     out.append(frag)
                 else:
                     self._tokenize_bpe(text[frag[0] : frag[1]], out)
@@ -186,7 +186,7 @@ class Tokenizer:
     def _tokenize_spm(self, text: str, fragments: list[Fragment], out: list[int]) -> None:
         prev_special = True
         for frag in fragments:
-            if type(frag) is int:
+            if isinstance(frag, int):
                 out.append(frag)
                 prev_special = True
                 continue
@@ -342,7 +342,7 @@ def _cut(text: str, fragments: list[Fragment], special: _SpecialToken) -> list[F
     out: list[Fragment] = []
     needle, size, attr = special.text, len(special.text), special.attr
     for frag in fragments:
-        if type(frag) is int:
+        if isinstance(frag, int):
             out.append(frag)
             continue
         start, end = frag

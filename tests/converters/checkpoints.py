@@ -166,8 +166,8 @@ def _field(number: int, wire: int, payload: bytes | int) -> bytes:
     if wire == 0:
         return key + _varint(int(payload))
     if wire == 2:
-        return key + _varint(len(payload)) + payload  # type: ignore[arg-type]
-    return key + payload  # type: ignore[operator]
+        return key + _varint(len(payload)) + payload  # type: ignore[arg-type]  # bytes for wire 2
+    return key + payload  # type: ignore[operator]  # bytes for the fixed-size wire types
 
 
 def spm_model_bytes(

@@ -13,7 +13,7 @@ from edgeinfer.converters.calibration import ActivationStats, collect_stats
 from edgeinfer.converters.convert import Conversion, ConvertOptions, convert, plan_conversion
 from edgeinfer.converters.fitting import quantization_error, sample_rows
 from edgeinfer.gguf import GGUFFile
-from tests.converters.conftest import ggml_quantize  # noqa: F401
+from tests.converters.conftest import ggml_quantize  # noqa: F401 (a fixture)
 from tests.e2e.parity import PROMPTS
 
 CALIB_TEXT = "\n\n".join(PROMPTS * 2)

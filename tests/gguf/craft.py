@@ -108,7 +108,10 @@ def tiny_llama_spec(n_vocab: int = 64, n_embd: int = 32, n_layer: int = 1, seed:
     spec.add("tokenizer.ggml.bos_token_id", U32, 1)
     spec.add("tokenizer.ggml.eos_token_id", U32, 2)
     spec.add("tokenizer.ggml.unknown_token_id", U32, 0)
-    w = lambda *shape: rng.standard_normal(shape).astype(np.float32) * 0.1  # noqa: E731
+
+    def w(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32) * 0.1
+
     spec.add_f32_tensor("token_embd.weight", w(n_vocab, n_embd))
     spec.add_f32_tensor("output_norm.weight", np.ones(n_embd))
     kv_dim = n_embd // 2
