@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
-import time
 from collections import Counter
 from typing import Any
 
@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         _parser().print_help()
         return 2
     handler = {
-        "run": cmd_run, "chat": cmd_chat, "info": cmd_info, "doctor": cmd_doctor, "bench": cmd_bench,
-        "convert": convert_cmd.main, "perplexity": cmd_perplexity,
+        "run": cmd_run, "chat": cmd_chat, "info": cmd_info, "doctor": cmd_doctor,
+        "bench": cmd_bench, "convert": convert_cmd.main, "perplexity": cmd_perplexity,
     }[args.command]  # fmt: skip
     signal.signal(signal.SIGTERM, _terminate)  # unwind (and clean up) as Ctrl-C does
     try:
@@ -237,10 +237,8 @@ def _read_line() -> str | None:
 
 
 def _chat_loop(model: Any, args: argparse.Namespace) -> int:
-    try:
-        import readline  # noqa: F401  (line editing and history for input())
-    except ImportError:
-        pass
+    with contextlib.suppress(ImportError):
+        import readline  # noqa: F401 (imported for its effect: line editing and history for input())
     session = _ChatSession(model, args)
     while True:
         try:
@@ -360,7 +358,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         return 0
     mem = info["memory_estimate"]
     rows = [
-        ("file", f"{info['path']} ({info['file_size'] / 1e6:.1f} MB, GGUF v{info['gguf_version']})"),
+        ("file", f"{info['path']} ({info['file_size'] / 1e6:.1f} MB, "
+                 f"GGUF v{info['gguf_version']})"),
         ("name", info["name"]),
         ("architecture", info["architecture"]),
         ("parameters", f"{info['parameters'] / 1e6:.1f} M"),
@@ -371,7 +370,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("chat template", "yes" if info["chat_template"] else "no (built-in)"),
         ("tensor types", ", ".join(f"{k} x{v}" for k, v in info["tensor_types"].items())),
         ("memory estimate", f"{mem['total_bytes'] / 1e6:.0f} MB at context {mem['context']} "
-         f"(weights {mem['weights_bytes'] / 1e6:.0f} MB, KV cache {mem['kv_cache_bytes'] / 1e6:.0f} MB)"),
+         f"(weights {mem['weights_bytes'] / 1e6:.0f} MB, "
+         f"KV cache {mem['kv_cache_bytes'] / 1e6:.0f} MB)"),
     ]  # fmt: skip
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -399,7 +399,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"load     {r['load_s']:9.2f} s")
     print(f"peak RSS {r['peak_rss_mb']:9.1f} MB")
     if r.get("weight_copies_mb"):
-        print(f"         of which {r['weight_copies_mb']:.1f} MB of weights copied into interleaved rows")
+        print(
+            f"         of which {r['weight_copies_mb']:.1f} MB of weights copied into "
+            "interleaved rows"
+        )
     return 0
 
 
@@ -417,7 +420,10 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(r.as_dict(), indent=2))
     else:
-        print(f"perplexity {r.perplexity:.4f} over {r.scored_tokens} tokens ({r.windows} windows of {args.ctx})")
+        print(
+            f"perplexity {r.perplexity:.4f} over {r.scored_tokens} tokens "
+            f"({r.windows} windows of {args.ctx})"
+        )
     return 0
 
 
@@ -433,10 +439,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 0
     cpu, mem = report["cpu"], report["memory"]
     print(f"edgeinfer {report['edgeinfer']}  python {report['python']}  {report['os']}")
-    print(f"cpu       {cpu['model']} ({cpu['arch']}), {cpu['physical_cores']} cores / {cpu['logical_cores']} threads")
+    print(
+        f"cpu       {cpu['model']} ({cpu['arch']}), "
+        f"{cpu['physical_cores']} cores / {cpu['logical_cores']} threads"
+    )
     print(f"features  {' '.join(cpu['features']) or '(none detected)'}")
     if mem:
-        print(f"memory    {mem.get('total_mb', 0)} MB total, {mem.get('available_mb', 0)} MB available")
+        print(
+            f"memory    {mem.get('total_mb', 0)} MB total, "
+            f"{mem.get('available_mb', 0)} MB available"
+        )
     for b in report["backends"]:
         state = "yes" if b["available"] else "no"
         print(f"backend   {b['name']:<12} {state:<4} {b.get('detail', '')}")

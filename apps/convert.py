@@ -4,7 +4,8 @@ or to an ONNX folder for onnxruntime(-genai).
     edgeinfer convert SRC_DIR -o OUT.gguf [--type q4_k_m] [--target rpi5]
                       [--max-memory 4GiB --ctx 4096] [--calib FILE] [--dry-run]
     edgeinfer convert SRC_DIR -o OUT_DIR --format onnx [--type f32|int4|int8]
-                      [--block-size 32|64|128] [--zero-points] [--kv-type f32|f16|int8|int4] [--ctx N]
+                      [--block-size 32|64|128] [--zero-points]
+                      [--kv-type f32|f16|int8|int4] [--ctx N]
 
 ``--dry-run`` prints the plan (tensor, type, bytes, error) on stdout and writes nothing.
 Progress bars go to stderr when it is a terminal (or with ``--progress``).
@@ -28,7 +29,8 @@ TYPES_HELP = (
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "convert", help="convert a Hugging Face model folder to GGUF",
-        description="Convert a Hugging Face checkpoint (Llama, Mistral, Qwen 2/3, Gemma 3) to GGUF.",
+        description="Convert a Hugging Face checkpoint (Llama, Mistral, Qwen 2/3, Gemma 3) "
+                    "to GGUF.",
     )  # fmt: skip
     p.add_argument(
         "source", metavar="SRC_DIR", help="folder with config.json, *.safetensors, tokenizer files"
@@ -76,8 +78,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--zero-points", action="store_true",
                    help="ONNX: asymmetric blocks with zero points (default symmetric)")  # fmt: skip
     p.add_argument("--kv-type", default="f32", choices=["f32", "f16", "int8", "int4"],
-                   help="ONNX: KV cache type (default f32); int8/int4 scales are calibrated on --calib or a "
-                        "built-in text (needs onnxruntime)")  # fmt: skip
+                   help="ONNX: KV cache type (default f32); int8/int4 scales are calibrated "
+                        "on --calib or a built-in text (needs onnxruntime)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars on stderr (default: when it is a terminal)")  # fmt: skip
@@ -151,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _main_onnx(args: argparse.Namespace, options, progress) -> int:  # type: ignore[no-untyped-def]
+def _main_onnx(args: argparse.Namespace, options, progress) -> int:
     from edgeinfer.converters.convert import Conversion
     from edgeinfer.converters.onnx.export import export_onnx, onnx_plan
 
@@ -214,7 +216,8 @@ def print_plan(plan, out: TextIO) -> None:
     print(f"file {_size(plan.file_size)} ({plan.file_size} bytes){total_err}", file=out)
     if plan.n_ctx:
         print(
-            f"KV cache (f16, {plan.n_ctx} tokens) {_size(plan.kv_bytes)}; file + KV {_size(plan.total_bytes)}",
+            f"KV cache (f16, {plan.n_ctx} tokens) {_size(plan.kv_bytes)}; "
+            f"file + KV {_size(plan.total_bytes)}",
             file=out,
         )
     if plan.budget is not None:

@@ -4,7 +4,8 @@ Each engine runs in its own process (so peak RSS is its own), alternating, `--ro
 every figure is printed with the ratio edgeinfer / llama.cpp (for load time and memory,
 llama.cpp / edgeinfer: above 1 means edgeinfer is better everywhere).
 
-    python benchmarks/compare_llamacpp.py MODEL.gguf [-t 2] [-p 512] [-n 128] [--rounds 2] [--membw] [--json]
+    python benchmarks/compare_llamacpp.py MODEL.gguf [-t 2] [-p 512] [-n 128] [--rounds 2]
+                                          [--membw] [--json]
 
 With --membw it also measures the machine's memory read bandwidth with the same threads
 (membw.py) and prints what share of it each engine's generation uses: bytes of weights read
@@ -83,7 +84,7 @@ def main() -> int:
         ours.append(_run(ours_cmd))
         theirs.append(_run(theirs_cmd))
     result = {"model": args.model, "threads": args.threads, "isa": ours[0]["isa"], "figures": {}}
-    for key, label, higher_better in FIGURES:
+    for key, _label, higher_better in FIGURES:
         a = statistics.mean(r[key] for r in ours)
         b = statistics.mean(r[key] for r in theirs)
         ratio = (a / b if higher_better else b / a) if a and b else float("nan")
@@ -102,17 +103,19 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{Path(args.model).name}: {args.threads} threads, edgeinfer {ours[0]['engine']}/{ours[0]['isa']}, "
-          f"llama.cpp {theirs[0]['version']}; pp{args.n_prompt} tg{args.n_gen}, {args.rounds} rounds")  # fmt: skip
+    print(f"{Path(args.model).name}: {args.threads} threads, "
+          f"edgeinfer {ours[0]['engine']}/{ours[0]['isa']}, llama.cpp {theirs[0]['version']}; "
+          f"pp{args.n_prompt} tg{args.n_gen}, {args.rounds} rounds")  # fmt: skip
     print(f"{'':28} {'edgeinfer':>12} {'llama.cpp':>12} {'ratio':>8}")
     for key, label, _ in FIGURES:
         f = result["figures"][key]
         print(f"{label:28} {f['edgeinfer']:12.3f} {f['llama.cpp']:12.3f} {f['ratio']:7.2f}x")
     if args.membw:
         bw = result["bandwidth"]
-        print(f"generation reads {bw['weights_bytes_per_token'] / 1e6:.1f} MB of weights a token; measured "
-              f"read bandwidth {bw['membw_gb_s']:.1f} GB/s ({args.threads} threads): edgeinfer uses "
-              f"{100 * bw['edgeinfer_use']:.0f}%, llama.cpp {100 * bw['llama.cpp_use']:.0f}%")  # fmt: skip
+        print(f"generation reads {bw['weights_bytes_per_token'] / 1e6:.1f} MB of weights a token; "
+              f"measured read bandwidth {bw['membw_gb_s']:.1f} GB/s ({args.threads} threads): "
+              f"edgeinfer uses {100 * bw['edgeinfer_use']:.0f}%, "
+              f"llama.cpp {100 * bw['llama.cpp_use']:.0f}%")  # fmt: skip
     return 0
 
 

@@ -27,7 +27,8 @@ def main() -> int:
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(
         model_path=args.model, n_ctx=args.n_prompt + args.n_gen, n_batch=min(512, args.n_prompt),
-        n_ubatch=min(512, args.n_prompt), n_threads=args.threads, n_threads_batch=args.threads, verbose=False,
+        n_ubatch=min(512, args.n_prompt), n_threads=args.threads, n_threads_batch=args.threads,
+        verbose=False,
     )  # fmt: skip
     load_s = time.perf_counter() - t0
     n_vocab = llm.n_vocab()

@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from edgeinfer.converters import errors
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ class ActivationStats:
         return values.astype(np.float32)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        arrays = {f"sum:{k}": v for k, v in self.sums.items()}
+        # Any: numpy types savez's keyword arrays as if one could be its allow_pickle flag
+        arrays: dict[str, Any] = {f"sum:{k}": v for k, v in self.sums.items()}
         arrays.update({f"count:{k}": np.array(v) for k, v in self.counts.items()})
         np.savez(path, **arrays)
 

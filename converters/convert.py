@@ -15,8 +15,11 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from edgeinfer import quants
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures import ArchConverter, SourceTensor, converter_for
 from edgeinfer.converters.architectures.base import MetadataItem, kv
@@ -39,6 +42,9 @@ from edgeinfer.converters.vocab import Vocabulary, convert_vocabulary
 
 from edgeinfer.gguf.constants import GGMLType, ValueType
 from edgeinfer.gguf.writer import GGUFWriter
+
+if TYPE_CHECKING:  # the ONNX export imports onnx, which GGUF conversions do not need
+    from edgeinfer.converters.onnx.export import OnnxExport
 
 QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION
 DEFAULT_FIT_TYPES = (
@@ -136,7 +142,7 @@ class Conversion:
     def __init__(self, src: str | os.PathLike[str]) -> None:
         self.ckpt = HFCheckpoint(src)
         self.arch: ArchConverter = converter_for(self.ckpt)
-        rows = self.arch.hp.vocab_size  # type: ignore[attr-defined]
+        rows = self.arch.hp.vocab_size
         self.vocab: Vocabulary = convert_vocabulary(self.ckpt, max_tokens=rows)
         n_vocab = len(self.vocab.tokens) if self.arch.crop_vocab else rows
         self.vocab.resize(n_vocab, str(self.ckpt.folder))
@@ -191,10 +197,9 @@ class Conversion:
             raise errors.InvalidSizeError(
                 "--max-memory needs --ctx N (the context the KV cache must hold)"
             )
-        fitted = budget is not None and options.type is None
-        if fitted:
+        if budget is not None and n_ctx is not None and options.type is None:  # fit the budget
             types = profile.types if profile else DEFAULT_FIT_TYPES
-            plan = self._fitted_plan(types, budget, n_ctx, options, stats, progress)  # type: ignore[arg-type]
+            plan = self._fitted_plan(types, budget, n_ctx, options, stats, progress)
         else:
             plan = self._recipe_plan(options.type or DEFAULT_TYPE, options.pure)
             if options.measure:
@@ -205,8 +210,9 @@ class Conversion:
         if budget is not None and plan.total_bytes > budget:
             raise errors.BudgetError(
                 f"{plan.recipe} does not fit: file {format_bytes(plan.file_size)} + KV cache "
-                f"{format_bytes(plan.kv_bytes)} at {n_ctx} tokens = {format_bytes(plan.total_bytes)}, "
-                f"budget {format_bytes(budget)} (short by {format_bytes(plan.total_bytes - budget)})",
+                f"{format_bytes(plan.kv_bytes)} at {n_ctx} tokens = "
+                f"{format_bytes(plan.total_bytes)}, budget {format_bytes(budget)} "
+                f"(short by {format_bytes(plan.total_bytes - budget)})",
                 needed=plan.total_bytes, budget=budget,
             )  # fmt: skip
         return plan
@@ -283,8 +289,9 @@ class Conversion:
         except errors.BudgetError as e:
             smallest = ", ".join(sorted({o[0].ggml_type.name for o in options_by_name.values()}))
             raise errors.BudgetError(
-                f"nothing fits: the smallest plan ({smallest}) needs a {format_bytes(e.needed - kv_bytes)} "
-                f"file + {format_bytes(kv_bytes)} of KV cache at {n_ctx} tokens = {format_bytes(e.needed)}; "
+                f"nothing fits: the smallest plan ({smallest}) needs a "
+                f"{format_bytes(e.needed - kv_bytes)} file + {format_bytes(kv_bytes)} of KV cache "
+                f"at {n_ctx} tokens = {format_bytes(e.needed)}; "
                 f"the budget is {format_bytes(budget)}, short by {format_bytes(e.shortfall)}",
                 needed=e.needed,
                 budget=budget,
@@ -293,7 +300,8 @@ class Conversion:
         for t in self.tensors:
             o = chosen.get(t.name)
             choices.append(TensorChoice(t, o.ggml_type, o.nbytes, o.error) if o else
-                           TensorChoice(t, GGMLType.F32, padded_nbytes(GGMLType.F32, t.n_elements)))  # fmt: skip
+                           TensorChoice(t, GGMLType.F32,
+                                        padded_nbytes(GGMLType.F32, t.n_elements)))  # fmt: skip
         return Plan(
             self.arch.gguf_arch,
             self.ckpt.architecture,
@@ -374,16 +382,16 @@ def plan_conversion(
 
 
 def convert(
-    src: str | os.PathLike[str], out: str | os.PathLike[str], options: ConvertOptions = ConvertOptions(),
-    progress: Progress = _no_progress,
-) -> Plan:  # fmt: skip
+    src: str | os.PathLike[str], out: str | os.PathLike[str],
+    options: ConvertOptions = ConvertOptions(), progress: Progress = _no_progress,
+) -> Plan | OnnxExport:  # fmt: skip
     """Converts the Hugging Face folder ``src`` into ``out``; returns the plan carried out."""
     fmt = output_format(out, options.format)
     conversion = Conversion(src)
     if fmt == "onnx":
         from edgeinfer.converters.onnx.export import export_onnx
 
-        return export_onnx(conversion, out, options, progress)  # type: ignore[return-value]
+        return export_onnx(conversion, out, options, progress)
     stats = load_stats(conversion, options, progress, Path(out).parent)
     plan = conversion.plan(options, stats, progress)
     conversion.write_gguf(plan, out, stats, progress)

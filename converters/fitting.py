@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from edgeinfer import quants
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures.base import SourceTensor
 from edgeinfer.converters.quantizers import quantize
 from edgeinfer.converters.recipes import FLOAT_TYPES, fallback
-
-from edgeinfer import quants
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 
 SAMPLE_ROWS = 256  # rows per tensor quantized to measure errors

@@ -92,8 +92,8 @@ class HFCheckpoint:
             )
         if any(self.folder.glob("*.bin")) or any(self.folder.glob("*.pth")):
             raise errors.MissingSourceFileError(
-                f"{self.folder}: only PyTorch pickle weights found; convert needs model*.safetensors "
-                "(pickles can run code when loaded, so they are not read)"
+                f"{self.folder}: only PyTorch pickle weights found; convert needs "
+                "model*.safetensors (pickles can run code when loaded, so they are not read)"
             )
         raise errors.MissingSourceFileError(f"{self.folder}: no model*.safetensors file")
 
@@ -114,7 +114,8 @@ class HFCheckpoint:
             for name, entry in shard.tensors.items():
                 if weight_map.get(name) != file_name:
                     raise errors.CorruptSafetensorsError(
-                        f"{shard.path}: tensor {name!r} is not listed for this shard in {INDEX_FILE}"
+                        f"{shard.path}: tensor {name!r} is not listed for this shard "
+                        f"in {INDEX_FILE}"
                     )
                 tensors[name] = entry
         missing = sorted(set(weight_map) - set(tensors))

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgeinfer._native import ISA_NAMES
 from edgeinfer.converters import errors
 from edgeinfer.converters.recipes import type_by_name
-
-from edgeinfer._native import ISA_NAMES
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 
 if sys.version_info >= (3, 11):

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures.base import SourceTensor
-
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 
 T = GGMLType

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from edgeinfer.converters import errors
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own cap
@@ -104,15 +105,15 @@ class SafetensorsFile:
         entries = [self._entry(name, spec) for name, spec in header.items()]
         data_size = self.size - self.data_start
         pos = 0
-        for e in sorted(entries, key=lambda e: (e.start, e.nbytes)):
-            if e.start - self.data_start != pos:
+        for entry in sorted(entries, key=lambda e: (e.start, e.nbytes)):
+            if entry.start - self.data_start != pos:
                 what = (
                     "overlaps the previous one"
-                    if e.start - self.data_start < pos
+                    if entry.start - self.data_start < pos
                     else "leaves a gap"
                 )
-                raise self._corrupt(f"tensor {e.name!r} {what}")
-            pos += e.nbytes
+                raise self._corrupt(f"tensor {entry.name!r} {what}")
+            pos += entry.nbytes
         if pos != data_size:
             raise self._corrupt(f"the tensors cover {pos} bytes, the data section has {data_size}")
         return {e.name: e for e in entries}

@@ -22,7 +22,6 @@ from edgeinfer.converters import errors
 from edgeinfer.converters.architectures.base import MetadataItem, kv
 from edgeinfer.converters.hf_folder import HFCheckpoint, read_json
 from edgeinfer.converters.sentencepiece_model import parse_sentencepiece
-
 from edgeinfer.gguf.constants import ValueType
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -107,8 +106,8 @@ def convert_vocabulary(ckpt: HFCheckpoint, max_tokens: int = 1 << 24) -> Vocabul
     tokenizer_json = read_json(tj_path) if tj_path else None
     if tokenizer_json is not None and not isinstance(tokenizer_json, dict):
         raise errors.TokenizerConversionError(f"{tj_path}: not a JSON object")
-    if tokenizer_json is not None and _is_byte_level(tokenizer_json):
-        vocab = _bpe_vocabulary(ckpt, tokenizer_json, tj_path, max_tokens)  # type: ignore[arg-type]
+    if tj_path and tokenizer_json is not None and _is_byte_level(tokenizer_json):
+        vocab = _bpe_vocabulary(ckpt, tokenizer_json, tj_path, max_tokens)
     elif ckpt.file("tokenizer.model"):
         vocab = _spm_vocabulary(ckpt, max_tokens)
     elif tokenizer_json is not None:
@@ -224,8 +223,8 @@ def _bpe_vocabulary(
     for added in tj.get("added_tokens") or []:
         if not isinstance(added, dict) or not isinstance(added.get("content"), str):
             raise errors.TokenizerConversionError(f"{where}: bad added token {added!r}")
-        i, content = added.get("id"), added["content"]
-        _check_id(i, max_tokens, f"added token {content!r}", where)
+        content = added["content"]
+        i = _check_id(added.get("id"), max_tokens, f"added token {content!r}", where)
         if i in by_id and by_id[i][0] != content:
             raise errors.TokenizerConversionError(
                 f"{where}: id {i} is {by_id[i][0]!r} in the vocabulary but added as {content!r}"

@@ -51,15 +51,17 @@ _LAYER_TENSORS = tuple(f.name for f in dataclasses.fields(LayerTensors))
 
 
 class LayerDesc(ctypes.Structure):
-    _fields_ = [(name, Tensor) for name in _LAYER_TENSORS] + [
+    _fields_ = [
+        *[(name, Tensor) for name in _LAYER_TENSORS],
         ("window", c_int32), ("rope_base", c_float), ("rope_scale", c_float),
     ]  # fmt: skip
 
 
 class ModelDesc(ctypes.Structure):
     _fields_ = [
-        *[(n, c_int32) for n in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim",
-                                 "head_dim_v", "n_ff", "n_rot", "rope_neox", "act_gelu", "scale_q")],
+        *[(n, c_int32) for n in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv",
+                                 "head_dim", "head_dim_v", "n_ff", "n_rot", "rope_neox",
+                                 "act_gelu", "scale_q")],
         *[(n, c_float) for n in ("norm_eps", "embed_scale", "kq_scale", "final_softcap")],
         *[(n, Tensor) for n in ("tok_embd", "output_norm", "output", "rope_freqs")],
         ("layers", ctypes.POINTER(LayerDesc)),
@@ -309,10 +311,10 @@ class NativeEngine(SequenceEngine):
             desc.rope_scale = cfg.layer_rope_scale(il)
         m = ModelDesc(
             n_vocab=cfg.n_vocab, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head,
-            n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, head_dim_v=cfg.head_dim_v, n_ff=cfg.n_ff,
-            n_rot=cfg.n_rot, rope_neox=int(cfg.rope_neox), act_gelu=int(cfg.activation == "gelu"),
-            scale_q=int(cfg.scale_q), norm_eps=cfg.norm_eps, embed_scale=cfg.embed_scale,
-            kq_scale=cfg.kq_scale,
+            n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, head_dim_v=cfg.head_dim_v,
+            n_ff=cfg.n_ff, n_rot=cfg.n_rot, rope_neox=int(cfg.rope_neox),
+            act_gelu=int(cfg.activation == "gelu"), scale_q=int(cfg.scale_q),
+            norm_eps=cfg.norm_eps, embed_scale=cfg.embed_scale, kq_scale=cfg.kq_scale,
             final_softcap=cfg.final_logit_softcap, tok_embd=tensor("token_embd.weight"),
             output_norm=tensor("output_norm.weight"), output=tensor(cfg.output_tensor),
             rope_freqs=tensor(cfg.rope_freqs_tensor), layers=self._layers,
@@ -369,7 +371,7 @@ class NativeEngine(SequenceEngine):
             self._map = None
 
     def __del__(self) -> None:
-        try:
+        try:  # noqa: SIM105 (not contextlib.suppress: at interpreter exit module globals may be gone)
             self.close()
         except Exception:
             pass

@@ -356,7 +356,7 @@ class Model:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        try:  # noqa: SIM105 (not contextlib.suppress: at interpreter exit module globals may be gone)
             self.close()
         except Exception:
             pass

@@ -37,8 +37,8 @@ def run(
     if n_prompt < 1 or n_gen < 1 or repetitions < 1:
         raise errors.InvalidOptionError("prompt, generation and repetition counts must be >= 1")
     t0 = time.perf_counter()
-    model = edgeinfer.load(path, n_threads=n_threads, n_ctx=n_prompt + n_gen, n_batch=min(512, n_prompt),
-                           engine=engine, isa=isa)  # fmt: skip
+    model = edgeinfer.load(path, n_threads=n_threads, n_ctx=n_prompt + n_gen,
+                           n_batch=min(512, n_prompt), engine=engine, isa=isa)  # fmt: skip
     load_s = time.perf_counter() - t0
     try:
         rng = np.random.default_rng(seed)

@@ -17,7 +17,7 @@ import string
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jinja2
@@ -76,7 +76,7 @@ LLAMA2_TEMPLATE = """
 {%- set ns.system = '' -%}
 {%- else -%}{{ ' ' + m['content'] | trim + ' ' + eos_token }}
 {%- endif -%}
-{%- endfor -%}"""
+{%- endfor -%}"""  # noqa: E501 (a template is verbatim text: wrapping its lines changes it)
 
 
 # name -> (template, the special tokens whose presence in a vocabulary selects it), in the
@@ -203,13 +203,13 @@ def _lines(s: Any) -> int:
 
 # Upper bounds on the output of the functions whose output can outgrow their input by a
 # factor their arguments choose. Keyed by method name (on str) or filter name.
-_METHOD_ESTIMATES = {
+_METHOD_ESTIMATES: dict[str, Callable[..., int]] = {
     "replace": lambda s, *a, **k: _replace_estimate(s, *a, **k),
     "expandtabs": lambda s, tabsize=8: len(s) + s.count("\t") * int(tabsize),
     "format": lambda s, *a, **k: _format_estimate(s, a, k),
     "format_map": lambda s, m: _format_estimate(s, (), m),
 }
-_FILTER_ESTIMATES = {
+_FILTER_ESTIMATES: dict[str, Callable[..., int]] = {
     "replace": lambda s, old, new, count=None: _replace_estimate(
         str(s), str(old), str(new), -1 if count is None else count
     ),
@@ -310,9 +310,12 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
                     _expect(_size(seq, MAX_VALUE_SIZE) * max(n, 0))
-            if isinstance(left, int) and isinstance(right, int):
-                if left.bit_length() + right.bit_length() > MAX_INT_BITS:
-                    raise _Refused("a chat template built too large a number")
+            if (
+                isinstance(left, int)
+                and isinstance(right, int)
+                and left.bit_length() + right.bit_length() > MAX_INT_BITS
+            ):
+                raise _Refused("a chat template built too large a number")
             return _check(operator.mul(left, right))
         if operator_name == "%" and isinstance(left, str):
             _expect(_percent_estimate(left, right))
@@ -450,7 +453,7 @@ def _with_watchdog(fn: Any, seconds: float, memory: int) -> Any:
             rss = _rss_bytes() if start_rss is not None else None
             if time.monotonic() > deadline:
                 why = f"ran longer than {seconds:g} s"
-            elif rss is not None and rss - start_rss > memory:
+            elif rss is not None and start_rss is not None and rss - start_rss > memory:
                 why = f"used more than {memory >> 20} MB of memory"
             else:
                 continue

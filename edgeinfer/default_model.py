@@ -4,6 +4,7 @@ into the user's cache directory and verified by SHA-256."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import os
@@ -59,10 +60,8 @@ def default_model_path(progress: Callable[[int, int], None] | None = None) -> Pa
             raise errors.ModelFileError("the assembled default model fails its SHA-256 check")
         os.replace(tmp, target)
     except BaseException as e:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         if isinstance(e, OSError):  # a full disk, most likely
             raise errors.ModelFileError(
                 f"cannot assemble the default model in {target.parent}: {e}"

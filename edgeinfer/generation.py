@@ -79,7 +79,7 @@ class KVSession:
                 "(room is needed for at least one generated token)"
             )
         n_common = 0
-        for a, b in zip(self.tokens, prompt):
+        for a, b in zip(self.tokens, prompt, strict=False):
             if a != b:
                 break
             n_common += 1

@@ -138,10 +138,7 @@ class Sampler:
 
     @staticmethod
     def _top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        if 0 < k < len(logits):
-            ids = np.argpartition(-logits, k - 1)[:k]
-        else:
-            ids = np.arange(len(logits))
+        ids = np.argpartition(-logits, k - 1)[:k] if 0 < k < len(logits) else np.arange(len(logits))
         order = np.argsort(-logits[ids], kind="stable")
         ids = ids[order]
         return ids, logits[ids]

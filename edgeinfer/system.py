@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -112,10 +113,8 @@ def memory_info() -> dict[str, int]:
                         int(v.split()[0]) // 1024
                     )
     except OSError:
-        try:
+        with contextlib.suppress(ValueError, OSError, AttributeError):
             out["total_mb"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
-        except (ValueError, OSError, AttributeError):
-            pass
     return out
 
 

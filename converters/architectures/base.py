@@ -8,16 +8,17 @@ read its rows from the checkpoint) and an :class:`OnnxFamily`. Nothing here read
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
+
 from edgeinfer.converters import errors
 from edgeinfer.converters.hf_folder import HFCheckpoint
 from edgeinfer.converters.safetensors_file import TensorEntry, read_rows
-
 from edgeinfer.gguf.constants import ValueType
 from edgeinfer.kv_cache import DEFAULT_CACHE_TYPE, cache_bytes
 
@@ -136,7 +137,7 @@ class ConfigReader:
             raise errors.BadConfigError(f"{self.where}: {key} = {v!r} is not a string")
         return v
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: builtins.str, default: Any = None) -> Any:
         v = self.config.get(key)
         return self.defaults.get(key, default) if v is None else v
 
@@ -272,7 +273,7 @@ class ArchConverter:
 
     @property
     def n_layer(self) -> int:
-        return self.hp.n_layer  # type: ignore[attr-defined]
+        return self.hp.n_layer
 
     def kv_cache_bytes(self, n_ctx: int) -> int:
         """The runtime's default KV cache for ``n_ctx`` positions, sized as the engine sizes it
@@ -296,7 +297,7 @@ class ArchConverter:
 
     def tensors(self, n_vocab: int) -> list[SourceTensor]:
         """Every GGUF tensor, in file order; ``n_vocab`` rows are kept of the embedding."""
-        hp = self.hp  # type: ignore[attr-defined]
+        hp = self.hp
         used: set[str] = set()
         out = [self._take("token_embd.weight", "model.embed_tokens.weight",
                           (hp.vocab_size, hp.hidden_size), used, keep_rows=n_vocab)]  # fmt: skip
@@ -311,8 +312,9 @@ class ArchConverter:
         if hp.tie_word_embeddings:
             used.add("lm_head.weight")  # some tied checkpoints store the copy too
         else:
-            out.append(self._take("output.weight", "lm_head.weight", (hp.vocab_size, hp.hidden_size),
-                                  used, keep_rows=n_vocab))  # fmt: skip
+            shape = (hp.vocab_size, hp.hidden_size)
+            out.append(self._take("output.weight", "lm_head.weight", shape, used,
+                                  keep_rows=n_vocab))  # fmt: skip
         unused = [
             n for n in self.ckpt.tensors if n not in used and not n.endswith(IGNORED_SUFFIXES)
         ]
@@ -374,6 +376,9 @@ def common_metadata(arch: str, hp: Any, *, head_dims: bool) -> list[MetadataItem
     return items
 
 
+_HParamsT = TypeVar("_HParamsT", bound="HParams")
+
+
 @dataclass(frozen=True)
 class HParams:
     """The decoder hyper-parameters of config.json that every family shares."""
@@ -394,12 +399,12 @@ class HParams:
 
     @classmethod
     def read(
-        cls,
+        cls: type[_HParamsT],
         cfg: ConfigReader,
         ropes: dict[str, Rope],
         activation_key: str = "hidden_act",
         **extra: Any,
-    ) -> HParams:
+    ) -> _HParamsT:
         hidden = cfg.int("hidden_size")
         n_head = cfg.int("num_attention_heads")
         n_head_kv = cfg.int("num_key_value_heads", n_head)

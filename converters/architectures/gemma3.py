@@ -26,7 +26,6 @@ from edgeinfer.converters.architectures.base import (
     rope_parameters,
 )
 from edgeinfer.converters.hf_folder import HFCheckpoint
-
 from edgeinfer.gguf.constants import ValueType
 from edgeinfer.models import gemma3 as runtime
 

@@ -29,7 +29,6 @@ from edgeinfer.converters.architectures.base import (
     rope_parameters,
 )
 from edgeinfer.converters.hf_folder import HFCheckpoint
-
 from edgeinfer.gguf.constants import ValueType
 from edgeinfer.models import llama as runtime
 

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+
 from edgeinfer.converters.architectures import SourceTensor
 from edgeinfer.converters.onnx import blockwise
 from edgeinfer.converters.onnx.spec import DecoderSpec, rotary_tables
 from edgeinfer.converters.onnx.tensor_data import TensorData
-from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 if TYPE_CHECKING:
     from edgeinfer.converters.convert import Progress
@@ -179,10 +180,14 @@ class DecoderGraph:
 
     def _inputs(self, kv: KVCache) -> list[Any]:
         s = self.spec
-        cache = ["batch_size", s.n_head_kv, "past_sequence_length", kv.cache_dim(s.head_dim)]
+        cache: list[str | int] = [
+            "batch_size", s.n_head_kv, "past_sequence_length", kv.cache_dim(s.head_dim)
+        ]
         out = [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
-            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64,
+                                          ["batch_size", "sequence_length"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                          ["batch_size", "total_sequence_length"]),
         ]  # fmt: skip
         for il in range(s.n_layer):
             for part in ("key", "value"):
@@ -195,7 +200,9 @@ class DecoderGraph:
 
     def _outputs(self, kv: KVCache) -> list[Any]:
         s = self.spec
-        cache = ["batch_size", s.n_head_kv, "total_sequence_length", kv.cache_dim(s.head_dim)]
+        cache: list[str | int] = [
+            "batch_size", s.n_head_kv, "total_sequence_length", kv.cache_dim(s.head_dim)
+        ]
         out = [
             helper.make_tensor_value_info(
                 "logits", TensorProto.FLOAT, ["batch_size", "sequence_length", s.n_vocab]
@@ -249,12 +256,15 @@ class DecoderGraph:
             inputs = [data, "input_ids", f"{name}.scales"]
             if not self.weights.symmetric:
                 inputs.append(f"{name}.zero_points")
-            x = self._node("GatherBlockQuantized", inputs, domain=MS_DOMAIN, bits=layout.bits,
-                           block_size=layout.block_size, gather_axis=0, quantize_axis=1)  # fmt: skip
+            x = self._node("GatherBlockQuantized", inputs, domain=MS_DOMAIN,
+                           bits=layout.bits, block_size=layout.block_size,
+                           gather_axis=0, quantize_axis=1)  # fmt: skip
             if layout.padded_k != s.hidden_size:
-                x = self._node("Slice", [x, self._const("zero", np.array([0], np.int64)),
-                                         self._const("hidden", np.array([s.hidden_size], np.int64)),
-                                         self._const("last_axis", np.array([-1], np.int64))])  # fmt: skip
+                x = self._node("Slice", [
+                    x, self._const("zero", np.array([0], np.int64)),
+                    self._const("hidden", np.array([s.hidden_size], np.int64)),
+                    self._const("last_axis", np.array([-1], np.int64)),
+                ])  # fmt: skip
         if s.embed_scale != 1.0:
             x = self._node("Mul", [x, self._const("embed_scale", np.float32(s.embed_scale))])
         return x
@@ -272,7 +282,9 @@ class DecoderGraph:
             inputs = [x, f"{name}.B", f"{name}.scales"]
             if not self.weights.symmetric:
                 inputs.append(f"{name}.zero_points")
-            attrs = {"K": k, "N": n, "bits": layout.bits, "block_size": layout.block_size}
+            attrs: dict[str, Any] = {
+                "K": k, "N": n, "bits": layout.bits, "block_size": layout.block_size
+            }
             if self.weights.accuracy_level:
                 attrs["accuracy_level"] = self.weights.accuracy_level
             y = self._node("MatMulNBits", inputs, domain=MS_DOMAIN, **attrs)

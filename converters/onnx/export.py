@@ -73,7 +73,8 @@ def onnx_plan(conversion: Conversion, options: ConvertOptions) -> list[OnnxTenso
         if t.name == "rope_freqs.weight":
             continue  # folded into the rotary tables
         if bits and t.is_matrix:
-            layout = BlockLayout(*t.shape, bits, options.block_size, not options.zero_points)
+            n, k = t.shape
+            layout = BlockLayout(n, k, bits, options.block_size, not options.zero_points)
             op = "GatherBlockQuantized" if t.name == "token_embd.weight" else "MatMulNBits"
             kind = f"{op} int{bits} b{options.block_size}" + (" zp" if options.zero_points else "")
             if t.name == "token_embd.weight" and conversion.model.tied_embeddings:
@@ -168,7 +169,7 @@ def kv_bits(kv_type: str) -> int:
     return {"int8": 8, "int4": 4}[kv_type]
 
 
-def _kv_scales(graph, spec, folder: Path, tokens: list[int], bits: int):  # type: ignore[no-untyped-def]
+def _kv_scales(graph, spec, folder: Path, tokens: list[int], bits: int):
     from edgeinfer.converters.onnx.decoder import KVCache
     from edgeinfer.converters.onnx.kv_calibration import kv_scales
 
@@ -183,7 +184,6 @@ def _kv_scales(graph, spec, folder: Path, tokens: list[int], bits: int):  # type
 def _calibration_tokens(conversion: Conversion, options: ConvertOptions) -> list[int]:
     """Token ids of the --calib text (or of a built-in sample), at most calib_tokens."""
     from edgeinfer.converters.onnx.kv_calibration import DEFAULT_TEXT
-
     from edgeinfer.onnx_engine import metadata_as_read
     from edgeinfer.tokenizer import Tokenizer
 
@@ -208,7 +208,7 @@ def _write(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _write_side_files(conversion: Conversion, spec, folder: Path, share_buffer: bool) -> None:  # type: ignore[no-untyped-def]
+def _write_side_files(conversion: Conversion, spec, folder: Path, share_buffer: bool) -> None:
     from edgeinfer.converters.onnx.genai_config import genai_config
 
     config = genai_config(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from edgeinfer.converters import errors
 from edgeinfer.converters.onnx.spec import DecoderSpec
 
@@ -63,7 +64,7 @@ def kv_scales(
     names = [f"present.{il}.{part}" for il in range(spec.n_layer) for part in ("key", "value")]
     for start in range(0, len(tokens), window):
         ids = np.array([tokens[start : start + window]], dtype=np.int64)  # (1, n)
-        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        feed: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
         for il in range(spec.n_layer):
             feed[f"past_key_values.{il}.key"] = feed[f"past_key_values.{il}.value"] = empty
         for i, cache in enumerate(session.run(names, feed)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures import ARCHITECTURES, ArchConverter
 from edgeinfer.converters.architectures.base import Rope, llama3_rope_factors
@@ -66,7 +67,7 @@ class DecoderSpec:
                 f"{arch.ckpt.folder}: {arch.hf_architectures[0]} has no ONNX export "
                 f"(exported: {', '.join(sorted(onnx_architectures()))})"
             )
-        hp = arch.hp  # type: ignore[attr-defined]
+        hp = arch.hp
         activation = ACTIVATIONS.get(hp.activation)
         if activation is None:
             raise errors.UnsupportedFeatureError(

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 from onnx import TensorProto, numpy_helper
 
 ALIGNMENT = 4096
@@ -44,7 +45,7 @@ class TensorData:
         return self.add_chunks(name, array.dtype, array.shape, [array])
 
     def add_chunks(
-        self, name: str, dtype: np.dtype, shape: tuple[int, ...], chunks: Iterable[np.ndarray]
+        self, name: str, dtype: npt.DTypeLike, shape: tuple[int, ...], chunks: Iterable[np.ndarray]
     ) -> TensorProto:
         """An initializer whose row-major bytes are the concatenated ``chunks``."""
         dtype = np.dtype(dtype)
@@ -80,7 +81,7 @@ class TensorData:
             os.fsync(self._file.fileno())
             self._file.close()
 
-    def __enter__(self) -> TensorData:  # noqa: PYI034
+    def __enter__(self) -> TensorData:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -145,7 +145,8 @@ class OnnxEngine(SequenceEngine):
             ) from None
         if n_ctx > config.n_ctx_train:
             raise errors.InvalidOptionError(
-                f"n_ctx {n_ctx} exceeds the {config.n_ctx_train} positions the graph was exported for"
+                f"n_ctx {n_ctx} exceeds the {config.n_ctx_train} positions the graph was "
+                "exported for"
             )
         options = ort.SessionOptions()
         options.intra_op_num_threads = n_threads
@@ -155,7 +156,7 @@ class OnnxEngine(SequenceEngine):
             self.session = ort.InferenceSession(
                 str(model_file), options, providers=["CPUExecutionProvider"]
             )
-        except Exception as e:  # noqa: BLE001 (onnxruntime's exceptions derive from Exception only)
+        except Exception as e:  # onnxruntime's exceptions derive from Exception only
             reason = " ".join(str(e).split())  # one line
             raise errors.ModelFileError(
                 f"{model_file}: onnxruntime cannot load it ({reason})"
@@ -188,7 +189,7 @@ class OnnxEngine(SequenceEngine):
             feed["position_ids"] = batch.positions.astype(np.int64)[None]
         try:
             logits = self._cache.run(self.session, feed)[0]  # (n, n_vocab)
-        except Exception as e:  # noqa: BLE001 (as above)
+        except Exception as e:  # as above
             raise errors.BackendError(f"onnxruntime failed: {' '.join(str(e).split())}") from None
         return np.asarray(logits, dtype=np.float32)[batch.want]
 
@@ -204,8 +205,8 @@ class OnnxEngine(SequenceEngine):
         self._cache.truncate(0)
 
     def close(self) -> None:
-        self.session = None  # type: ignore[assignment]
-        self._cache = None  # type: ignore[assignment]
+        self.session = None
+        self._cache = None  # type: ignore[assignment]  # closed: nothing reads the cache again
 
 
 def open_engine(folder: OnnxFolder, config: OnnxConfig, options: EngineOptions) -> OnnxEngine:
@@ -243,7 +244,7 @@ class _GrowingCache:
     def run(self, session: Any, feed: dict[str, np.ndarray]) -> np.ndarray:
         names = list(self.arrays)
         outputs = session.run(["logits", *map(_present, names)], {**feed, **self.arrays})
-        self.arrays = dict(zip(names, outputs[1:]))
+        self.arrays = dict(zip(names, outputs[1:], strict=True))
         return outputs[0]
 
     def truncate(self, n_keep: int) -> None:

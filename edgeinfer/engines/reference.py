@@ -140,7 +140,7 @@ def rope_cos_sin(
     theta_scale = F32(np.power(F64(F32(base)), F64(F32(-2.0) / F32(n_rot))))
     steps = np.full((len(positions), n_rot // 2), theta_scale, dtype=F32)
     steps[:, 0] = positions.astype(F32)
-    theta = np.cumprod(steps, axis=1, dtype=F32)  # p, p*s, (p*s)*s, ...
+    theta: np.ndarray = np.cumprod(steps, axis=1, dtype=F32)  # p, p*s, (p*s)*s, ...
     if freq_factors is not None:
         theta = theta / freq_factors.astype(F32)
     theta = F32(freq_scale) * theta
@@ -215,7 +215,7 @@ class ReferenceEngine(SequenceEngine):
         w = self._weights.get(name)
         if w is None:
             w = self._weights[name] = self._dequantize(name)
-        return w  # type: ignore[return-value]
+        return w  # type: ignore[return-value]  # a vector's name caches a vector
 
     def matrix(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
         """(weights, block minimums) with weights exactly dequantized.
@@ -227,7 +227,7 @@ class ReferenceEngine(SequenceEngine):
         """
         cached = self._weights.get(name)
         if cached is not None:
-            return cached  # type: ignore[return-value]
+            return cached  # type: ignore[return-value]  # a matrix's name caches its pair
         info = self.gguf.tensors[name]
         two_term = _TWO_TERM.get(info.ggml_type)
         if two_term is None:
@@ -311,7 +311,7 @@ class ReferenceEngine(SequenceEngine):
         q = self.linear(h, lt.wq, lt.bq).reshape(n, cfg.n_head, hd)
         k = self.linear(h, lt.wk, lt.bk).reshape(n, cfg.n_head_kv, hd)
         v = self.linear(h, lt.wv, lt.bv).reshape(n, cfg.n_head_kv, cfg.head_dim_v)
-        if lt.q_norm:
+        if lt.q_norm and lt.k_norm:  # set together (standard_layers' qk_norm)
             q = rms_norm(q, cfg.norm_eps) * self.vector(lt.q_norm)
             k = rms_norm(k, cfg.norm_eps) * self.vector(lt.k_norm)
         cos, sin = rope_cos_sin(

@@ -8,12 +8,12 @@ typed error and bounded memory.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import stat
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -222,7 +222,7 @@ class GGUFFile:
             raise errors.AbsurdValueError(
                 f"{self.path}: array {key!r} claims {n} elements, more than the file holds"
             )
-        arr = np.frombuffer(self._map, dtype=dtype, count=n, offset=cur.pos).copy()
+        arr = np.frombuffer(cur.buf, dtype=dtype, count=n, offset=cur.pos).copy()
         cur.pos += n * size
         return arr.astype(bool) if etype == ValueType.BOOL else arr
 
@@ -231,7 +231,7 @@ class GGUFFile:
             raise errors.AbsurdValueError(
                 f"{self.path}: string array {key!r} claims {n} elements, more than the file holds"
             )
-        buf, pos, end = self._map, cur.pos, cur.size
+        buf, pos, end = cur.buf, cur.pos, cur.size
         unpack = struct.Struct("<Q").unpack_from
         out: list[str] = []
         append = out.append
@@ -243,7 +243,8 @@ class GGUFFile:
             pos += 8
             if ln > end:
                 raise errors.AbsurdValueError(
-                    f"{self.path}: a string of {key!r} claims a length of {ln}, more than the whole file"
+                    f"{self.path}: a string of {key!r} claims a length of {ln}, "
+                    "more than the whole file"
                 )
             if ln > end - pos:
                 cur.pos = pos
@@ -333,10 +334,9 @@ class GGUFFile:
         """Unmaps the file once no view into it remains; views keep it alive until then."""
         m, self._map = self._map, None
         if m is not None:
-            try:
+            # BufferError: numpy views still point into the map; it is unmapped when they go
+            with contextlib.suppress(BufferError):
                 m.close()
-            except BufferError:
-                pass  # numpy views still point into the map; it is unmapped when they go
 
     def __enter__(self) -> GGUFFile:
         return self

@@ -12,6 +12,7 @@ names, rows that do not split into blocks, out-of-range integers, data of the wr
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
@@ -256,7 +257,7 @@ class GGUFWriter:
         written = 0
         for chunk in chunks:
             data = (
-                memoryview(np.ascontiguousarray(chunk)).cast("B")
+                np.ascontiguousarray(chunk).data.cast("B")
                 if isinstance(chunk, np.ndarray)
                 else chunk
             )
@@ -266,8 +267,8 @@ class GGUFWriter:
             self._write(data)
         if written != info.nbytes:
             raise errors.InvalidOptionError(
-                f"tensor {name!r}: got {'more than ' if written > info.nbytes else ''}{written} bytes "
-                f"of data, the table says {info.nbytes}"
+                f"tensor {name!r}: got {'more than ' if written > info.nbytes else ''}{written} "
+                f"bytes of data, the table says {info.nbytes}"
             )
         self._write(b"\0" * _pad(info.nbytes, self.alignment))
         self._next += 1
@@ -297,10 +298,8 @@ class GGUFWriter:
             f.close()
         tmp, self._tmp = self._tmp, None
         if tmp is not None:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-            except FileNotFoundError:
-                pass
 
     def _write(self, data: bytes | memoryview) -> None:
         assert self._file is not None
@@ -313,7 +312,7 @@ class GGUFWriter:
         if self._file is not None or self._done:
             raise errors.InvalidOptionError("the header is written: metadata and tensors are fixed")
 
-    def __enter__(self) -> GGUFWriter:  # noqa: PYI034 - typing.Self needs Python 3.11
+    def __enter__(self) -> GGUFWriter:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -332,10 +331,9 @@ def _chmod_as_created(fd: int) -> None:
     the umask), since it becomes the output."""
     mask = os.umask(0)
     os.umask(mask)
-    try:
+    # AttributeError: no fchmod on Windows; the default mode is fine there
+    with contextlib.suppress(AttributeError, OSError):
         os.fchmod(fd, 0o666 & ~mask)
-    except (AttributeError, OSError):  # no fchmod on Windows; the default mode is fine there
-        pass
 
 
 def _fsync_directory(directory: Path) -> None:

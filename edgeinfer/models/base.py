@@ -9,6 +9,7 @@ engines need no ``if arch == ...`` branches.
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -152,7 +153,7 @@ class Metadata:
         key = f"{self.arch}.{name}"
         return self._get(key, {ValueType.STRING}, "a string", _REQUIRED if default is None else default)
 
-    def int_or_array(self, name: str, n: int) -> int | None:
+    def int_or_array(self, name: builtins.str, n: builtins.int) -> builtins.int | None:
         """A key that llama.cpp allows to be one integer or one per layer (e.g. head_count_kv)."""
         key = f"{self.arch}.{name}"
         v = self.gguf.metadata.get(key)
@@ -166,7 +167,7 @@ class Metadata:
             raise errors.AbsurdValueError(f"{self.gguf.path}: {key} = {v[0]} is out of range")
         return int(v[0])
 
-    def rope_scaling(self) -> float:
+    def rope_scaling(self) -> builtins.float:
         kind = self._get(f"{self.arch}.rope.scaling.type", {ValueType.STRING}, "a string", "none")
         if kind == "none":
             return 1.0
@@ -207,6 +208,7 @@ def check_tensors(gguf: GGUFFile, cfg: DecoderConfig) -> None:
             lt.wo: (cfg.n_head * cfg.head_dim_v, e), lt.ffn_norm: (e,),
             lt.ffn_gate: (e, cfg.n_ff), lt.ffn_up: (e, cfg.n_ff), lt.ffn_down: (cfg.n_ff, e),
         })  # fmt: skip
+        shape: tuple[int, ...]
         for name, shape in (
             (lt.bq, (q_dim,)), (lt.bk, (kv_dim,)), (lt.bv, (v_dim,)),
             (lt.q_norm, (cfg.head_dim,)), (lt.k_norm, (cfg.head_dim,)),

@@ -46,7 +46,8 @@ def _swa_layers(gguf: GGUFFile, md: Metadata, n_layer: int) -> tuple[bool, ...]:
     if isinstance(pattern, np.ndarray):
         if len(pattern) != n_layer:
             raise errors.AbsurdValueError(
-                f"{gguf.path}: sliding_window_pattern has {len(pattern)} entries for {n_layer} layers"
+                f"{gguf.path}: sliding_window_pattern has {len(pattern)} entries "
+                f"for {n_layer} layers"
             )
         return tuple(bool(x) for x in pattern)
     n = md.int("attention.sliding_window_pattern", SWA_PATTERN, lo=0)

@@ -140,7 +140,7 @@ class Tokenizer:
             self._tokenize_spm(text, fragments, out)
         else:
             for frag in fragments:
-                if type(frag) is int:
+                if isinstance(frag, int):
                     out.append(frag)
                 else:
                     self._tokenize_bpe(text[frag[0] : frag[1]], out)
@@ -186,7 +186,7 @@ class Tokenizer:
     def _tokenize_spm(self, text: str, fragments: list[Fragment], out: list[int]) -> None:
         prev_special = True
         for frag in fragments:
-            if type(frag) is int:
+            if isinstance(frag, int):
                 out.append(frag)
                 prev_special = True
                 continue
@@ -242,7 +242,7 @@ class Tokenizer:
         if self._ranks is None:
             merges = self.vocab.merges
             # llama.cpp keeps the first rank of a merge listed twice
-            self._ranks = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1)))
+            self._ranks = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1), strict=True))
         ranks = self._ranks
 
         # byte-level words hold no raw spaces, so "left right" splits back unambiguously
@@ -342,7 +342,7 @@ def _cut(text: str, fragments: list[Fragment], special: _SpecialToken) -> list[F
     out: list[Fragment] = []
     needle, size, attr = special.text, len(special.text), special.attr
     for frag in fragments:
-        if type(frag) is int:
+        if isinstance(frag, int):
             out.append(frag)
             continue
         start, end = frag

@@ -221,7 +221,7 @@ def load_vocab(metadata: dict[str, Any]) -> Vocab:
     if prefix is not None:
         vocab.add_space_prefix = prefix
 
-    vocab.token_to_id = dict(zip(tokens, range(n)))
+    vocab.token_to_id = dict(zip(tokens, range(n), strict=True))
     if len(vocab.token_to_id) != n:
         raise TokenizerError(f"{KEY}tokens holds the same token text twice")
     _check_byte_tokens(vocab)
@@ -337,7 +337,7 @@ def _mark_special_by_text(vocab: Vocab) -> None:
 def _apply_model_quirks(vocab: Vocab, metadata: dict[str, Any]) -> None:
     """End-of-generation set and the per-model attribute fixes llama.cpp hard-codes."""
     t2i, attrs, special = vocab.token_to_id, vocab.attrs, vocab.special
-    eog = {special[r] for r in ("fim_pad", "fim_rep", "fim_sep") if special[r] is not None}
+    eog = {i for r in ("fim_pad", "fim_rep", "fim_sep") if (i := special[r]) is not None}
     for text in _EOG_TEXTS:
         if text in t2i:
             eog.add(t2i[text])
@@ -345,7 +345,7 @@ def _apply_model_quirks(vocab: Vocab, metadata: dict[str, Any]) -> None:
     for text in _ALWAYS_RENDERED:
         if text in t2i:
             attrs[t2i[text]] = ATTR_USER_DEFINED
-    eog |= {special[r] for r in ("eos", "eot", "eom") if special[r] is not None}
+    eog |= {i for r in ("eos", "eot", "eom") if (i := special[r]) is not None}
 
     texts = {vocab.tokens[i]: i for i in eog}
     has_call = "<|call|>" in texts or "<|calls|>" in texts

@@ -96,7 +96,8 @@ OFFICIAL_LLAMA3 = (
     "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
     "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
     "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+    "{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
 )
 
 
@@ -166,7 +167,7 @@ TOOLS_TEMPLATE = textwrap.dedent(
             + message['content'] | trim + '<|eot_id|>' }}
     {%- endfor %}
     {%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}
-    """
+    """  # noqa: E501 (a template is verbatim text: wrapping its lines changes it)
 )
 
 
@@ -335,8 +336,10 @@ HOSTILE = {
     "{% set ns.x = ns.x * ns.x %}{% endfor %}{{ ns.x }}",
     "huge range": "{{ range(10**9) | list | length }}",
     "lipsum": "{{ lipsum(n=100000, min=1000, max=1000) }}",
-    "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-    "nested loops printing": "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+    "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}"
+    "{% endfor %}{% endfor %}",
+    "nested loops printing": "{% for i in range(100000) %}{% for j in range(100000) %}"
+    "x{% endfor %}{% endfor %}",
     "macro buffer": "{% macro m() %}{% for i in range(100000) %}{% for j in range(100000) %}"
     "xxxxxxxx{% endfor %}{% endfor %}{% endmacro %}{{ m() }}",
     "set block buffer": "{% set x %}{% for i in range(100000) %}{% for j in range(100000) %}"
@@ -397,8 +400,9 @@ def test_hostile_templates_fail_quickly_and_small():
           f"peak growth {report['peak_growth_mb']:.0f} MB")  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["class mro", "cycler globals", "format escape", "mutating a list",
-                                  "string times huge", "raise_exception", "deep nesting"])  # fmt: skip
+@pytest.mark.parametrize("name", ["class mro", "cycler globals", "format escape",
+                                  "mutating a list", "string times huge", "raise_exception",
+                                  "deep nesting"])  # fmt: skip
 def test_hostile_templates_in_process(name):
     t0 = time.perf_counter()
     with pytest.raises(errors.TemplateError):

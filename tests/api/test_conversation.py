@@ -77,7 +77,7 @@ def test_a_different_conversation_reuses_only_the_common_prefix(fixture_model):
     model.chat(a, max_tokens=4, temperature=0)
     stats = model.chat(b, max_tokens=4, temperature=0).stats
     ta, tb = model.chat_tokens(a), model.chat_tokens(b)
-    common = next(i for i, (x, y) in enumerate(zip(ta, tb)) if x != y)
+    common = next(i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y)
     assert stats.cached_tokens == common
 
 

@@ -54,9 +54,8 @@ def test_close_is_idempotent_and_every_use_afterwards_raises(fixture_models):
 
 
 def test_context_manager_closes_even_on_error(fixture_models):
-    with pytest.raises(RuntimeError):
-        with load(fixture_models["qwen2"]) as model:
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), load(fixture_models["qwen2"]) as model:
+        raise RuntimeError("boom")
     with pytest.raises(errors.ModelClosedError):
         model.generate("x")
 

@@ -26,7 +26,7 @@ def softmax(x) -> np.ndarray:
 
 
 def as_dict(ids: np.ndarray, probs: np.ndarray) -> dict[int, float]:
-    return {int(i): float(p) for i, p in zip(ids, probs)}
+    return {int(i): float(p) for i, p in zip(ids, probs, strict=True)}
 
 
 def assert_draws_follow(
@@ -80,7 +80,7 @@ def test_tiny_temperature_is_nearly_greedy_without_overflow():
 def test_top_k():
     s = sampler(top_k=3, temperature=1.5)
     kept = [2, 6, 4]  # the three largest logits
-    expected = dict(zip(kept, softmax(LOGITS[kept] / 1.5)))
+    expected = dict(zip(kept, softmax(LOGITS[kept] / 1.5), strict=True))
     assert as_dict(*s.distribution(LOGITS, [])) == pytest.approx(expected)
     assert_draws_follow(s, LOGITS, [], expected)
     assert sampler(top_k=1)(LOGITS, []) == 2
@@ -196,8 +196,9 @@ def test_same_seed_same_draws_other_seed_other_draws():
     [
         dict(top_p=0.0), dict(top_p=1.01), dict(min_p=1.5), dict(min_p=-1e-9), dict(top_k=-1),
         dict(repeat_penalty=0.0), dict(repeat_penalty=-1.0), dict(repeat_last_n=-5),
-        dict(temperature=math.nan), dict(frequency_penalty=math.inf), dict(seed=-1), dict(seed=2**64),
-        dict(temperature="0.5"), dict(top_k=3.0), dict(seed=True), dict(top_p=None),
+        dict(temperature=math.nan), dict(frequency_penalty=math.inf), dict(seed=-1),
+        dict(seed=2**64), dict(temperature="0.5"), dict(top_k=3.0), dict(seed=True),
+        dict(top_p=None),
     ],
 )  # fmt: skip
 def test_invalid_params(options):

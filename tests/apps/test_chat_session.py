@@ -11,7 +11,10 @@ from tests.api.conftest import load
 from tests.apps.conftest import EDGEINFER, cli, engine_args
 
 PROMPT = "> "
-STATS = r"\[prompt (\d+) tok(?: \((\d+) cached\))? \| [\d.]+ tok/s \| generated (\d+) tok, [\d.]+ tok/s \| first token \d+ ms \| stop: (\w+)\]"
+STATS = (
+    r"\[prompt (\d+) tok(?: \((\d+) cached\))? \| [\d.]+ tok/s \| "
+    r"generated (\d+) tok, [\d.]+ tok/s \| first token \d+ ms \| stop: (\w+)\]"
+)
 
 
 def spawn(*args: str, timeout: float = 60) -> pexpect.spawn:

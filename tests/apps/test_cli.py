@@ -96,7 +96,8 @@ def test_run_special_tokens_in_the_prompt(fixture_models):
 def test_run_into_a_closed_pipe(fixture_models):
     """`edgeinfer run ... | head -c 1`: the reader leaves early; no traceback, no error."""
     proc = subprocess.Popen(
-        [EDGEINFER, "run", fixture_models["qwen3"], "-p", "Pipe", "-n", "500", "--temp", "0", *engine_args()],
+        [EDGEINFER, "run", fixture_models["qwen3"], "-p", "Pipe", "-n", "500", "--temp", "0",
+         *engine_args()],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     proc.stdout.read(1)
@@ -108,8 +109,8 @@ def test_run_into_a_closed_pipe(fixture_models):
 
 def test_module_entry_point(fixture_models):
     proc = subprocess.run(
-        [sys.executable, "-m", "edgeinfer.apps.cli", "run", fixture_models["llama"], "-p", "Hi", "-n", "3",
-         "--temp", "0", *engine_args()],
+        [sys.executable, "-m", "edgeinfer.apps.cli", "run", fixture_models["llama"],
+         "-p", "Hi", "-n", "3", "--temp", "0", *engine_args()],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -351,8 +352,8 @@ def bad_files(tmp_path_factory, gemma_path):
     return folder
 
 
-@pytest.mark.parametrize("name", ["missing.gguf", "empty.gguf", "text.gguf", "noise.gguf", "truncated.gguf",
-                                  "folder.gguf"])  # fmt: skip
+@pytest.mark.parametrize("name", ["missing.gguf", "empty.gguf", "text.gguf", "noise.gguf",
+                                  "truncated.gguf", "folder.gguf"])  # fmt: skip
 @pytest.mark.parametrize("command", ["run", "info", "chat"])
 def test_bad_model_files(bad_files, name, command):
     args = {"run": ["-p", "hi", "-n", "2"], "info": [], "chat": []}[command]
@@ -372,7 +373,8 @@ def test_bad_option_values(fixture_models, args):
 
 
 def test_usage_errors_exit_2(fixture_models):
-    for args in (["run", fixture_models["llama"]], ["run", fixture_models["llama"], "-p", "x", "--temp", "hot"],
+    for args in (["run", fixture_models["llama"]],
+                 ["run", fixture_models["llama"], "-p", "x", "--temp", "hot"],
                  ["nonsense"]):  # fmt: skip
         proc = cli(*args)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr and "usage:" in proc.stderr

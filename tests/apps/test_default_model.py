@@ -143,8 +143,9 @@ def test_chat_interrupted_while_assembling_leaves_nothing(tmp_path, sig, status)
 @pytest.mark.slow
 def test_default_model_chat_in_a_terminal(tmp_path):
     """The first `edgeinfer chat` on a fresh machine: a progress bar, then Gemma answers."""
-    child = pexpect.spawn(EDGEINFER, ["chat", *engine_args(), "--temp", "0", "-n", "6"], encoding="utf-8",
-                          timeout=120, env={**os.environ, "EDGEINFER_CACHE": str(tmp_path)})  # fmt: skip
+    child = pexpect.spawn(EDGEINFER, ["chat", *engine_args(), "--temp", "0", "-n", "6"],
+                          encoding="utf-8", timeout=120,
+                          env={**os.environ, "EDGEINFER_CACHE": str(tmp_path)})  # fmt: skip
     child.expect(r"assembling the default model \[#+\.*\] \d+/\d+ MB")
     child.expect(rf"\[#{{30}}\] {SIZE / 1e6:.0f}/{SIZE / 1e6:.0f} MB")
     child.expect("Gemma 3 270m ready")

@@ -120,10 +120,14 @@ def bpe_tokenizer_json(spec: VocabSpec, style: str) -> dict[str, Any]:
             "processors": [
                 {**byte_level, "trim_offsets": False},
                 {"type": "TemplateProcessing",
-                 "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                 "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                          {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                 "special_tokens": {bos: {"id": bos, "ids": [spec.special_ids["bos"]], "tokens": [bos]}}},
+                 "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                            {"Sequence": {"id": "A", "type_id": 0}}],
+                 "pair": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                          {"Sequence": {"id": "A", "type_id": 0}},
+                          {"SpecialToken": {"id": bos, "type_id": 1}},
+                          {"Sequence": {"id": "B", "type_id": 1}}],
+                 "special_tokens": {bos: {"id": bos, "ids": [spec.special_ids["bos"]],
+                                          "tokens": [bos]}}},
             ],
         }  # fmt: skip
     else:
@@ -136,9 +140,11 @@ def bpe_tokenizer_json(spec: VocabSpec, style: str) -> dict[str, Any]:
             byte_level,
         ]},
         "post_processor": post,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False,
                   "ignore_merges": style == "llama3", "vocab": vocab,
                   "merges": [m.split(" ") for m in spec.merges]},
     }  # fmt: skip
@@ -160,8 +166,8 @@ def _field(number: int, wire: int, payload: bytes | int) -> bytes:
     if wire == 0:
         return key + _varint(int(payload))
     if wire == 2:
-        return key + _varint(len(payload)) + payload  # type: ignore[arg-type]
-    return key + payload  # type: ignore[operator]
+        return key + _varint(len(payload)) + payload  # type: ignore[arg-type]  # bytes for wire 2
+    return key + payload  # type: ignore[operator]  # bytes for the fixed-size wire types
 
 
 def spm_model_bytes(
@@ -172,12 +178,13 @@ def spm_model_bytes(
     # joined once: growing one bytes object piece by piece is quadratic (minutes at 262k pieces)
     out = b"".join(
         _field(1, 2, _field(1, 2, p.encode()) + _field(2, 5, struct.pack("<f", s)) + _field(3, 0, t))
-        for p, s, t in zip(pieces, scores, types)
+        for p, s, t in zip(pieces, scores, types, strict=True)
     )
     trainer = (
         _field(3, 0, 2) + _field(4, 0, len(pieces)) + _field(35, 0, 1) + _field(40, 0, unk_id)
         + _field(41, 0, bos_id) + _field(42, 0, eos_id) + _field(43, 0, pad_id)
-        + b"".join(_field(45 + k, 2, pieces[i].encode()) for k, i in enumerate((unk_id, bos_id, eos_id, pad_id)))
+        + b"".join(_field(45 + k, 2, pieces[i].encode())
+                   for k, i in enumerate((unk_id, bos_id, eos_id, pad_id)))
     )  # fmt: skip
     normalizer = (
         _field(1, 2, b"identity")
@@ -223,7 +230,8 @@ SPECS: dict[str, CheckpointSpec] = {
         "LlamaForCausalLM", "llama", "llama3",
         config={"rope_theta": 500000.0, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
                 "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+                                 "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 8192}},
     ),
     # Mistral 7B style: SentencePiece with a dummy prefix, BF16 weights in two shards
     "mistral": CheckpointSpec(
@@ -247,8 +255,10 @@ SPECS: dict[str, CheckpointSpec] = {
         n_head_kv=1, head_dim=64, tied=True, extra_vocab_rows=24,
         config={"query_pre_attn_scalar": 64, "sliding_window": 8, "final_logit_softcapping": 30.0,
                 "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 32768,
-                "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
-                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                }},
     ),
 }  # fmt: skip
 
@@ -306,7 +316,8 @@ def hf_config(spec: CheckpointSpec, n_vocab_rows: int, special: dict[str, int]) 
         "vocab_size": n_vocab_rows, "hidden_size": spec.hidden, "intermediate_size": spec.ff,
         "num_hidden_layers": spec.n_layer, "num_attention_heads": spec.n_head,
         "num_key_value_heads": spec.n_head_kv, "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": spec.tied, "torch_dtype": {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[spec.dtype],
+        "tie_word_embeddings": spec.tied,
+        "torch_dtype": {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[spec.dtype],
         "bos_token_id": special.get("bos"), "eos_token_id": special.get("eos"),
     }  # fmt: skip
     if spec.model_type != "gemma3_text":

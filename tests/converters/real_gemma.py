@@ -137,7 +137,8 @@ def real_gemma_checkpoint(
             "head_dim": md["gemma3.attention.key_length"],
             "query_pre_attn_scalar": md["gemma3.attention.key_length"],
             "rms_norm_eps": 1e-6, "sliding_window": md["gemma3.attention.sliding_window"],
-            "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in layers],
+            "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                            for i in layers],
             "rope_theta": md["gemma3.rope.freq_base"], "rope_local_base_freq": 10000.0,
             "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 32768,
             "tie_word_embeddings": True, "torch_dtype": "float32",
@@ -149,7 +150,7 @@ def real_gemma_checkpoint(
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     (folder / "tokenizer.model").write_bytes(spm_model_bytes(
         vocab.tokens, vocab.scores,
-        [UNKNOWN if t == "<unk>" else k for t, k in zip(vocab.tokens, vocab.types)],
+        [UNKNOWN if t == "<unk>" else k for t, k in zip(vocab.tokens, vocab.types, strict=True)],
         unk_id=vocab.ids["<unk>"], bos_id=vocab.ids["<bos>"], eos_id=vocab.ids["<eos>"],
         pad_id=vocab.ids["<pad>"],
     ))  # fmt: skip

@@ -8,10 +8,10 @@ import struct
 from pathlib import Path
 
 import pytest
-from edgeinfer.converters import errors
-from edgeinfer.converters.convert import ConvertOptions, convert
 
 from edgeinfer import errors as ei_errors
+from edgeinfer.converters import errors
+from edgeinfer.converters.convert import ConvertOptions, convert
 from tests.converters.checkpoints import write_safetensors
 from tests.converters.conftest import leftovers
 
@@ -217,7 +217,8 @@ def _corrupt_cases():
         return b"\x01\x02"
 
     return {f.__name__: f for f in (huge_length, not_json, unknown_dtype, overlap, wrong_size,
-                                     truncated, duplicate_key, negative_offsets, empty)}  # fmt: skip
+                                     truncated, duplicate_key, negative_offsets,
+                                     empty)}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(_corrupt_cases()))

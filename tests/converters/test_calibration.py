@@ -8,12 +8,12 @@ import ctypes
 
 import numpy as np
 import pytest
+
 from edgeinfer.converters.calibration import ActivationStats, collect_stats
 from edgeinfer.converters.convert import Conversion, ConvertOptions, convert, plan_conversion
 from edgeinfer.converters.fitting import quantization_error, sample_rows
-
 from edgeinfer.gguf import GGUFFile
-from tests.converters.conftest import ggml_quantize  # noqa: F401
+from tests.converters.conftest import ggml_quantize  # noqa: F401 (a fixture)
 from tests.e2e.parity import PROMPTS
 
 CALIB_TEXT = "\n\n".join(PROMPTS * 2)
@@ -62,7 +62,7 @@ def test_calibrated_quantization_is_llama_cpps_imatrix_path(
         np.ascontiguousarray(stats.sums[n] / stats.counts[n], dtype=np.float32) for n in names
     ]
     entries = (llama_cpp.llama_model_imatrix_data * (len(names) + 1))()
-    for e, n, a in zip(entries, names, arrays):
+    for e, n, a in zip(entries, names, arrays, strict=False):
         e.name, e.data, e.size = (
             n.encode(),
             a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
@@ -112,7 +112,7 @@ def test_calibration_lowers_the_weighted_error(stats, checkpoints):
 def test_calibration_from_a_text_file(checkpoints, tmp_path, out_dir):
     text = tmp_path / "calib.txt"
     text.write_text(CALIB_TEXT)
-    plan = convert(checkpoints["qwen2"], out_dir / "m.gguf",
-                   ConvertOptions(calib=text, calib_tokens=300, max_memory=5_000_000, n_ctx=64))  # fmt: skip
+    options = ConvertOptions(calib=text, calib_tokens=300, max_memory=5_000_000, n_ctx=64)
+    plan = convert(checkpoints["qwen2"], out_dir / "m.gguf", options)
     assert plan.total_bytes <= 5_000_000
     assert sorted(p.name for p in out_dir.iterdir()) == ["m.gguf"]  # the F16 copy is gone

@@ -12,8 +12,8 @@ import sys
 import time
 
 import pytest
-from edgeinfer.apps.convert import add_parser, main, run
 
+from edgeinfer.apps.convert import add_parser, main, run
 from tests.converters.conftest import leftovers
 
 
@@ -21,8 +21,9 @@ def test_plugs_into_subparsers(checkpoints):
     parser = argparse.ArgumentParser(prog="edgeinfer")
     sub = parser.add_subparsers(dest="command")
     add_parser(sub)
-    args = parser.parse_args(["convert", str(checkpoints["llama"]), "-o", "x.gguf", "--type", "q4_k_m",
-                              "--max-memory", "2GiB", "--ctx", "512", "--dry-run"])  # fmt: skip
+    args = parser.parse_args(["convert", str(checkpoints["llama"]), "-o", "x.gguf",
+                              "--type", "q4_k_m", "--max-memory", "2GiB", "--ctx", "512",
+                              "--dry-run"])  # fmt: skip
     assert (
         args.command == "convert" and args.type == "q4_k_m" and args.ctx == 512 and callable(main)
     )

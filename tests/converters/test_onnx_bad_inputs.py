@@ -9,11 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from edgeinfer.converters import errors
-from edgeinfer.converters.convert import ConvertOptions, convert
 
 import edgeinfer
 from edgeinfer import errors as ei_errors
+from edgeinfer.converters import errors
+from edgeinfer.converters.convert import ConvertOptions, convert
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -83,7 +83,8 @@ def test_missing_tokenizer(copy_checkpoint, out_dir):
      ({"target": "rpi5"}, errors.NotAvailableError, "--target"),
      ({"max_memory": "1GiB", "n_ctx": 64}, errors.NotAvailableError, "--max-memory"),
      ({"n_ctx": 0}, errors.InvalidSizeError, "ctx"),
-     ({"kv_type": "int8", "calib": "/nonexistent.txt"}, errors.MissingSourceFileError, "calibration")],
+     ({"kv_type": "int8", "calib": "/nonexistent.txt"}, errors.MissingSourceFileError,
+      "calibration")],
 )  # fmt: skip
 def test_bad_options(checkpoints, out_dir, options, error, match):
     e = check_refused(checkpoints["llama"], out_dir, error, match, **options)
@@ -156,7 +157,8 @@ def _edit_config(folder: Path, edit) -> None:
 
 @pytest.mark.parametrize(
     "damage, error, match",
-    [(lambda f: (f / "genai_config.json").unlink(), ei_errors.ModelFileError, "not an ONNX model folder"),
+    [(lambda f: (f / "genai_config.json").unlink(), ei_errors.ModelFileError,
+      "not an ONNX model folder"),
      (lambda f: (f / "genai_config.json").write_text("{"), ei_errors.ModelFileError, "unreadable"),
      (lambda f: _edit_config(f, lambda c: c["model"].update(type="gpt2")),
       ei_errors.UnknownArchitectureError, "gpt2"),
@@ -165,8 +167,10 @@ def _edit_config(folder: Path, edit) -> None:
      (lambda f: _edit_config(f, lambda c: c["model"]["decoder"].update(filename="../model.onnx")),
       ei_errors.ModelFileError, "filename"),
      (lambda f: (f / "model.onnx").unlink(), ei_errors.ModelFileError, "missing"),
-     (lambda f: (f / "model.onnx").write_bytes(b"\x08\x07garbage" * 100), ei_errors.ModelFileError, "cannot load"),
-     (lambda f: (f / "model.onnx.data").write_bytes(b"\0" * 100), ei_errors.ModelFileError, "cannot load"),
+     (lambda f: (f / "model.onnx").write_bytes(b"\x08\x07garbage" * 100),
+      ei_errors.ModelFileError, "cannot load"),
+     (lambda f: (f / "model.onnx.data").write_bytes(b"\0" * 100),
+      ei_errors.ModelFileError, "cannot load"),
      (lambda f: (f / "tokenizer.json").unlink(), ei_errors.TokenizerError, "tokenizer")],
 )  # fmt: skip
 def test_bad_folder_is_refused(good_folder, tmp_path, damage, error, match):
@@ -196,7 +200,8 @@ def test_cli_converts_and_runs(checkpoints, out_dir, capsys):
 
     out = out_dir / "m"
     args = ["convert", str(checkpoints["gemma3"]), "-o", str(out), "--format", "onnx",
-            "--type", "int8", "--block-size", "64", "--ctx", "256", "--kv-type", "int8"]  # fmt: skip
+            "--type", "int8", "--block-size", "64", "--ctx", "256",
+            "--kv-type", "int8"]  # fmt: skip
     assert main(args) == 0
     assert "wrote" in capsys.readouterr().err and (out / "genai_config.json").is_file()
     assert main(["run", str(out), "-p", "Once upon a time", "-n", "6", "--temp", "0"]) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from edgeinfer.converters.onnx.blockwise import BlockLayout, dequantize, quantize
 
 pybind = pytest.importorskip("onnxruntime.capi._pybind_state")

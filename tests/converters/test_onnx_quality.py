@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import edgeinfer
 from edgeinfer.converters.architectures.base import SourceTensor
 from edgeinfer.converters.convert import ConvertOptions, convert
 from edgeinfer.converters.onnx.blockwise import BlockLayout, dequantize, quantize
-
-import edgeinfer
 from tests.converters.conftest import prompt_tokens
 from tests.converters.onnx_support import TEXT, ort_logits
 from tests.converters.real_gemma import real_gemma_checkpoint
@@ -74,7 +74,8 @@ def test_quantized_export_computes_its_dequantized_weights(
     ours = ort_logits(folder, tokens)
     diff = float(np.abs(ours - ref).max())
     print(
-        f"{arch} {type_name} b{block_size} {'zp' if zero_points else 'sym'}: max abs diff {diff:.1e}"
+        f"{arch} {type_name} b{block_size} {'zp' if zero_points else 'sym'}: "
+        f"max abs diff {diff:.1e}"
     )
     assert diff < 1e-3 * max(1.0, float(np.abs(ref).max()))
 

@@ -36,7 +36,7 @@ print(json.dumps({"opened": opened, "peak": hwm()}))
 
 
 @pytest.mark.parametrize("type_name", ["int4", "f32"])
-def test_peak_memory_stays_below_the_largest_tensor(wide_checkpoint, tmp_path, type_name):  # noqa: F811
+def test_peak_memory_stays_below_the_largest_tensor(wide_checkpoint, tmp_path, type_name):  # noqa: F811 (the imported fixture)
     largest = 65536 * 768 * 4
     out = tmp_path / "onnx"
     result = subprocess.run(

@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import edgeinfer
 from edgeinfer.converters.calibration import ActivationStats, collect_stats
 from edgeinfer.converters.convert import Conversion, ConvertOptions, convert
 from edgeinfer.converters.recipes import recipe
-
-import edgeinfer
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.perplexity import PerplexityResult, perplexity
 from tests.conftest import keyed_cache, llama_cpp_model
@@ -105,7 +105,7 @@ def ggml_quantize_imatrix(src: Path, dst: Path, ftype: int, stats: ActivationSta
     names = sorted(stats.sums)
     values = [stats.importance(n, len(stats.sums[n])) for n in names]  # kept alive until done
     entries = (llama_cpp.llama_model_imatrix_data * (len(names) + 1))()  # NULL-terminated
-    for entry, name, v in zip(entries, names, values):
+    for entry, name, v in zip(entries, names, values, strict=False):
         entry.name, entry.size = name.encode(), v.size
         entry.data = v.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
     params = llama_cpp.llama_model_quantize_default_params()
@@ -320,7 +320,8 @@ def table(run: QualityRun) -> str:
         theirs = run.rows.get(f"llama.cpp {type_name}")
         kept = theirs is not None and theirs.path.exists()
         lines.append("| {} | {} | {} | {} | {} |".format(
-            type_name, *cells(ours), *cells(theirs if kept else ours, None if kept else ours)))  # fmt: skip
+            type_name, *cells(ours),
+            *cells(theirs if kept else ours, None if kept else ours)))  # fmt: skip
     fitted, fitted_calib = run.fitted(False), run.fitted(True)
     q4_imatrix = run.theirs("q4_k_m", imatrix=True)
     lines.append("| fitted to Q4_K_M's size | {} | {} | | |".format(*cells(fitted)))

@@ -4,10 +4,10 @@ any weights: which layers get more bits, what the output becomes, and the fallba
 from __future__ import annotations
 
 import pytest
+
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures.base import SourceTensor
 from edgeinfer.converters.recipes import Model, fallback, recipe, use_more_bits
-
 from edgeinfer.gguf.constants import GGMLType as T
 
 N_LAYER = 32

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+
+import edgeinfer
 from edgeinfer.converters import errors
 from edgeinfer.converters.hf_folder import HFCheckpoint
 from edgeinfer.converters.sentencepiece_model import parse_sentencepiece
 from edgeinfer.converters.vocab import convert_vocabulary, pre_tokenizer_name
-
-import edgeinfer
 from edgeinfer.gguf import GGUFFile
 from tests.converters.checkpoints import CHAT_TEMPLATE
 from tests.e2e.parity import PROMPTS
@@ -141,7 +141,9 @@ def test_pre_tokenizer_names():
         assert _tj({"type": "Sequence", "pretokenizers": [split, byte_level]}) == name
     assert _tj({"type": "ByteLevel", "use_regex": True}) == "gpt-2"
     digits = {"type": "Sequence", "pretokenizers": [
-        {"type": "Digits", "individual_digits": True}, {"type": "ByteLevel", "use_regex": True}]}  # fmt: skip
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "use_regex": True},
+    ]}  # fmt: skip
     assert _tj(digits, clean=False) == "smollm" and _tj(digits, clean=True) == "starcoder"
     other = {
         "type": "Sequence",

@@ -82,7 +82,8 @@ def test_batch_split_and_threads_do_not_change_results(fixture_models):
         whole = two.logits(tokens)
         engine = two._engine
         engine.truncate(0)
-        pieces = [engine.forward(tokens[:33], all_logits=True), engine.forward(tokens[33:34], all_logits=True),
+        pieces = [engine.forward(tokens[:33], all_logits=True),
+                  engine.forward(tokens[33:34], all_logits=True),
                   engine.forward(tokens[34:], all_logits=True)]  # fmt: skip
         np.testing.assert_array_equal(np.vstack(pieces), whole)
         engine.truncate(0)

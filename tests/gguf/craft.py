@@ -69,7 +69,7 @@ class GGUFSpec:
             pos = -(-pos // self.alignment) * self.alignment
             offsets.append(pos if t.offset is None else t.offset)
             pos += len(t.data)
-        for t, off in zip(self.tensors, offsets):
+        for t, off in zip(self.tensors, offsets, strict=True):
             head += _str(t.name) + struct.pack("<I", len(t.shape))
             head += b"".join(struct.pack("<Q", d) for d in t.shape)
             head += struct.pack("<IQ", t.ggml_type, off)
@@ -91,7 +91,8 @@ def tiny_llama_spec(n_vocab: int = 64, n_embd: int = 32, n_layer: int = 1, seed:
     spec.add("general.architecture", STRING, "llama")
     spec.add("general.name", STRING, "tiny")
     for key, vt, v in (
-        ("context_length", U32, 128), ("embedding_length", U32, n_embd), ("block_count", U32, n_layer),
+        ("context_length", U32, 128), ("embedding_length", U32, n_embd),
+        ("block_count", U32, n_layer),
         ("feed_forward_length", U32, 2 * n_embd), ("attention.head_count", U32, 4),
         ("attention.head_count_kv", U32, 2), ("attention.layer_norm_rms_epsilon", F32, 1e-5),
         ("rope.freq_base", F32, 10000.0),
@@ -107,7 +108,10 @@ def tiny_llama_spec(n_vocab: int = 64, n_embd: int = 32, n_layer: int = 1, seed:
     spec.add("tokenizer.ggml.bos_token_id", U32, 1)
     spec.add("tokenizer.ggml.eos_token_id", U32, 2)
     spec.add("tokenizer.ggml.unknown_token_id", U32, 0)
-    w = lambda *shape: rng.standard_normal(shape).astype(np.float32) * 0.1  # noqa: E731
+
+    def w(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32) * 0.1
+
     spec.add_f32_tensor("token_embd.weight", w(n_vocab, n_embd))
     spec.add_f32_tensor("output_norm.weight", np.ones(n_embd))
     kv_dim = n_embd // 2

@@ -12,7 +12,7 @@ import pytest
 from edgeinfer import errors
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.models import config_from_gguf
-from tests.gguf.craft import ARRAY, F32, STRING, U8, U32, U64, GGUFSpec, Tensor, tiny_llama_spec
+from tests.gguf.craft import ARRAY, F32, STRING, U8, U32, U64, Tensor, tiny_llama_spec
 
 
 def _open(tmp_path, data: bytes, name: str = "m.gguf"):

@@ -135,7 +135,7 @@ int main(void) {
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
-"""
+"""  # noqa: E501 (C source, held to the style of simd/, not to the Python line length)
 
 pytestmark = pytest.mark.skipif(
     platform.machine().lower() not in ("x86_64", "amd64"),

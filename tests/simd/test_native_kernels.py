@@ -782,7 +782,7 @@ int main(void) {
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
-"""
+"""  # noqa: E501 (C source, held to the style of simd/, not to the Python line length)
 
 
 @pytest.mark.parametrize("variant", X86_HERE)

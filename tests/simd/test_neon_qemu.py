@@ -131,7 +131,7 @@ def aarch64_build(cc, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("aarch64")
     temp, lib = out / "temp", out / "lib"
     try:
-        import setuptools  # noqa: F401
+        import setuptools  # noqa: F401 (only whether it is installed matters)
     except ImportError:
         library = _build_direct(cc, temp, lib)
     else:

@@ -94,4 +94,4 @@ def test_text_must_be_valid_unicode() -> None:
     with pytest.raises(TokenizerError, match="surrogates"):
         tok.tokenize("a\ud800b")
     with pytest.raises(TokenizerError, match="takes str"):
-        tok.tokenize(b"bytes")  # type: ignore[arg-type]
+        tok.tokenize(b"bytes")  # type: ignore[arg-type]  # the wrong type is the test

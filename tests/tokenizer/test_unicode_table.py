@@ -22,7 +22,7 @@ def _ranges() -> list[tuple[int, str]]:
 def test_table_is_well_formed() -> None:
     ranges = _ranges()
     assert ranges[0][0] == 0
-    assert all(a[0] < b[0] and a[1] != b[1] for a, b in zip(ranges, ranges[1:]))
+    assert all(a[0] < b[0] and a[1] != b[1] for a, b in zip(ranges, ranges[1:], strict=False))
     assert {c for _, c in ranges} == set("WLNPMSO")
     assert ranges[-1][0] < 0x110000
 
@@ -49,7 +49,7 @@ def _samples() -> list[int]:
     """First, middle and last code point of every range; no surrogates (not encodable)."""
     ranges = _ranges() + [(0x110000, "")]
     out = []
-    for (start, _), (end, _) in zip(ranges, ranges[1:]):
+    for (start, _), (end, _) in zip(ranges, ranges[1:], strict=False):
         out += [start, (start + end - 1) // 2, end - 1]
     return [cp for cp in dict.fromkeys(out) if not 0xD800 <= cp <= 0xDFFF and cp != 0]
 

@@ -130,7 +130,7 @@ def test_clean_up_spaces(raw: bytes, clean: bytes) -> None:
 
 
 @pytest.mark.parametrize("build", [spm_metadata, bpe_metadata])
-def test_hand_built_vocabularies_agree_with_llama_cpp(tmp_path, build) -> None:  # noqa: ANN001
+def test_hand_built_vocabularies_agree_with_llama_cpp(tmp_path, build) -> None:
     """The expectations above are llama.cpp's, not just ours."""
     llama_cpp = pytest.importorskip("llama_cpp")
     md = build()
@@ -146,7 +146,7 @@ def test_hand_built_vocabularies_agree_with_llama_cpp(tmp_path, build) -> None: 
 
 
 @pytest.mark.parametrize("build", [spm_metadata, bpe_metadata])
-def test_exotic_token_pieces_agree_with_llama_cpp(tmp_path, build) -> None:  # noqa: ANN001
+def test_exotic_token_pieces_agree_with_llama_cpp(tmp_path, build) -> None:
     from tests.tokenizer.conftest import Reference
 
     pytest.importorskip("llama_cpp")
