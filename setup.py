@@ -19,7 +19,14 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).parent
 SIMD = ROOT / "simd"
 
-GCC_BASE = ["-O2", "-std=c11", "-ffp-contract=off", "-fvisibility=hidden", "-fno-math-errno", "-Wall"]
+GCC_BASE = [
+    "-O2",
+    "-std=c11",
+    "-ffp-contract=off",
+    "-fvisibility=hidden",
+    "-fno-math-errno",
+    "-Wall",
+]
 MSVC_BASE = ["/O2", "/std:c11", "/experimental:c11atomics", "/fp:precise"]
 
 # directory -> (gcc/clang flags, msvc flags, the define that tells the dispatcher it was built)
@@ -69,7 +76,9 @@ class BuildNative(build_ext):
                 if not self._accepts(base + gnu):
                     break  # each level needs the ones below it
                 defines.append((define, None))
-                groups.append((_sources("arm_neon"), gnu, [("EI_NEON_LEVEL", str(level))], f"neon{level}"))
+                groups.append(
+                    (_sources("arm_neon"), gnu, [("EI_NEON_LEVEL", str(level))], f"neon{level}")
+                )
         groups.insert(0, (_sources("common") + _sources("ref"), [], defines, "base"))
 
         objects: list[str] = []
@@ -85,7 +94,6 @@ class BuildNative(build_ext):
             export_symbols=self.get_export_symbols(ext), build_temp=self.build_temp,
             target_lang="c",
         )  # fmt: skip
-
 
     def _accepts(self, flags: list[str]) -> bool:
         """Whether the compiler builds a trivial file with these flags."""

@@ -18,7 +18,9 @@ from edgeinfer.engines import ENGINE_CHOICES
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens")
-    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument(
+        "-t", "--threads", type=int, default=None, help="threads (default: physical cores)"
+    )
     p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
                    help="compute engine (default: the native one where it runs)")  # fmt: skip
 
@@ -30,7 +32,13 @@ def _load(args: argparse.Namespace, path: str) -> Any:
 
 
 def _add_sampling_options(p: argparse.ArgumentParser, n_default: int) -> None:
-    p.add_argument("-n", "--max-tokens", type=int, default=n_default, help="tokens to generate (-1: until the context is full)")
+    p.add_argument(
+        "-n",
+        "--max-tokens",
+        type=int,
+        default=n_default,
+        help="tokens to generate (-1: until the context is full)",
+    )
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--top-p", type=float, default=0.95)
@@ -59,7 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-p", "--prompt", required=True, help="prompt text ('-' reads stdin)")
     _add_model_options(run)
     _add_sampling_options(run, 128)
-    run.add_argument("--no-special", action="store_true", help="do not parse special tokens in the prompt")
+    run.add_argument(
+        "--no-special", action="store_true", help="do not parse special tokens in the prompt"
+    )
 
     chat = sub.add_parser("chat", help="interactive chat (default model when none is given)")
     chat.add_argument("model", nargs="?", help="GGUF file (default: the embedded Gemma 3 270M)")
@@ -70,7 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="describe a model file")
     info.add_argument("model")
     info.add_argument("--json", action="store_true")
-    info.add_argument("-c", "--ctx", type=int, default=None, help="context size for the memory estimate")
+    info.add_argument(
+        "-c", "--ctx", type=int, default=None, help="context size for the memory estimate"
+    )
 
     bench = sub.add_parser("bench", help="measure prompt and generation speed (like llama-bench)")
     bench.add_argument("model")
@@ -122,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         if isinstance(e, BrokenPipeError):
             return _broken_pipe()
-        print(f"edgeinfer: error: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", file=sys.stderr)
+        print(
+            f"edgeinfer: error: {e.strerror or e}{f': {e.filename}' if e.filename else ''}",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)
@@ -296,7 +311,10 @@ class _ChatSession:
                 sys.stdout.flush()
         except errors.ContextOverflowError:
             self.history.pop()
-            print("(the conversation no longer fits the context: /reset to start over)", file=sys.stderr)
+            print(
+                "(the conversation no longer fits the context: /reset to start over)",
+                file=sys.stderr,
+            )
             return
         except KeyboardInterrupt:
             if stream is None:  # before the reply began: as if the line was never sent
@@ -392,7 +410,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
-    print(f"{os.path.basename(r['model'])}: {r['engine']} engine ({r['isa']}), {r['threads']} threads")
+    print(
+        f"{os.path.basename(r['model'])}: {r['engine']} engine ({r['isa']}), {r['threads']} threads"
+    )
     print(f"pp{r['n_prompt']:<5} {r['pp_tok_s']:9.1f} ± {r['pp_tok_s_sd']:.1f} tok/s")
     print(f"tg{r['n_gen']:<5} {r['tg_tok_s']:9.1f} ± {r['tg_tok_s_sd']:.1f} tok/s")
     print(f"ttft     {r['ttft_s'] * 1000:9.1f} ms ({r['n_prompt']}-token prompt)")
@@ -415,7 +435,9 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
 
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
-    with edgeinfer.load(args.model, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine) as model:
+    with edgeinfer.load(
+        args.model, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine
+    ) as model:
         r = perplexity(model, text, n_ctx=args.ctx, max_windows=args.chunks)
     if args.json:
         print(json.dumps(r.as_dict(), indent=2))

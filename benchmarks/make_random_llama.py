@@ -20,7 +20,9 @@ def q4_0_matrix(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     blocks = rows * cols // 32
     raw = np.empty((blocks, 18), dtype=np.uint8)
     scale = np.float16(1.0 / (4.0 * np.sqrt(cols)))
-    raw[:, :2] = np.frombuffer(np.full(blocks, scale, dtype=np.float16).tobytes(), dtype=np.uint8).reshape(blocks, 2)
+    raw[:, :2] = np.frombuffer(
+        np.full(blocks, scale, dtype=np.float16).tobytes(), dtype=np.uint8
+    ).reshape(blocks, 2)
     raw[:, 2:] = rng.integers(0, 256, size=(blocks, 16), dtype=np.uint8)
     return raw.reshape(rows, cols // 32 * 18)
 

@@ -20,7 +20,9 @@ def measure(threads: int, mb: int = 1024) -> float:
         exe = Path(tmp) / "membw"
         cc = os.environ.get("CC", "cc")
         subprocess.run([cc, "-O3", "-pthread", str(src), "-o", str(exe)], check=True)
-        out = subprocess.run([str(exe), str(threads), str(mb)], check=True, capture_output=True, text=True)
+        out = subprocess.run(
+            [str(exe), str(threads), str(mb)], check=True, capture_output=True, text=True
+        )
     return float(out.stdout.strip())
 
 

@@ -19,7 +19,7 @@ PROMPT = (
 ) * 40
 
 
-def best_of(n: int, fn) -> float:  # noqa: ANN001 (any callable)
+def best_of(n: int, fn) -> float:
     best = float("inf")
     for _ in range(n):
         start = time.perf_counter()
@@ -40,8 +40,10 @@ def main() -> None:
     tok.tokenize(PROMPT)  # the first call builds the lazy tables
     run = best_of(args.repetitions, lambda: tok.tokenize(PROMPT, parse_special=True))
     n = len(tok.tokenize(PROMPT, parse_special=True))
-    print(f"build {build * 1e3:.1f} ms ({tok.n_vocab} tokens); tokenize {len(PROMPT)} characters "
-          f"-> {n} tokens in {run * 1e3:.1f} ms ({n / run:,.0f} tok/s)")
+    print(
+        f"build {build * 1e3:.1f} ms ({tok.n_vocab} tokens); tokenize {len(PROMPT)} characters "
+        f"-> {n} tokens in {run * 1e3:.1f} ms ({n / run:,.0f} tok/s)"
+    )
 
 
 if __name__ == "__main__":

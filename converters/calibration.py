@@ -103,9 +103,9 @@ def run_text(
     progress: Progress | None = None,
 ) -> ActivationStats:  # fmt: skip
     """Statistics of the GGUF model at ``gguf_path`` over ``text``, window by window."""
+    from edgeinfer.engines.reference import ReferenceEngine
     from edgeinfer.gguf import GGUFFile
     from edgeinfer.models import config_from_gguf
-    from edgeinfer.engines.reference import ReferenceEngine
     from edgeinfer.tokenizer import Tokenizer
 
     class StatsEngine(ReferenceEngine):

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edgeinfer import quants
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures import ArchConverter, SourceTensor, converter_for
 from edgeinfer.converters.architectures.base import MetadataItem, kv
@@ -39,7 +38,6 @@ from edgeinfer.converters.profiles import Profile, load_profile, parse_size
 from edgeinfer.converters.quantizers import quantize
 from edgeinfer.converters.recipes import FILE_TYPES, Model, recipe
 from edgeinfer.converters.vocab import Vocabulary, convert_vocabulary
-
 from edgeinfer.gguf.constants import GGMLType, ValueType
 from edgeinfer.gguf.writer import GGUFWriter
 

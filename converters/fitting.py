@@ -153,5 +153,3 @@ def format_bytes(n: int) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n} B"
-
-

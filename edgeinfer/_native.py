@@ -37,12 +37,24 @@ ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
 API_VERSION = 4
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
-c_int, c_int32, c_int64, c_float, c_size_t = ctypes.c_int, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_size_t
+c_int, c_int32, c_int64, c_float, c_size_t = (
+    ctypes.c_int,
+    ctypes.c_int32,
+    ctypes.c_int64,
+    ctypes.c_float,
+    ctypes.c_size_t,
+)
 c_void_p, c_char_p = ctypes.c_void_p, ctypes.c_char_p
 
 
 class Tensor(ctypes.Structure):
-    _fields_ = [("data", c_void_p), ("type", c_int32), ("layout", c_int32), ("ne0", c_int64), ("ne1", c_int64)]
+    _fields_ = [
+        ("data", c_void_p),
+        ("type", c_int32),
+        ("layout", c_int32),
+        ("ne0", c_int64),
+        ("ne1", c_int64),
+    ]
 
 
 # the layer struct's tensors in LayerTensors' order; the library reports its own order
@@ -95,7 +107,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_isa_best": (c_int, []),
     "ei_cpu_features": (c_char_p, []),
     "ei_engine_create": (c_int, [_P(ModelDesc), _P(EngineParams), _P(c_void_p)]),
-    "ei_engine_decode": (c_int, [c_void_p, c_int32, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
+    "ei_engine_decode": (
+        c_int,
+        [c_void_p, c_int32, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p],
+    ),
     "ei_engine_seq_clear": (c_int, [c_void_p, c_int32]),
     "ei_engine_isa": (c_int, [c_void_p]),
     "ei_engine_memory": (c_size_t, [c_void_p]),
@@ -107,8 +122,26 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_kernel_rms_norm": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p, c_float]),
     "ei_kernel_rope": (c_int, [c_int, c_int, c_void_p, c_void_p, c_int]),
     "ei_kernel_glu": (c_int, [c_int, c_int, c_int, c_void_p, c_void_p, c_void_p]),
-    "ei_kernel_attn": (c_int, [c_int, c_int, c_int, c_int, c_int, c_int, c_int, c_size_t, c_size_t,
-                               c_float, c_float, c_void_p, c_void_p, c_void_p, c_void_p]),
+    "ei_kernel_attn": (
+        c_int,
+        [
+            c_int,
+            c_int,
+            c_int,
+            c_int,
+            c_int,
+            c_int,
+            c_int,
+            c_size_t,
+            c_size_t,
+            c_float,
+            c_float,
+            c_void_p,
+            c_void_p,
+            c_void_p,
+            c_void_p,
+        ],
+    ),
     "ei_partner_type_of": (c_int, [c_int]),
 }
 
@@ -146,7 +179,7 @@ def _mismatch(lib: ctypes.CDLL) -> str | None:
         native, mirrored = lib.ei_struct_size(which), ctypes.sizeof(struct)
         if native != mirrored:
             return f"its {struct.__name__} is {native} bytes, edgeinfer's mirror is {mirrored}"
-    names = []
+    names: list[str] = []
     while (name := lib.ei_layer_tensor_name(len(names))) is not None:
         names.append(name.decode())
     if tuple(names) != _LAYER_TENSORS:
@@ -258,10 +291,14 @@ def resolve_isa(name: str | None = None) -> int:
     if name is None:
         return lib.ei_isa_best()
     if name not in ISA_NAMES:
-        raise errors.InvalidOptionError(f"unknown instruction set {name!r} (one of {', '.join(ISA_NAMES)})")
+        raise errors.InvalidOptionError(
+            f"unknown instruction set {name!r} (one of {', '.join(ISA_NAMES)})"
+        )
     isa = ISA_NAMES.index(name)
     if not lib.ei_isa_supported(isa):
-        raise errors.BackendError(f"instruction set {name} is not available here: {lib.ei_isa_reason(isa).decode()}")
+        raise errors.BackendError(
+            f"instruction set {name} is not available here: {lib.ei_isa_reason(isa).decode()}"
+        )
     return isa
 
 
@@ -287,7 +324,8 @@ class NativeEngine(SequenceEngine):
         n_seq_max: int = 1,
     ) -> None:  # fmt: skip
         super().__init__(n_ctx, cfg.n_vocab, n_seq_max)
-        self._handle: c_void_p | None = None
+        self._handle: ctypes.c_void_p | None = None
+        self._map: np.ndarray | None = None
         lib = library()
         kv = _native_cache_type(kv_type)  # keys and values alike
         self.cfg = cfg
@@ -351,8 +389,10 @@ class NativeEngine(SequenceEngine):
             raise errors.ModelClosedError("the engine is closed")
 
     def _run(self, batch: Batch) -> np.ndarray:
-        tokens, pos, seq = (np.ascontiguousarray(a, dtype=np.int32)
-                            for a in (batch.tokens, batch.positions, batch.seqs))  # (n,) each
+        tokens, pos, seq = (
+            np.ascontiguousarray(a, dtype=np.int32)
+            for a in (batch.tokens, batch.positions, batch.seqs)
+        )  # (n,) each
         mask = np.ascontiguousarray(batch.want, dtype=np.int8)
         logits = np.empty((int(mask.sum()), self.cfg.n_vocab), dtype=np.float32)
         check(library().ei_engine_decode(
@@ -384,7 +424,9 @@ class Kernels:
         self.lib = library()
         self.isa = ISA_NAMES.index(isa)
         if not self.lib.ei_isa_supported(self.isa):
-            raise errors.BackendError(f"{isa} is not available: {self.lib.ei_isa_reason(self.isa).decode()}")
+            raise errors.BackendError(
+                f"{isa} is not available: {self.lib.ei_isa_reason(self.isa).decode()}"
+            )
 
     def partner_type(self, weight_type: int) -> int:
         return self.lib.ei_partner_type_of(weight_type)
@@ -427,7 +469,14 @@ class Kernels:
         return y
 
     def attention(
-        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, t0: int, t1: int, scale: float, softcap: float = 0.0
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        t0: int,
+        t1: int,
+        scale: float,
+        softcap: float = 0.0,
     ) -> np.ndarray:
         """q (head_dim,), k (T, head_dim), v (T, head_dim_v), each cache in float16 or float32
         (rows of GGML F16 or F32; another dtype is passed as its type and refused natively)."""

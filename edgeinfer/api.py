@@ -95,7 +95,9 @@ class Model:
                 n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=n_batch,
                 kv_type=cache_type(kv_type).name, isa=isa,
             )  # fmt: skip
-            self._engine: engines.Engine | None = engines.create(spec, self.source, self.config, options)
+            self._engine: engines.Engine | None = engines.create(
+                spec, self.source, self.config, options
+            )
         except BaseException:
             self.source.close()
             raise
@@ -135,14 +137,18 @@ class Model:
 
     # --- tokens ----------------------------------------------------------------------------
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
         """Token ids of ``text``, with llama.cpp's meaning of the two flags."""
         self._check_open()
         return self.tokenizer.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, tokens: Sequence[int], remove_special: bool = False) -> str:
         """The text of ``tokens`` (control tokens render as nothing)."""
-        return self.tokenizer.detokenize(self._check_tokens(tokens, allow_empty=True), remove_special=remove_special)
+        return self.tokenizer.detokenize(
+            self._check_tokens(tokens, allow_empty=True), remove_special=remove_special
+        )
 
     # --- scoring ---------------------------------------------------------------------------
 
@@ -159,7 +165,7 @@ class Model:
             step = self._session.n_batch
             for start in range(0, len(tokens), step):
                 chunk = tokens[start : start + step]
-                out[start : start + len(chunk)] = self._engine.forward(chunk, all_logits=True)
+                out[start : start + len(chunk)] = self.backend.forward(chunk, all_logits=True)
                 self._session.tokens.extend(chunk)
             return out
 
@@ -224,7 +230,9 @@ class Model:
         if sampling:
             raise errors.InvalidOptionError("pass either a sampler or sampling options, not both")
         if not callable(sampler):
-            raise errors.InvalidOptionError("sampler must be a callable (logits, history) -> token id")
+            raise errors.InvalidOptionError(
+                "sampler must be a callable (logits, history) -> token id"
+            )
         return _CheckedSampler(sampler, self.n_vocab)
 
     def _prompt_ids(self, prompt: Any, add_special: bool, parse_special: bool) -> list[int]:
@@ -269,12 +277,18 @@ class Model:
                 self._template = ChatTemplate(source, bos_token=bos, eos_token=eos, name=name)
         return self._template
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
 
     def chat_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """The prompt tokens of a conversation: its template rendering, special tokens parsed."""
-        if isinstance(messages, Sequence) and not isinstance(messages, (str, bytes)) and not messages:
+        if (
+            isinstance(messages, Sequence)
+            and not isinstance(messages, (str, bytes))
+            and not messages
+        ):
             raise errors.InvalidOptionError("the conversation has no messages")
         text = self.render_chat(messages)
         bos = self.chat_template.bos_token
@@ -387,7 +401,9 @@ class _CheckedSampler:
         if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
             raise errors.InvalidOptionError(f"the sampler returned {token!r}, not a token id")
         if not 0 <= token < self.n_vocab:
-            raise errors.InvalidOptionError(f"the sampler returned token id {token}, outside [0, {self.n_vocab})")
+            raise errors.InvalidOptionError(
+                f"the sampler returned token id {token}, outside [0, {self.n_vocab})"
+            )
         return int(token)
 
 

@@ -17,7 +17,9 @@ from edgeinfer import errors
 
 def peak_rss_mb() -> float:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB elsewhere
+    return (
+        rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
+    )  # bytes on macOS, KiB elsewhere
 
 
 def run(
@@ -46,7 +48,9 @@ def run(
         prompt = rng.integers(min(1000, model.n_vocab // 2), model.n_vocab, size=n_prompt).tolist()
         eng = model.backend  # only the engine protocol (edgeinfer.engines.Engine) from here
         eng.truncate(0)
-        eng.forward(prompt[: min(16, n_prompt)])  # warm-up: page in the weights, spin up the threads
+        eng.forward(
+            prompt[: min(16, n_prompt)]
+        )  # warm-up: page in the weights, spin up the threads
         pp, tg, ttft = [], [], []
         for _ in range(repetitions):
             eng.truncate(0)

@@ -69,7 +69,9 @@ class KVSession:
         self.engine.truncate(0)
         self.tokens = []
 
-    def prefill(self, prompt: list[int], cancel: threading.Event | None = None) -> tuple[np.ndarray, int]:
+    def prefill(
+        self, prompt: list[int], cancel: threading.Event | None = None
+    ) -> tuple[np.ndarray, int]:
         """Evaluates what of ``prompt`` is not cached; returns the last logits and the reuse."""
         if not prompt:
             raise errors.InvalidOptionError("the prompt is empty (no tokens to evaluate)")

@@ -84,5 +84,7 @@ def cache_bytes(
     sequences. Every layer keeps the whole context (sliding-window layers too)."""
     k = cache_type(k_type)
     v = cache_type(v_type) if v_type is not None else k
-    per_layer = k.tensor_bytes(n_ctx, n_head_kv, head_dim) + v.tensor_bytes(n_ctx, n_head_kv, head_dim_v)
+    per_layer = k.tensor_bytes(n_ctx, n_head_kv, head_dim) + v.tensor_bytes(
+        n_ctx, n_head_kv, head_dim_v
+    )
     return n_seq * n_layer * per_layer

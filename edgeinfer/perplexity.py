@@ -25,17 +25,23 @@ class PerplexityResult:
                 "windows": self.windows}  # fmt: skip
 
 
-def perplexity(model, text: str, n_ctx: int = 512, max_windows: int | None = None) -> PerplexityResult:
+def perplexity(
+    model, text: str, n_ctx: int = 512, max_windows: int | None = None
+) -> PerplexityResult:
     """Scores ``text`` with ``model`` (an edgeinfer Model) in windows of ``n_ctx`` tokens."""
     if n_ctx < 4 or n_ctx > model.n_ctx:
-        raise errors.InvalidOptionError(f"the window must lie in [4, {model.n_ctx}] tokens, not {n_ctx}")
+        raise errors.InvalidOptionError(
+            f"the window must lie in [4, {model.n_ctx}] tokens, not {n_ctx}"
+        )
     tokens = model.tokenize(text, add_special=False)
     bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
     n_windows = len(tokens) // n_ctx
     if max_windows is not None:
         n_windows = min(n_windows, max_windows)
     if n_windows < 1:
-        raise errors.InvalidOptionError(f"the text has {len(tokens)} tokens, fewer than one window of {n_ctx}")
+        raise errors.InvalidOptionError(
+            f"the text has {len(tokens)} tokens, fewer than one window of {n_ctx}"
+        )
     first = n_ctx // 2
     total, count = 0.0, 0
     for w in range(n_windows):
@@ -45,7 +51,9 @@ def perplexity(model, text: str, n_ctx: int = 512, max_windows: int | None = Non
         logits = model.logits(window).astype(np.float64)  # (n_ctx, n_vocab)
         pred = logits[first - 1 : n_ctx - 1]
         target = np.asarray(window[first:n_ctx])
-        log_z = np.log(np.exp(pred - pred.max(axis=1, keepdims=True)).sum(axis=1)) + pred.max(axis=1)
+        log_z = np.log(np.exp(pred - pred.max(axis=1, keepdims=True)).sum(axis=1)) + pred.max(
+            axis=1
+        )
         total += float(np.sum(log_z - pred[np.arange(len(target)), target]))
         count += len(target)
     nll = total / count

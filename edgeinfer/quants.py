@@ -449,5 +449,3 @@ def dequantize(raw: np.ndarray, ggml_type: GGMLType | int, shape: tuple[int, ...
         for start in range(0, n_blocks, step):
             cls._dequantize(blocks[start : start + step], out[start : start + step])
     return out.reshape(shape)
-
-

@@ -9,7 +9,7 @@ leaves out.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer import errors
@@ -45,7 +45,7 @@ class TextStream:
     def finish_reason(self) -> str:
         return self.stats.finish_reason
 
-    def _run(self, tokens: Iterator[int], stops: list[str]) -> Iterator[str]:
+    def _run(self, tokens: Iterator[int], stops: list[str]) -> Generator[str, None, None]:
         decoder = self._model.tokenizer.stream_decoder()
         longest = max((len(s) for s in stops), default=0)
         full = ""  # everything decoded; self.text is the part already handed out

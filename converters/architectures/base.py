@@ -236,6 +236,7 @@ class ArchConverter:
     """Base of the per-architecture converters. Subclasses set the class variables, build
     ``self.hp`` in ``__init__`` and implement :meth:`metadata` and :meth:`layer_shapes`."""
 
+    hp: HParams  # set by each subclass's __init__
     hf_architectures: ClassVar[tuple[str, ...]]  # the Hugging Face classes it reads
     gguf_arch: ClassVar[str]  # the runtime architecture it writes (edgeinfer.models)
     genai_type: ClassVar[str | None] = None  # onnxruntime-genai's model.type; None: no ONNX
@@ -278,7 +279,7 @@ class ArchConverter:
     def kv_cache_bytes(self, n_ctx: int) -> int:
         """The runtime's default KV cache for ``n_ctx`` positions, sized as the engine sizes it
         (values are heads of ``head_dim`` too: every family here writes the same length)."""
-        hp = self.hp  # type: ignore[attr-defined]
+        hp = self.hp
         return cache_bytes(
             n_layer=hp.n_layer, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
             head_dim_v=hp.head_dim, n_ctx=n_ctx, k_type=DEFAULT_CACHE_TYPE,

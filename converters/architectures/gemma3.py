@@ -51,6 +51,7 @@ class Gemma3HParams(HParams):
 class Gemma3Converter(ArchConverter):
     hf_architectures = ("Gemma3ForCausalLM",)
     gguf_arch = ARCH
+    hp: Gemma3HParams
     genai_type: ClassVar[str] = "gemma3_text"
     crop_vocab = True  # llama.cpp's files keep only the tokenizer's rows of the embedding
     LAYER_NAMES: ClassVar[dict[str, str]] = {

@@ -17,7 +17,6 @@ from edgeinfer.converters.architectures.base import (
     rope_parameters,
 )
 from edgeinfer.converters.hf_folder import HFCheckpoint
-
 from edgeinfer.models import qwen2 as runtime
 
 ARCH = runtime.ARCH

@@ -48,6 +48,7 @@ KV_TYPES = {
     "int4": (TensorProto.UINT8, 4),
 }
 
+
 @dataclass(frozen=True)
 class WeightFormat:
     """Matrices as float32 (``bits`` None) or as MatMulNBits codes."""
@@ -181,7 +182,10 @@ class DecoderGraph:
     def _inputs(self, kv: KVCache) -> list[Any]:
         s = self.spec
         cache: list[str | int] = [
-            "batch_size", s.n_head_kv, "past_sequence_length", kv.cache_dim(s.head_dim)
+            "batch_size",
+            s.n_head_kv,
+            "past_sequence_length",
+            kv.cache_dim(s.head_dim),
         ]
         out = [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64,
@@ -201,7 +205,10 @@ class DecoderGraph:
     def _outputs(self, kv: KVCache) -> list[Any]:
         s = self.spec
         cache: list[str | int] = [
-            "batch_size", s.n_head_kv, "total_sequence_length", kv.cache_dim(s.head_dim)
+            "batch_size",
+            s.n_head_kv,
+            "total_sequence_length",
+            kv.cache_dim(s.head_dim),
         ]
         out = [
             helper.make_tensor_value_info(
@@ -283,7 +290,10 @@ class DecoderGraph:
             if not self.weights.symmetric:
                 inputs.append(f"{name}.zero_points")
             attrs: dict[str, Any] = {
-                "K": k, "N": n, "bits": layout.bits, "block_size": layout.block_size
+                "K": k,
+                "N": n,
+                "bits": layout.bits,
+                "block_size": layout.block_size,
             }
             if self.weights.accuracy_level:
                 attrs["accuracy_level"] = self.weights.accuracy_level

@@ -184,7 +184,7 @@ def _kv_scales(graph, spec, folder: Path, tokens: list[int], bits: int):
 def _calibration_tokens(conversion: Conversion, options: ConvertOptions) -> list[int]:
     """Token ids of the --calib text (or of a built-in sample), at most calib_tokens."""
     from edgeinfer.converters.onnx.kv_calibration import DEFAULT_TEXT
-    from edgeinfer.onnx_engine import metadata_as_read
+    from edgeinfer.engines.onnxruntime import metadata_as_read
     from edgeinfer.tokenizer import Tokenizer
 
     text = DEFAULT_TEXT

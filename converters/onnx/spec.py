@@ -23,9 +23,7 @@ ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 def onnx_architectures() -> set[str]:
     """The runtime architectures the export writes: those with a converter that has a family."""
-    return {
-        arch for arch, classes in ARCHITECTURES.items() for cls in classes if cls.genai_type
-    }
+    return {arch for arch, classes in ARCHITECTURES.items() for cls in classes if cls.genai_type}
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,8 @@ def create(spec: EngineSpec, source: Any, config: Any, options: EngineOptions) -
     """An engine of ``spec`` for an opened model (a GGUFFile or an OnnxFolder) and its config."""
     if options.kv_type not in spec.kv_types and spec.kv_types:
         raise errors.InvalidOptionError(
-            f"the {spec.name} engine keeps kv_type {', '.join(spec.kv_types)}, not {options.kv_type!r}"
+            f"the {spec.name} engine keeps kv_type {', '.join(spec.kv_types)}, "
+            f"not {options.kv_type!r}"
         )
     module = importlib.import_module(spec.module)
     engine: Engine = module.open_engine(source, config, options)

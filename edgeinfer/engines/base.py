@@ -195,7 +195,7 @@ class SequenceEngine:
                 "a batch's tokens, positions, sequences and flags differ in length"
             )
         ends: dict[int, int] = {}
-        for seq, pos in zip(batch.seqs.tolist(), batch.positions.tolist()):
+        for seq, pos in zip(batch.seqs.tolist(), batch.positions.tolist(), strict=True):
             self._check_seq(seq)
             expected = ends.get(seq, self._lengths[seq])
             if pos != expected:
@@ -208,7 +208,8 @@ class SequenceEngine:
             if end > self.n_ctx:
                 cached = self._lengths[seq]
                 raise errors.ContextOverflowError(
-                    f"{cached} cached + {end - cached} new tokens exceed the context of {self.n_ctx}"
+                    f"{cached} cached + {end - cached} new tokens exceed the context of "
+                    f"{self.n_ctx}"
                 )
         if batch.tokens.min() < 0 or batch.tokens.max() >= self.n_vocab:
             raise errors.InvalidOptionError(f"token ids must lie in [0, {self.n_vocab})")

@@ -71,7 +71,8 @@ def _read_config(folder: Path) -> OnnxConfig:
     arch = ONNX_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
     if arch is None:
         raise errors.UnknownArchitectureError(
-            f"{path}: model type {model_type!r} is not supported ({', '.join(sorted(ONNX_MODEL_TYPES))})"
+            f"{path}: model type {model_type!r} is not supported "
+            f"({', '.join(sorted(ONNX_MODEL_TYPES))})"
         )
     if not isinstance(filename, str) or Path(filename).name != filename:
         raise errors.ModelFileError(f"{path}: bad decoder filename {filename!r}")
@@ -213,7 +214,9 @@ def open_engine(folder: OnnxFolder, config: OnnxConfig, options: EngineOptions) 
     """The registry's factory. The folder's graph fixed the cache type when it was exported,
     and onnxruntime picks its own kernels."""
     if options.isa is not None:
-        raise errors.InvalidOptionError("isa selects native kernels; an ONNX folder runs on onnxruntime")
+        raise errors.InvalidOptionError(
+            "isa selects native kernels; an ONNX folder runs on onnxruntime"
+        )
     return OnnxEngine(folder.path / config.model_file, config, options.n_ctx, options.n_threads)
 
 

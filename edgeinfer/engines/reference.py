@@ -134,7 +134,11 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 def rope_cos_sin(
-    positions: np.ndarray, n_rot: int, base: float, freq_scale: float, freq_factors: np.ndarray | None
+    positions: np.ndarray,
+    n_rot: int,
+    base: float,
+    freq_scale: float,
+    freq_factors: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(n_tokens, n_rot/2) cosines and sines, with GGML's float32 recurrence for the angles."""
     theta_scale = F32(np.power(F64(F32(base)), F64(F32(-2.0) / F32(n_rot))))
@@ -148,7 +152,9 @@ def rope_cos_sin(
     return np.cos(t64).astype(F32), np.sin(t64).astype(F32)
 
 
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool) -> np.ndarray:
+def apply_rope(
+    x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool
+) -> np.ndarray:
     # x: (n_tokens, n_heads, head_dim); cos, sin: (n_tokens, n_rot/2)
     c, s = cos[:, None, :], sin[:, None, :]
     out = x.copy()
@@ -169,7 +175,9 @@ class ReferenceEngine(SequenceEngine):
 
     spec = ENGINES["reference"]
 
-    def __init__(self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, kv_type: str = "f16") -> None:
+    def __init__(
+        self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, kv_type: str = "f16"
+    ) -> None:
         super().__init__(n_ctx, cfg.n_vocab)
         self.gguf, self.cfg = gguf, cfg
         self._weights: dict[str, object] = {}
@@ -197,7 +205,7 @@ class ReferenceEngine(SequenceEngine):
         """The KV cache and the dequantized weights kept so far."""
         arrays = [*self.k_cache, *self.v_cache]
         for w in self._weights.values():
-            arrays.extend(w if isinstance(w, tuple) else (w,))  # type: ignore[arg-type]
+            arrays.extend(w if isinstance(w, tuple) else (w,))
         return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
 
     def close(self) -> None:
@@ -300,7 +308,9 @@ class ReferenceEngine(SequenceEngine):
         x = x + attn
         h = rms_norm(x, cfg.norm_eps) * self.vector(lt.ffn_norm)
         gate, up = self.linear(h, lt.ffn_gate), self.linear(h, lt.ffn_up)
-        ffn = self.linear(geglu(gate, up) if cfg.activation == "gelu" else swiglu(gate, up), lt.ffn_down)
+        ffn = self.linear(
+            geglu(gate, up) if cfg.activation == "gelu" else swiglu(gate, up), lt.ffn_down
+        )
         if lt.ffn_post_norm:
             ffn = rms_norm(ffn, cfg.norm_eps) * self.vector(lt.ffn_post_norm)
         return x + ffn
@@ -347,5 +357,7 @@ class ReferenceEngine(SequenceEngine):
 def open_engine(gguf: GGUFFile, cfg: DecoderConfig, options: EngineOptions) -> ReferenceEngine:
     """The registry's factory (threads, batch size and instruction set do not apply)."""
     if options.isa not in (None, "numpy"):
-        raise errors.InvalidOptionError("isa selects native kernels; the reference engine runs numpy")
+        raise errors.InvalidOptionError(
+            "isa selects native kernels; the reference engine runs numpy"
+        )
     return ReferenceEngine(gguf, cfg, options.n_ctx, kv_type=options.kv_type)

@@ -151,7 +151,9 @@ class Metadata:
 
     def str(self, name: str, default: Any = None) -> str:
         key = f"{self.arch}.{name}"
-        return self._get(key, {ValueType.STRING}, "a string", _REQUIRED if default is None else default)
+        return self._get(
+            key, {ValueType.STRING}, "a string", _REQUIRED if default is None else default
+        )
 
     def int_or_array(self, name: builtins.str, n: builtins.int) -> builtins.int | None:
         """A key that llama.cpp allows to be one integer or one per layer (e.g. head_count_kv)."""
@@ -187,14 +189,20 @@ _REQUIRED = object()
 def n_vocab_of(gguf: GGUFFile, arch: str) -> int:
     tokens = gguf.metadata.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not tokens:
-        raise errors.MissingKeyError(f"{gguf.path}: the vocabulary 'tokenizer.ggml.tokens' is missing")
+        raise errors.MissingKeyError(
+            f"{gguf.path}: the vocabulary 'tokenizer.ggml.tokens' is missing"
+        )
     return len(tokens)
 
 
 def check_tensors(gguf: GGUFFile, cfg: DecoderConfig) -> None:
     """Every tensor the config names must exist with the shape the config implies."""
     e, v = cfg.n_embd, cfg.n_vocab
-    q_dim, kv_dim, v_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
+    q_dim, kv_dim, v_dim = (
+        cfg.n_head * cfg.head_dim,
+        cfg.n_head_kv * cfg.head_dim,
+        cfg.n_head_kv * cfg.head_dim_v,
+    )
     want: dict[str, tuple[int, ...]] = {
         "token_embd.weight": (e, v),
         "output_norm.weight": (e,),
@@ -272,10 +280,14 @@ def common_hparams(gguf: GGUFFile, arch: str) -> dict[str, Any]:
     head_dim_v = md.int("attention.value_length", head_dim)
     n_rot = md.int("rope.dimension_count", head_dim)
     if n_rot > head_dim or n_rot % 2:
-        raise errors.AbsurdValueError(f"{gguf.path}: rope dimension {n_rot} for heads of {head_dim}")
+        raise errors.AbsurdValueError(
+            f"{gguf.path}: rope dimension {n_rot} for heads of {head_dim}"
+        )
     n_ff = md.int_or_array("feed_forward_length", n_layer)
     if n_ff is None:
-        raise errors.MissingKeyError(f"{gguf.path}: required key '{arch}.feed_forward_length' is missing")
+        raise errors.MissingKeyError(
+            f"{gguf.path}: required key '{arch}.feed_forward_length' is missing"
+        )
     n_vocab = n_vocab_of(gguf, arch)
     output = "output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"
     return dict(

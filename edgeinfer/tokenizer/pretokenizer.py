@@ -24,7 +24,13 @@ from edgeinfer.tokenizer import unicode_classes
 
 # Collapsed byte of each class, as llama.cpp's unicode_regex_split writes them.
 _COLLAPSED = {
-    "W": "\x0b", "N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "\xd5", "O": "\xd0",
+    "W": "\x0b",
+    "N": "\xd1",
+    "L": "\xd2",
+    "P": "\xd3",
+    "M": "\xd4",
+    "S": "\xd5",
+    "O": "\xd0",
 }
 
 

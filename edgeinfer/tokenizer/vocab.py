@@ -32,8 +32,15 @@ ATTR_RSTRIP = 1 << 8
 
 # tokenizer.ggml.token_type value -> attribute (llama_token_type order); others: undefined
 _TYPE_TO_ATTR = np.array(
-    [ATTR_UNDEFINED, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_CONTROL, ATTR_USER_DEFINED, ATTR_UNUSED,
-     ATTR_BYTE],
+    [
+        ATTR_UNDEFINED,
+        ATTR_NORMAL,
+        ATTR_UNKNOWN,
+        ATTR_CONTROL,
+        ATTR_USER_DEFINED,
+        ATTR_UNUSED,
+        ATTR_BYTE,
+    ],
     dtype=np.int32,
 )
 
@@ -68,19 +75,49 @@ class _Pre:
 
 def _pre_table() -> dict[str, _Pre]:
     table: dict[str, _Pre] = {"default": _Pre("default")}
-    for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                 "midm-2.0", "lfm2", "jina-v5-nano"):
+    for name in (
+        "llama3",
+        "llama-v3",
+        "llama-bpe",
+        "falcon3",
+        "falcon-h1",
+        "pixtral",
+        "midm-2.0",
+        "lfm2",
+        "jina-v5-nano",
+    ):
         table[name] = _Pre("llama3", ignore_merges=True, add_bos=True)
     table["dbrx"] = table["smaug-bpe"] = _Pre("llama3")
     table["chatglm-bpe"] = _Pre("llama3", no_bos=True)
     table["glm4"] = table["glm5"] = _Pre("llama3", no_bos=True, ignore_merges=True)
-    for name in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open",
-                 "grok-2"):
+    for name in (
+        "qwen2",
+        "deepseek-r1-qwen",
+        "kormo",
+        "f2llmv2",
+        "hunyuan",
+        "solar-open",
+        "grok-2",
+    ):
         table[name] = _Pre("qwen2", clean_spaces=False)
     table["megrez"] = table["stablelm2"] = _Pre("qwen2")
     table["qwen35"] = _Pre("qwen35", clean_spaces=False)
-    for name in ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
-                 "a.x-4.0", "mellum", "modern-bert", "exaone4", "mpt", "olmo", "jais"):
+    for name in (
+        "gpt-2",
+        "phi-2",
+        "jina-es",
+        "jina-de",
+        "gigachat",
+        "jina-v2-es",
+        "jina-v2-de",
+        "a.x-4.0",
+        "mellum",
+        "modern-bert",
+        "exaone4",
+        "mpt",
+        "olmo",
+        "jais",
+    ):
         table[name] = _Pre("gpt2")
     for name in ("jina-v1-en", "jina-v2-code", "roberta-bpe"):
         table[name] = _Pre("gpt2", add_sep=True)
@@ -96,35 +133,99 @@ PRE_TOKENIZERS = _pre_table()
 
 # Special-id keys in the order llama.cpp reads them; the deprecated spellings come last and win.
 _SPECIAL_KEYS = (
-    ("bos_token_id", "bos"), ("eos_token_id", "eos"), ("eot_token_id", "eot"),
-    ("eom_token_id", "eom"), ("unknown_token_id", "unk"), ("seperator_token_id", "sep"),
-    ("padding_token_id", "pad"), ("mask_token_id", "mask"), ("fim_pre_token_id", "fim_pre"),
-    ("fim_suf_token_id", "fim_suf"), ("fim_mid_token_id", "fim_mid"),
-    ("fim_pad_token_id", "fim_pad"), ("fim_rep_token_id", "fim_rep"),
-    ("fim_sep_token_id", "fim_sep"), ("prefix_token_id", "fim_pre"),
-    ("suffix_token_id", "fim_suf"), ("middle_token_id", "fim_mid"),
+    ("bos_token_id", "bos"),
+    ("eos_token_id", "eos"),
+    ("eot_token_id", "eot"),
+    ("eom_token_id", "eom"),
+    ("unknown_token_id", "unk"),
+    ("seperator_token_id", "sep"),
+    ("padding_token_id", "pad"),
+    ("mask_token_id", "mask"),
+    ("fim_pre_token_id", "fim_pre"),
+    ("fim_suf_token_id", "fim_suf"),
+    ("fim_mid_token_id", "fim_mid"),
+    ("fim_pad_token_id", "fim_pad"),
+    ("fim_rep_token_id", "fim_rep"),
+    ("fim_sep_token_id", "fim_sep"),
+    ("prefix_token_id", "fim_pre"),
+    ("suffix_token_id", "fim_suf"),
+    ("middle_token_id", "fim_mid"),
 )
 
 # Token texts llama.cpp uses to find special tokens a file does not name.
-_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-              "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
-              "<end_of_utterance>")
+_EOT_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
+)
 _FIM_TEXTS = {
     "eom": ("<|eom_id|>",),
-    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
-                "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
-    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
-                "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
-    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
-                "▁<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pre": (
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ),
+    "fim_suf": (
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ),
+    "fim_mid": (
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ),
     "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
     "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "fim_sep": ("<|file_sep|>",),
 }
-_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
-              "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
-              "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
-              "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
+_EOG_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+)
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
@@ -185,9 +286,7 @@ def _numeric_array(metadata: dict[str, Any], name: str, n: int, dtypes: tuple[st
     if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype.kind not in dtypes:
         raise TokenizerError(f"{KEY}{name} is not a one-dimensional numeric array")
     if len(value) != n:
-        raise TokenizerError(
-            f"{KEY}{name} has {len(value)} entries but {KEY}tokens has {n}"
-        )
+        raise TokenizerError(f"{KEY}{name} has {len(value)} entries but {KEY}tokens has {n}")
     return value
 
 
@@ -208,8 +307,14 @@ def load_vocab(metadata: dict[str, Any]) -> Vocab:
     tokens = _tokens(metadata)
     n = len(tokens)
     vocab = Vocab(
-        model=model, pre=pre, family=None, tokens=tokens, token_to_id={},
-        scores=_scores(metadata, n), attrs=_attrs(metadata, n), merges=[],
+        model=model,
+        pre=pre,
+        family=None,
+        tokens=tokens,
+        token_to_id={},
+        scores=_scores(metadata, n),
+        attrs=_attrs(metadata, n),
+        merges=[],
     )
     if model == "llama":
         vocab.add_space_prefix = True
@@ -310,9 +415,7 @@ def _read_special_ids(vocab: Vocab, metadata: dict[str, Any], defaults: dict[str
         if value is None:
             continue
         if not 0 <= value < n:
-            raise TokenizerError(
-                f"{KEY}{key} is {value}, outside the vocabulary of {n} tokens"
-            )
+            raise TokenizerError(f"{KEY}{key} is {value}, outside the vocabulary of {n} tokens")
         special[name] = value
     vocab.special = special
 

@@ -74,7 +74,7 @@ def test_a_batch_of_two_sequences_equals_each_run_alone(fixture_models):
             seqs = np.array([0] * len(a) + [1] * len(b), dtype=np.int32)
             both = shared.decode(Batch(tokens, positions, seqs, np.ones(len(tokens), dtype=bool)))
             assert shared.seq_length(0) == len(a) and shared.seq_length(1) == len(b)
-            for seq, part, rows in ((0, a, both[: len(a)]), (1, b, both[len(a) :])):
+            for part, rows in ((a, both[: len(a)]), (b, both[len(a) :])):
                 ref.seq_clear(0)
                 np.testing.assert_array_equal(rows, ref.forward(part, all_logits=True))
             # sequence 1 goes on by itself; sequence 0 is untouched by that

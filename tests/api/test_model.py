@@ -24,7 +24,9 @@ def test_load_describes_the_model(fixture_models, arch):
         assert (
             model.n_vocab == model.tokenizer.n_vocab == len(model.metadata["tokenizer.ggml.tokens"])
         )
-        assert model.engine == ENGINE if ENGINE != "auto" else model.engine in ("native", "reference")
+        assert (
+            model.engine == ENGINE if ENGINE != "auto" else model.engine in ("native", "reference")
+        )
         assert model.load_s > 0
 
 

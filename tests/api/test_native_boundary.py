@@ -111,7 +111,10 @@ def test_a_cache_type_the_engine_lacks_is_an_option_error(fixture_models):
     with pytest.raises(errors.InvalidOptionError, match=r"keeps kv_type f16, f32, not 'q8_0'"):
         edgeinfer.load(fixture_models["llama"], engine="native", kv_type=q8)
     why = r"q8_0 is not supported by the native engine \(one of f16, f32\)"
-    with GGUFFile(fixture_models["llama"]) as gguf, pytest.raises(errors.InvalidOptionError, match=why):
+    with (
+        GGUFFile(fixture_models["llama"]) as gguf,
+        pytest.raises(errors.InvalidOptionError, match=why),
+    ):
         _native.NativeEngine(gguf, config_from_gguf(gguf), 16, n_threads=1, kv_type=q8)
 
 

@@ -284,8 +284,10 @@ def test_perplexity_against_llama_cpp(fixture_models_f32, arch, tmp_path):
     ours = json.loads(proc.stdout)
     nll, count = llama_cpp_window_nll(path, text_file.read_text(encoding="utf-8"), PPL_CTX,
                                       PPL_WINDOWS)  # fmt: skip
-    print(f"\n{arch} perplexity: NLL edgeinfer {ours['nll']:.7f}, llama.cpp {nll:.7f}, "
-          f"difference {abs(ours['nll'] - nll):.2e}")
+    print(
+        f"\n{arch} perplexity: NLL edgeinfer {ours['nll']:.7f}, llama.cpp {nll:.7f}, "
+        f"difference {abs(ours['nll'] - nll):.2e}"
+    )
     assert (ours["windows"], ours["scored_tokens"]) == (PPL_WINDOWS, count)
     assert abs(ours["nll"] - nll) < NLL_BAR
     assert ours["perplexity"] == pytest.approx(np.exp(ours["nll"]), rel=1e-12)

@@ -177,7 +177,9 @@ def spm_model_bytes(
     """A SentencePiece ModelProto (BPE, byte fallback) holding these pieces."""
     # joined once: growing one bytes object piece by piece is quadratic (minutes at 262k pieces)
     out = b"".join(
-        _field(1, 2, _field(1, 2, p.encode()) + _field(2, 5, struct.pack("<f", s)) + _field(3, 0, t))
+        _field(
+            1, 2, _field(1, 2, p.encode()) + _field(2, 5, struct.pack("<f", s)) + _field(3, 0, t)
+        )
         for p, s, t in zip(pieces, scores, types, strict=True)
     )
     trainer = (

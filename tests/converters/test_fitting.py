@@ -161,7 +161,9 @@ def test_fit_against_brute_force(seed):
     for i in range(5):
         sizes = np.sort(rng.integers(10, 200, 4))
         errs = np.sort(rng.random(4))[::-1] * rng.random() * 10
-        options[f"t{i}"] = [Option(T.Q4_0, int(s), float(e)) for s, e in zip(sizes, errs, strict=True)]
+        options[f"t{i}"] = [
+            Option(T.Q4_0, int(s), float(e)) for s, e in zip(sizes, errs, strict=True)
+        ]
     fixed = int(rng.integers(0, 50))
     lo = fixed + sum(min(o.nbytes for o in opts) for opts in options.values())
     hi = fixed + sum(max(o.nbytes for o in opts) for opts in options.values())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgeinfer import errors, quants
+from edgeinfer import errors
 from edgeinfer.converters import quantizers
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.constants import GGMLType, ValueType

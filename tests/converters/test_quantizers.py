@@ -19,4 +19,3 @@ def test_the_runtime_codecs_do_not_quantize():
     for cls in quants.QUANT_TYPES.values():
         assert not hasattr(cls, "quantize_blocks"), cls.__name__
     assert not hasattr(quants, "quantize")
-

@@ -84,7 +84,9 @@ class GGUFSpec:
         return bytes(blob)
 
 
-def tiny_llama_spec(n_vocab: int = 64, n_embd: int = 32, n_layer: int = 1, seed: int = 0) -> GGUFSpec:
+def tiny_llama_spec(
+    n_vocab: int = 64, n_embd: int = 32, n_layer: int = 1, seed: int = 0
+) -> GGUFSpec:
     """A complete, loadable F32 llama model with a trivial SentencePiece-style vocabulary."""
     rng = np.random.default_rng(seed)
     spec = GGUFSpec()

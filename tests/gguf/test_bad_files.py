@@ -189,7 +189,9 @@ def test_missing_required_key(tmp_path, key):
 
 def test_wrong_key_type(tmp_path):
     spec = tiny_llama_spec()
-    spec.kv = [(k, STRING, "640") if k == "llama.embedding_length" else (k, t, v) for k, t, v in spec.kv]
+    spec.kv = [
+        (k, STRING, "640") if k == "llama.embedding_length" else (k, t, v) for k, t, v in spec.kv
+    ]
     _expect(tmp_path, spec.build(), errors.MissingKeyError, "integer")
 
 
@@ -204,13 +206,17 @@ def test_missing_and_misshapen_tensors(tmp_path):
 
 def test_nonsense_hyperparameters(tmp_path):
     spec = tiny_llama_spec()
-    spec.kv = [(k, U32, 3) if k == "llama.attention.head_count_kv" else (k, t, v) for k, t, v in spec.kv]
+    spec.kv = [
+        (k, U32, 3) if k == "llama.attention.head_count_kv" else (k, t, v) for k, t, v in spec.kv
+    ]
     _expect(tmp_path, spec.build(), errors.AbsurdValueError, "KV groups")
     spec = tiny_llama_spec()
     spec.kv = [(k, U64, 1 << 40) if k == "llama.block_count" else (k, t, v) for k, t, v in spec.kv]
     _expect(tmp_path, spec.build(), errors.AbsurdValueError, "block_count")
     spec = tiny_llama_spec()
-    spec.kv = [(k, F32, float("nan")) if k == "llama.rope.freq_base" else (k, t, v) for k, t, v in spec.kv]
+    spec.kv = [
+        (k, F32, float("nan")) if k == "llama.rope.freq_base" else (k, t, v) for k, t, v in spec.kv
+    ]
     _expect(tmp_path, spec.build(), errors.AbsurdValueError, "freq_base")
 
 

@@ -25,7 +25,7 @@ def test_one_module_per_architecture_on_each_side(name):
     runtime = importlib.import_module(f"edgeinfer.models.{name}")
     converters = importlib.import_module(f"edgeinfer.converters.architectures.{name}")
     assert runtime.ARCHITECTURE is ARCHITECTURES[name]
-    assert converters.CONVERTERS == converter_registry.ARCHITECTURES[name]
+    assert converter_registry.ARCHITECTURES[name] == converters.CONVERTERS
     for cls in converters.CONVERTERS:
         assert cls.gguf_arch == name, cls.__name__
 

@@ -622,9 +622,7 @@ def run_check(exe: Path) -> str:
 
 @pytest.mark.parametrize("variant", X86_HERE)
 def test_check_driver_native(tmp_path, variant, variant_objects):
-    out = run_check(
-        build(tmp_path, variant, HERE / "check_kernels.c", variant_objects(variant))
-    )
+    out = run_check(build(tmp_path, variant, HERE / "check_kernels.c", variant_objects(variant)))
     assert out.startswith(f"checking {variant}")
 
 

@@ -108,7 +108,9 @@ def _build_direct(cc: str, temp: Path, lib: Path) -> Path:
     lit = _setup_literals()
     levels = lit["NEON_LEVELS"].items()
     groups = [("base", ["common", "ref"], [f"-D{define}" for _, (_, _, define) in levels])]
-    groups += [(f"neon{lv}", ["arm_neon"], [*gnu, f"-DEI_NEON_LEVEL={lv}"]) for lv, (gnu, _, _) in levels]
+    groups += [
+        (f"neon{lv}", ["arm_neon"], [*gnu, f"-DEI_NEON_LEVEL={lv}"]) for lv, (gnu, _, _) in levels
+    ]
     objects = []
     for tag, folders, flags in groups:
         for folder in folders:

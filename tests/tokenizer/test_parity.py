@@ -30,8 +30,10 @@ def test_tokenize_matches_llama_cpp(pair) -> None:
         want = ref.tokenize(text, add_special, parse_special)
         got = ours.tokenize(text, add_special=add_special, parse_special=parse_special)
         if got != want:
-            mismatches.append(f"{text[:60]!r} add={add_special} parse={parse_special}: "
-                              f"ours {got[:12]} llama.cpp {want[:12]}")
+            mismatches.append(
+                f"{text[:60]!r} add={add_special} parse={parse_special}: "
+                f"ours {got[:12]} llama.cpp {want[:12]}"
+            )
     assert not mismatches, _report(mismatches, len(CORPUS) * len(FLAGS))
 
 
@@ -44,12 +46,15 @@ def test_detokenize_matches_llama_cpp(pair) -> None:
         for remove_special, unparse_special in FLAGS:
             compared += 1
             want = ref.detokenize(ids, remove_special, unparse_special)
-            got = ours.detokenize_bytes(ids, remove_special=remove_special,
-                                        unparse_special=unparse_special)
+            got = ours.detokenize_bytes(
+                ids, remove_special=remove_special, unparse_special=unparse_special
+            )
             if got != want:
-                mismatches.append(f"{text[:60]!r} remove={remove_special} "
-                                  f"unparse={unparse_special}: ours {got[:40]!r} "
-                                  f"llama.cpp {want[:40]!r}")
+                mismatches.append(
+                    f"{text[:60]!r} remove={remove_special} "
+                    f"unparse={unparse_special}: ours {got[:40]!r} "
+                    f"llama.cpp {want[:40]!r}"
+                )
     assert not mismatches, _report(mismatches, compared)
 
 
@@ -77,8 +82,11 @@ def test_gemma_round_trip_is_lossless(tokenizers) -> None:
 def test_every_token_piece_matches_llama_cpp(pair, special: bool) -> None:
     ours, ref = pair
     assert ours.n_vocab == ref.n_vocab()
-    bad = [i for i in range(ours.n_vocab)
-           if ours.token_to_piece(i, special=special) != ref.token_to_piece(i, special)]
+    bad = [
+        i
+        for i in range(ours.n_vocab)
+        if ours.token_to_piece(i, special=special) != ref.token_to_piece(i, special)
+    ]
     assert not bad, f"{len(bad)} pieces differ, first ids {bad[:10]}"
 
 

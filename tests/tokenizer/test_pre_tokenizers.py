@@ -15,14 +15,31 @@ from tests.fixtures.vocab import bpe_vocab, write_vocab_only_gguf
 from tests.tokenizer.corpus import hand_written, long_text
 
 # One or more names per family, including the ones that also change flags.
-PRE_NAMES = ["default", "gpt-2", "mpt", "trillion", "roberta-bpe", "starcoder", "smollm",
-             "command-r", "falcon", "llama3", "dbrx", "chatglm-bpe", "glm4", "qwen2", "stablelm2",
-             "megrez", "qwen35"]
+PRE_NAMES = [
+    "default",
+    "gpt-2",
+    "mpt",
+    "trillion",
+    "roberta-bpe",
+    "starcoder",
+    "smollm",
+    "command-r",
+    "falcon",
+    "llama3",
+    "dbrx",
+    "chatglm-bpe",
+    "glm4",
+    "qwen2",
+    "stablelm2",
+    "megrez",
+    "qwen35",
+]
 
 
 def test_names_cover_every_family() -> None:
     assert {PRE_TOKENIZERS[name].family for name in PRE_NAMES} == {
-        p.family for p in PRE_TOKENIZERS.values()}
+        p.family for p in PRE_TOKENIZERS.values()
+    }
 
 
 @pytest.mark.parametrize("pre", PRE_NAMES)
@@ -32,8 +49,9 @@ def test_pre_tokenizer_matches_llama_cpp(tmp_path: Path, pre: str) -> None:
     ref = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     ours = Tokenizer.from_metadata(GGUFFile(path).metadata)
     bad = []
-    for text, add, parse in itertools.product(hand_written() + [long_text()], (True, False),
-                                              (True, False)):
+    for text, add, parse in itertools.product(
+        hand_written() + [long_text()], (True, False), (True, False)
+    ):
         ids = ref.tokenize(text.encode(), add_bos=add, special=parse)
         if ours.tokenize(text, add, parse) != ids:
             bad.append(repr(text[:40]))

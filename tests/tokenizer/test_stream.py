@@ -29,7 +29,9 @@ def test_stream_never_splits_a_character(tokenizers, name: str) -> None:
             assert "\ufffd" not in chunk or "\ufffd" in text, (text, chunks)
         pieces = b"".join(tok.token_to_piece(i) for i in ids)
         assert "".join(chunks) == pieces.decode("utf-8")
-        held_back += sum(1 for i, c in zip(ids, chunks, strict=False) if tok.token_to_piece(i) and not c)
+        held_back += sum(
+            1 for i, c in zip(ids, chunks, strict=False) if tok.token_to_piece(i) and not c
+        )
     # the texts above do split characters across tokens for every vocabulary
     assert held_back > 10
 

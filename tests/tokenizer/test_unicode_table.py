@@ -61,12 +61,23 @@ def probe_vocab(pre: str) -> VocabSpec:
     but merges never cross words: a boundary shows up as a merge that did not happen.
     """
     chars = sorted(BYTE_CHARS, key=ord)
-    merges = [f"{left} {right}" for x in chars
-              for left, right in (("a", x), (x, "b"), ("Ġ", x), (x, "1"), (x, "."))]
-    tokens = chars + list(dict.fromkeys(m.replace(" ", "") for m in merges if
-                                        m.replace(" ", "") not in chars))
-    return VocabSpec(model="gpt2", pre=pre, tokens=tokens, token_types=[TOKEN_NORMAL] * len(tokens),
-                     merges=merges, special_ids={"bos": 0, "eos": 0}, add_bos=False)
+    merges = [
+        f"{left} {right}"
+        for x in chars
+        for left, right in (("a", x), (x, "b"), ("Ġ", x), (x, "1"), (x, "."))
+    ]
+    tokens = chars + list(
+        dict.fromkeys(m.replace(" ", "") for m in merges if m.replace(" ", "") not in chars)
+    )
+    return VocabSpec(
+        model="gpt2",
+        pre=pre,
+        tokens=tokens,
+        token_types=[TOKEN_NORMAL] * len(tokens),
+        merges=merges,
+        special_ids={"bos": 0, "eos": 0},
+        add_bos=False,
+    )
 
 
 @pytest.mark.parametrize("pre", ["qwen35", "default", "llama-bpe"])

@@ -48,7 +48,10 @@ def test_spm_byte_fallback_and_spaces(spm: Tokenizer) -> None:
 def test_spm_space_prefix_after_special_tokens(spm: Tokenizer) -> None:
     # <user> is user-defined: always split out; the text after it gets a new "▁" prefix
     assert spm.tokenize("a<user>a", add_special=False) == [
-        spm_id("▁a"), spm_id("<user>"), spm_id("▁a")]
+        spm_id("▁a"),
+        spm_id("<user>"),
+        spm_id("▁a"),
+    ]
     # <s> is a control token: only parsed on request
     assert spm.tokenize("<s>a", add_special=False, parse_special=True) == [1, spm_id("▁a")]
     assert spm.tokenize("<s>", add_special=False)[:1] == [spm_id("▁")]
@@ -65,8 +68,7 @@ def test_spm_detokenize(spm: Tokenizer) -> None:
 
 
 def test_bpe_ranks_and_words(bpe: Tokenizer) -> None:
-    assert bpe.tokenize("abc ab abd") == [
-        bpe_id("abc"), bpe_id("Ġab"), bpe_id("Ġab"), bpe_id("d")]
+    assert bpe.tokenize("abc ab abd") == [bpe_id("abc"), bpe_id("Ġab"), bpe_id("Ġab"), bpe_id("d")]
     assert bpe.tokenize("ba") == [bpe_id("b"), bpe_id("a")]
     assert bpe.tokenize("é") == [bpe_id("Ã"), bpe_id("©")]
     assert bpe.tokenize("<|end|>", parse_special=True) == [bpe_id("<|end|>")]
@@ -84,8 +86,11 @@ def test_bpe_first_duplicate_merge_keeps_its_rank() -> None:
 @pytest.mark.parametrize(
     ("family", "text", "words"),
     [
-        ("llama3", "Hello world123456!!\n\n  x",
-         ["Hello", " world", "123", "456", "!!\n\n", " ", " x"]),
+        (
+            "llama3",
+            "Hello world123456!!\n\n  x",
+            ["Hello", " world", "123", "456", "!!\n\n", " ", " x"],
+        ),
         ("llama3", "I'M here", ["I", "'M", " here"]),
         ("gpt2", "I'M here", ["I", "'", "M", " here"]),
         ("gpt2", "I'm  fine", ["I", "'m", " ", " fine"]),
@@ -137,8 +142,20 @@ def test_hand_built_vocabularies_agree_with_llama_cpp(tmp_path, build) -> None:
     path = write_vocab_only_gguf(tmp_path / "tiny.gguf", as_spec(md))
     ref = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     ours = Tokenizer.from_metadata(md)
-    for text in ["abc", "ab", "bc", "é", "a a", "a<user>a", "<s>a", "<s>", "abc ab abd", "ba",
-                 "<|end|>", " abc  c\n"]:
+    for text in [
+        "abc",
+        "ab",
+        "bc",
+        "é",
+        "a a",
+        "a<user>a",
+        "<s>a",
+        "<s>",
+        "abc ab abd",
+        "ba",
+        "<|end|>",
+        " abc  c\n",
+    ]:
         for add_special in (True, False):
             for parse_special in (True, False):
                 want = ref.tokenize(text.encode(), add_bos=add_special, special=parse_special)

@@ -19,8 +19,14 @@ TOKEN_BYTE = 6
 
 # SentencePiece: <unk> <s> </s>, 256 byte tokens, then pieces with their scores.
 SPM_PIECES = [
-    ("▁", -1.0), ("a", -2.0), ("b", -3.0), ("c", -4.0), ("▁a", -1.5), ("bc", -2.5),
-    ("▁abc", -10.0), ("<user>", 0.0),
+    ("▁", -1.0),
+    ("a", -2.0),
+    ("b", -3.0),
+    ("c", -4.0),
+    ("▁a", -1.5),
+    ("bc", -2.5),
+    ("▁abc", -10.0),
+    ("<user>", 0.0),
 ]
 SPM_FIRST_PIECE = 3 + 256
 
@@ -79,18 +85,34 @@ def as_spec(metadata: dict[str, Any]) -> VocabSpec:
         token_types=[int(t) for t in metadata[k + "token_type"]],
         merges=list(metadata.get(k + "merges", [])),
         scores=None if scores is None else [float(s) for s in scores],
-        special_ids={role: metadata[k + key] for role, key in
-                     (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"))
-                     if k + key in metadata},
+        special_ids={
+            role: metadata[k + key]
+            for role, key in (
+                ("bos", "bos_token_id"),
+                ("eos", "eos_token_id"),
+                ("unk", "unknown_token_id"),
+            )
+            if k + key in metadata
+        },
     )
 
 
 # Tokens that only odd files contain: invalid UTF-8, characters outside GPT-2's byte
 # alphabet, byte tokens in a BPE vocabulary, unused and unknown token types.
-EXOTIC_TOKENS = [("\udcff", TOKEN_NORMAL), ("a€", TOKEN_NORMAL), ("\udce2\udc82", TOKEN_NORMAL),
-                 ("<0x4a>", TOKEN_BYTE), ("<0xZZ>", TOKEN_BYTE), ("spare", 5), ("odd", 99),
-                 ("zero", 0), ("▁space▁", TOKEN_NORMAL), ("<ctl>", TOKEN_CONTROL),
-                 ("<user2>", TOKEN_USER_DEFINED), ("<unk2>", TOKEN_UNKNOWN)]
+EXOTIC_TOKENS = [
+    ("\udcff", TOKEN_NORMAL),
+    ("a€", TOKEN_NORMAL),
+    ("\udce2\udc82", TOKEN_NORMAL),
+    ("<0x4a>", TOKEN_BYTE),
+    ("<0xZZ>", TOKEN_BYTE),
+    ("spare", 5),
+    ("odd", 99),
+    ("zero", 0),
+    ("▁space▁", TOKEN_NORMAL),
+    ("<ctl>", TOKEN_CONTROL),
+    ("<user2>", TOKEN_USER_DEFINED),
+    ("<unk2>", TOKEN_UNKNOWN),
+]
 
 
 def with_exotic_tokens(metadata: dict[str, Any]) -> dict[str, Any]:
@@ -98,8 +120,10 @@ def with_exotic_tokens(metadata: dict[str, Any]) -> dict[str, Any]:
     md = dict(metadata)
     md[k + "tokens"] = list(md[k + "tokens"]) + [t for t, _ in EXOTIC_TOKENS]
     md[k + "token_type"] = np.concatenate(
-        [md[k + "token_type"], np.asarray([t for _, t in EXOTIC_TOKENS], dtype=np.int32)])
+        [md[k + "token_type"], np.asarray([t for _, t in EXOTIC_TOKENS], dtype=np.int32)]
+    )
     if k + "scores" in md:
         md[k + "scores"] = np.concatenate(
-            [md[k + "scores"], np.full(len(EXOTIC_TOKENS), -20.0, dtype=np.float32)])
+            [md[k + "scores"], np.full(len(EXOTIC_TOKENS), -20.0, dtype=np.float32)]
+        )
     return md

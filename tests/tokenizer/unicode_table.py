@@ -19,8 +19,19 @@ MAX_CODEPOINT = 0x110000
 
 # The Unicode White_Space property (PropList.txt); it has not changed since Unicode 6.
 WHITE_SPACE = frozenset(
-    [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
-     0x2028, 0x2029, 0x202F, 0x205F, 0x3000]
+    [
+        *range(0x09, 0x0E),
+        0x20,
+        0x85,
+        0xA0,
+        0x1680,
+        *range(0x2000, 0x200B),
+        0x2028,
+        0x2029,
+        0x202F,
+        0x205F,
+        0x3000,
+    ]
 )
 
 # General category (first letter) -> class letter used by the splitters.
