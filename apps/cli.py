@@ -1,4 +1,4 @@
-"""The `edgeinfer` command: run, chat, info, doctor."""
+"""The `edgeinfer` command: run, chat, info, bench, convert, perplexity, doctor."""
 
 from __future__ import annotations
 
@@ -334,14 +334,19 @@ class _ChatSession:
 
 
 def model_info(path: str, n_ctx: int | None) -> dict[str, Any]:
+    from edgeinfer.api import DEFAULT_N_CTX
     from edgeinfer.gguf import GGUFFile
+    from edgeinfer.kv_cache import DEFAULT_CACHE_TYPE, cache_bytes
     from edgeinfer.models import config_from_gguf
 
     with GGUFFile(path) as f:
         cfg = config_from_gguf(f)
-        ctx = n_ctx or min(cfg.n_ctx_train, 4096)
+        ctx = n_ctx or min(cfg.n_ctx_train, DEFAULT_N_CTX)
         weights = sum(t.nbytes for t in f.tensors.values())
-        kv = 2 * cfg.n_layer * ctx * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)  # f16 K and V
+        kv = cache_bytes(
+            n_layer=cfg.n_layer, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim,
+            head_dim_v=cfg.head_dim_v, n_ctx=ctx, k_type=DEFAULT_CACHE_TYPE,
+        )  # fmt: skip
         types = Counter(t.ggml_type.name for t in f.tensors.values())
         return {
             "path": os.path.abspath(path),
@@ -362,6 +367,7 @@ def model_info(path: str, n_ctx: int | None) -> dict[str, Any]:
             "tensors": len(f.tensors),
             "memory_estimate": {
                 "context": ctx,
+                "kv_cache_type": DEFAULT_CACHE_TYPE,
                 "weights_bytes": weights,
                 "kv_cache_bytes": kv,
                 "total_bytes": weights + kv,

@@ -134,3 +134,26 @@ def test_auto_says_once_on_stderr_why_it_runs_numpy(fixture_models, tmp_path):
     warnings = [ln for ln in done.stderr.splitlines() if "EngineFallbackWarning" in ln]
     assert len(warnings) == 1, done.stderr
     assert "numpy reference engine" in warnings[0] and str(empty) in warnings[0]
+
+
+@needs_native
+@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+def test_the_native_cache_takes_what_cache_bytes_says(fixture_models, kv_type):
+    """The engine and the estimates (edgeinfer info, the converters' fitting) size the KV cache
+    with one function: a sequence's first step allocates exactly cache_bytes of it."""
+    from edgeinfer.kv_cache import cache_bytes
+
+    with GGUFFile(fixture_models["gemma3"]) as gguf:
+        cfg = config_from_gguf(gguf)
+        options = EngineOptions(n_ctx=96, n_threads=1, kv_type=kv_type)
+        engine = engines.create(ENGINES["native"], gguf, cfg, options)
+        try:
+            before = engine.memory_bytes
+            engine.forward([1, 2])
+            expected = cache_bytes(
+                n_layer=cfg.n_layer, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim,
+                head_dim_v=cfg.head_dim_v, n_ctx=96, k_type=kv_type,
+            )  # fmt: skip
+            assert engine.memory_bytes - before == expected
+        finally:
+            engine.close()
