@@ -20,8 +20,8 @@ import pytest
 
 from edgeinfer import _native, quants
 from edgeinfer.converters import quantizers
+from edgeinfer.engines import reference
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
-from edgeinfer.models import reference
 from tests.simd.platform_gates import isa_params, missing_tool, runnable_isas
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -328,7 +328,7 @@ def _q8_blocks(raw: np.ndarray, t: GGMLType) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", ACTIVATION_KINDS)
 def test_reference_quantizers_equal_the_numpy_engine(ref, kind):
-    """q8_0 / q8_1 / q8_K blocks hold what edgeinfer.models.reference feeds its products."""
+    """q8_0 / q8_1 / q8_K blocks hold what edgeinfer.engines.reference feeds its products."""
     rng = np.random.default_rng(7)
     x = activations(2048, kind, rng)
     b0 = _q8_blocks(
