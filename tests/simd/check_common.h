@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../../simd/common/ei_kernels.h"
 
@@ -62,6 +63,20 @@ static inline int scale_offsets(int type, int offs[2]) {
     default: return 0;
     }
     return offs[1] >= 0 ? 2 : 1;
+}
+
+/* every fp16 scale field of the blocks in w[0, bytes) set to uniform() * amplitude, so that
+ * random bytes decode to values of a sensible size */
+static inline void set_small_scales(int type, uint8_t *w, size_t bytes, float amplitude) {
+    const size_t block = ei_row_size(type, ei_block_size(type));
+    int offs[2];
+    scale_offsets(type, offs);
+    for (size_t b = 0; b + block <= bytes; b += block)
+        for (int j = 0; j < 2; j++)
+            if (offs[j] >= 0) {
+                const ei_f16 h = ei_fp32_to_fp16(uniform() * amplitude);
+                memcpy(w + b + offs[j], &h, 2);
+            }
 }
 
 #endif

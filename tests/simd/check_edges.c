@@ -49,15 +49,7 @@ static void random_row(int type, uint8_t *w, int n) {
             ((ei_f16 *)w)[i] = type == EI_TYPE_F16 ? ei_fp32_to_fp16(uniform() * 3.0f) : ei_fp32_to_bf16(uniform() * 3.0f);
         return;
     }
-    const size_t block = ei_row_size(type, ei_block_size(type));
-    int offs[2];
-    scale_offsets(type, offs);
-    for (size_t b = 0; b + block <= bytes; b += block)
-        for (int j = 0; j < 2; j++)
-            if (offs[j] >= 0) {
-                const ei_f16 h = ei_fp32_to_fp16(uniform() * 0.02f);
-                memcpy(w + b + offs[j], &h, 2);
-            }
+    set_small_scales(type, w, bytes, 0.02f);
 }
 
 enum { MAXN = 2304, ROWS = 4, COLS = 4 };

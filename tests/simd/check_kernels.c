@@ -70,16 +70,7 @@ static void random_weights(int type, uint8_t *w, size_t bytes) {
             h[i] = type == EI_TYPE_F16 ? ei_fp32_to_fp16(gaussian()) : ei_fp32_to_bf16(gaussian());
         return;
     }
-    /* scale fields: where they sit in each block */
-    const size_t block = ei_row_size(type, ei_block_size(type));
-    int offs[2];
-    scale_offsets(type, offs);
-    for (size_t b = 0; b + block <= bytes; b += block)
-        for (int j = 0; j < 2; j++)
-            if (offs[j] >= 0) {
-                const ei_f16 h = ei_fp32_to_fp16(uniform() * 0.01f);
-                memcpy(w + b + offs[j], &h, 2);
-            }
+    set_small_scales(type, w, bytes, 0.01f);
 }
 
 int main(void) {
