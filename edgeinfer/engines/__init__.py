@@ -16,20 +16,42 @@ from typing import Any
 from edgeinfer import errors
 from edgeinfer.engines.base import Batch, Engine, EngineOptions, EngineSpec, SequenceEngine
 
+
+def _probe_native() -> tuple[bool, str]:
+    from edgeinfer import _native
+
+    return _native.available()
+
+
+def _probe_reference() -> tuple[bool, str]:
+    import numpy
+
+    return True, f"numpy {numpy.__version__}"
+
+
+def _probe_onnxruntime() -> tuple[bool, str]:
+    try:
+        import onnxruntime
+    except ImportError:
+        return False, "onnxruntime is not installed (pip install 'edgeinfer[onnx]')"
+    return True, f"onnxruntime {onnxruntime.__version__}"
+
+
 ENGINES: dict[str, EngineSpec] = {
     spec.name: spec
     for spec in (
         EngineSpec(
             "native", "SIMD kernels picked for this CPU (simd/)", ("gguf",), ("f16", "f32"),
-            max_sequences=64, module="edgeinfer.engines.native",
+            max_sequences=64, module="edgeinfer.engines.native", probe=_probe_native,
         ),
         EngineSpec(
             "reference", "the numpy forward pass every engine is tested against", ("gguf",),
             ("f16", "f32"), max_sequences=1, module="edgeinfer.engines.reference",
+            probe=_probe_reference,
         ),
         EngineSpec(
             "onnxruntime", "an exported ONNX folder on onnxruntime", ("onnx",), (),
-            max_sequences=1, module="edgeinfer.engines.onnxruntime",
+            max_sequences=1, module="edgeinfer.engines.onnxruntime", probe=_probe_onnxruntime,
         ),
     )
 }  # fmt: skip
@@ -46,21 +68,10 @@ _warned_fallback = False
 
 def probe(name: str) -> tuple[bool, str]:
     """Whether engine ``name`` can run here, and a one-line reason or description."""
-    if name == "native":
-        from edgeinfer import _native
-
-        return _native.available()
-    if name == "reference":
-        import numpy
-
-        return True, f"numpy {numpy.__version__}"
-    if name == "onnxruntime":
-        try:
-            import onnxruntime
-        except ImportError:
-            return False, "onnxruntime is not installed (pip install 'edgeinfer[onnx]')"
-        return True, f"onnxruntime {onnxruntime.__version__}"
-    raise errors.InvalidOptionError(_unknown(name))
+    spec = ENGINES.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise errors.InvalidOptionError(_unknown(name))
+    return spec.probe()
 
 
 def _unknown(name: object) -> str:

@@ -8,6 +8,7 @@ share a step; :meth:`forward` is the one-sequence shorthand that generation uses
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -26,6 +27,7 @@ class EngineSpec:
     kv_types: tuple[str, ...]  # cache types it keeps (edgeinfer.kv_cache names); () = the file's
     max_sequences: int  # sequences one engine holds at once
     module: str  # where the factory ``open_engine`` lives, imported on use
+    probe: Callable[[], tuple[bool, str]]  # runs here? and why (not); cheap, imports no engine
 
 
 @dataclass(frozen=True)
