@@ -93,5 +93,23 @@ class BackendError(EdgeInferError):
     """A compute backend is unavailable or reported a failure."""
 
 
+class OutOfMemoryError(EdgeInferError, MemoryError):
+    """An allocation failed (the KV cache, the compute buffers); the message names the bytes.
+
+    The model stays usable (a smaller request may still fit) or, where it cannot, is closed."""
+
+
+class CancelledError(EdgeInferError):
+    """``cancel()`` stopped a call that has no partial result to return (``logits()``)."""
+
+
+class BusyError(EdgeInferError):
+    """The model was called from inside one of its own steps (a re-entrant call)."""
+
+
+class NonFiniteLogitsError(EdgeInferError):
+    """The model produced inf or NaN logits; the message names the step."""
+
+
 class UnsupportedModelError(ModelFileError):
     """The file uses a feature of its architecture that edgeinfer does not implement."""
