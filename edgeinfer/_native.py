@@ -147,7 +147,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
 
 _STATUS = {
     1: errors.InvalidOptionError,
-    2: MemoryError,
+    2: errors.OutOfMemoryError,
     3: errors.UnsupportedModelError,
     4: errors.ContextOverflowError,
     5: errors.BackendError,

@@ -30,6 +30,11 @@ class EngineSpec:
     probe: Callable[[], tuple[bool, str]]  # runs here? and why (not); cheap, imports no engine
 
 
+# limits of the options, the native engine's (EI_MAX_THREADS, EI_MAX_BATCH in simd/include)
+MAX_N_THREADS = 512
+MAX_N_BATCH = 4096
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """What :func:`edgeinfer.load` passes every engine's factory."""

@@ -13,7 +13,7 @@
 #define MAX_BASES 4     /* distinct rope bases among the layers */
 #define ROW_BLOCK 16    /* weight rows one thread takes at a time (kept in L1 across tokens) */
 static_assert(ROW_BLOCK % EI_X16 == 0, "row blocks hold whole interleaved groups");
-#define MAX_BATCH 4096  /* tokens per internal step */
+#define MAX_BATCH EI_MAX_BATCH  /* tokens per internal step */
 
 struct ei_engine {
     ei_model_desc m;
@@ -45,6 +45,7 @@ struct ei_engine {
     ei_f16 *gelu;    /* (65536) GELU of every fp16 value, as fp16 */
     ei_repack repack; /* interleaved copies of weights (repack.c) */
     size_t bytes;
+    size_t failed_bytes;   /* the size of the allocation that failed last, for the message */
 };
 
 /* ---- allocation ------------------------------------------------------------------------ */
@@ -52,6 +53,7 @@ struct ei_engine {
 static void *alloc(ei_engine *e, size_t n) {
     void *ptr = calloc(1, n ? n : 1);
     if (ptr) e->bytes += n;
+    else e->failed_bytes = n;
     return ptr;
 }
 
@@ -174,9 +176,12 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     *out = NULL;
     if (!m || !params) return ei_fail(EI_ERR_INVALID, "no model or parameters");
     ei_engine_params p = *params;
-    if (p.n_ctx <= 0 || p.n_threads <= 0 || p.n_threads > 512 || p.n_seq_max <= 0 || p.n_batch <= 0 ||
-        p.n_batch > MAX_BATCH)
-        return ei_fail(EI_ERR_INVALID, "n_ctx, n_threads, n_seq_max and n_batch (<= %d) must be positive", MAX_BATCH);
+    if (p.n_ctx <= 0) return ei_fail(EI_ERR_INVALID, "n_ctx must be >= 1, got %d", p.n_ctx);
+    if (p.n_threads <= 0 || p.n_threads > EI_MAX_THREADS)
+        return ei_fail(EI_ERR_INVALID, "n_threads must lie in [1, %d], got %d", EI_MAX_THREADS, p.n_threads);
+    if (p.n_seq_max <= 0) return ei_fail(EI_ERR_INVALID, "n_seq_max must be >= 1, got %d", p.n_seq_max);
+    if (p.n_batch <= 0 || p.n_batch > MAX_BATCH)
+        return ei_fail(EI_ERR_INVALID, "n_batch must lie in [1, %d], got %d", MAX_BATCH, p.n_batch);
     const int isa = p.isa < 0 ? ei_isa_best() : p.isa;
     const ei_kernels *k = ei_kernels_for(isa);
     if (!k) return ei_fail(EI_ERR_ISA, "instruction set %s is not available: %s", ei_isa_name(isa), ei_isa_reason(isa));
@@ -253,12 +258,19 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     if (m->rope_freqs.data) e->freq_factors = (float *)m->rope_freqs.data;
 
     e->pool = ei_pool_create(p.n_threads);
-    if (!e->pool || !plan_packs(e)) goto nomem;
+    if (!e->pool) {
+        ei_engine_free(e);
+        return ei_fail(EI_ERR_NOMEM, "out of memory: could not start %d threads", p.n_threads);
+    }
+    if (!plan_packs(e)) goto nomem;
     *out = e;
     return EI_OK;
-nomem:
+nomem: {
+    const size_t wanted = e->failed_bytes, held = e->bytes;
     ei_engine_free(e);
-    return ei_fail(EI_ERR_NOMEM, "out of memory allocating the engine's buffers");
+    return ei_fail(EI_ERR_NOMEM, "out of memory: %zu bytes wanted for the engine's buffers (%zu held)",
+                   wanted, held);
+}
 }
 
 static ei_status ensure_cache(ei_engine *e, int s) {
@@ -266,7 +278,9 @@ static ei_status ensure_cache(ei_engine *e, int s) {
     /* calloc'd pages cost memory only once written: the cache grows with the context used */
     if (!e->k_cache[s]) e->k_cache[s] = alloc(e, e->k_layer_bytes * (size_t)e->m.n_layer);
     if (!e->v_cache[s]) e->v_cache[s] = alloc(e, e->v_layer_bytes * (size_t)e->m.n_layer);
-    if (!e->k_cache[s] || !e->v_cache[s]) return ei_fail(EI_ERR_NOMEM, "out of memory for the KV cache");
+    if (!e->k_cache[s] || !e->v_cache[s])
+        return ei_fail(EI_ERR_NOMEM, "out of memory: %zu bytes wanted for the KV cache of sequence %d",
+                       (e->k_layer_bytes + e->v_layer_bytes) * (size_t)e->m.n_layer, s);
     return EI_OK;
 }
 

@@ -17,6 +17,10 @@
 
 #define EI_API_VERSION 4
 
+/* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
+#define EI_MAX_THREADS 512
+#define EI_MAX_BATCH 4096
+
 typedef enum {
     EI_OK = 0,
     EI_ERR_INVALID = 1,     /* an argument or the model description is inconsistent */
