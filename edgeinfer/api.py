@@ -9,10 +9,10 @@ never prints or exits: it is meant to be embedded in other programs.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +20,9 @@ import numpy as np
 
 from edgeinfer import engines, errors
 from edgeinfer.chat import ChatTemplate, builtin_template
+from edgeinfer.engines.base import MAX_N_BATCH, MAX_N_THREADS
 from edgeinfer.engines.onnxruntime import OnnxFolder
-from edgeinfer.generation import GenerationStats, KVSession
+from edgeinfer.generation import GenerationStats, Holder, KVSession, Turns, typed_memory_errors
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.kv_cache import cache_type
 from edgeinfer.models import config_from_gguf
@@ -46,7 +47,17 @@ class Completion:
 
 
 class Model:
-    """A loaded GGUF model. Create it with :func:`edgeinfer.load`."""
+    """A loaded GGUF model. Create it with :func:`edgeinfer.load`.
+
+    Threads: any thread may call any method. Calls queue and run one at a time, in arrival
+    order; none fails for being concurrent. A stream keeps the model between its tokens until
+    it ends, so generations do not interleave, unless it idles while another call waits (its
+    own thread makes another call, it is cancelled, garbage-collected, or not read for a
+    quarter of a second): then the waiting call runs, and the stream, when read again,
+    re-evaluates its context and goes on. ``cancel()`` stops the calls running when it is
+    called, within one step; ``close()`` cancels them, waits for the step in progress, and
+    makes every later call raise ModelClosedError.
+    """
 
     def __init__(
         self,
@@ -60,12 +71,14 @@ class Model:
         isa: str | None = None,
     ) -> None:
         t0 = time.perf_counter()
+        self._engine: engines.Engine | None = None
+        self._closing = False
         if n_threads is not None:
-            n_threads = _int_option("n_threads", n_threads, 1)
-        n_batch = _int_option("n_batch", n_batch, 1)
+            n_threads = _int_option("n_threads", n_threads, 1, MAX_N_THREADS)
+        n_batch = _int_option("n_batch", n_batch, 1, MAX_N_BATCH)
         if n_ctx is not None:
             n_ctx = _int_option("n_ctx", n_ctx, 1)
-        self.path = os.fspath(path)
+        self.path = _model_path(path)
         model_format = "onnx" if os.path.isdir(self.path) else "gguf"
         spec = engines.select(engine, model_format)
         self.source: GGUFFile | OnnxFolder
@@ -95,17 +108,15 @@ class Model:
                 n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=n_batch,
                 kv_type=cache_type(kv_type).name, isa=isa,
             )  # fmt: skip
-            self._engine: engines.Engine | None = engines.create(
-                spec, self.source, self.config, options
-            )
+            with typed_memory_errors():
+                self._engine = engines.create(spec, self.source, self.config, options)
         except BaseException:
             self.source.close()
             raise
+        self._engine_name = self._engine.name
         self._session = KVSession(self._engine, n_batch)
-        self._closing = False
-        self._cancel = threading.Event()
-        self._busy = threading.Condition()
-        self._active: TextStream | None = None
+        self._turns = Turns()
+        self._cancel_epoch = 0  # cancel() counts up; a call started before it stops
         self._template: ChatTemplate | None = None
         self.load_s = time.perf_counter() - t0
 
@@ -113,8 +124,8 @@ class Model:
 
     @property
     def engine(self) -> str:
-        """The engine's registry name (see :mod:`edgeinfer.engines`)."""
-        return self.backend.name
+        """The engine's registry name (see :mod:`edgeinfer.engines`), also after close()."""
+        return self._engine_name
 
     @property
     def backend(self) -> engines.Engine:
@@ -159,13 +170,17 @@ class Model:
             raise errors.ContextOverflowError(
                 f"{len(tokens)} tokens do not fit the context of {self.n_ctx}"
             )
-        with self._exclusive():
-            self._session.reset()
+        with typed_memory_errors():
             out = np.empty((len(tokens), self.n_vocab), dtype=np.float32)
+        with self._one_turn() as cancelled:
+            self._session.reset()
             step = self._session.n_batch
             for start in range(0, len(tokens), step):
+                if cancelled():
+                    raise errors.CancelledError("logits() was cancelled")
                 chunk = tokens[start : start + step]
-                out[start : start + len(chunk)] = self.backend.forward(chunk, all_logits=True)
+                with typed_memory_errors():
+                    out[start : start + len(chunk)] = self.backend.forward(chunk, all_logits=True)
                 self._session.tokens.extend(chunk)
             return out
 
@@ -218,7 +233,6 @@ class Model:
         max_tokens = _int_option("max_tokens", max_tokens, 0)
         stops = stop_strings(stop)
         ids = self._prompt_ids(prompt, add_special, parse_special)
-        self._acquire()
         return TextStream(self, ids, sampler, max_tokens, stops)
 
     def _sampler(self, sampler: Any, sampling: dict[str, Any]) -> Any:
@@ -251,12 +265,16 @@ class Model:
         return ids
 
     def cancel(self) -> None:
-        """Stops the generation in progress (from any thread) at the next token or chunk."""
-        self._cancel.set()
+        """Stops the calls in progress (from any thread) at their next token or chunk:
+        generations end with finish_reason "cancelled", ``logits()`` raises CancelledError.
+        Calls still waiting for their turn, and later ones, run normally. Never blocks."""
+        self._cancel_epoch += 1
+        with contextlib.suppress(AttributeError):  # during __init__
+            self._turns.wake()
 
     def reset(self) -> None:
         """Forgets the cached conversation (the next prompt is evaluated from scratch)."""
-        with self._exclusive():
+        with self._one_turn():
             self._session.reset()
 
     # --- chat ------------------------------------------------------------------------------
@@ -309,59 +327,29 @@ class Model:
 
     # --- lifetime --------------------------------------------------------------------------
 
-    def _acquire(self) -> None:
-        with self._busy:
-            active = self._active
-            if active is not None and active._thread == threading.get_ident():
-                active.close()  # an abandoned stream of this thread
-            while self._active is not None:
-                self._busy.wait()
+    @contextlib.contextmanager
+    def _one_turn(self) -> Iterator[Callable[[], bool]]:
+        """Runs the body as one call in its turn; yields whether it has been cancelled."""
+        self._check_open()
+        with self._turns.step(Holder()):
             self._check_open()
-            self._cancel.clear()
-            self._active = _RESERVED
-
-    def _release(self) -> None:
-        with self._busy:
-            self._active = None
-            self._busy.notify_all()
-
-    def _exclusive(self) -> _Exclusive:
-        return _Exclusive(self)
+            epoch = self._cancel_epoch
+            yield lambda: self._closing or self._cancel_epoch != epoch
 
     def close(self) -> None:
         """Frees the engine and unmaps the file; the model cannot be used afterwards.
 
-        Any thread may call it: a generation running in another thread is cancelled and
-        finishes its current step before the engine goes away."""
-        with self._busy:
-            if self._engine is None or self._closing:
-                return
-            self._closing = True  # no new request starts from now on
+        Any thread may call it: the calls in progress are cancelled, and the engine goes
+        away once the step running now has finished."""
+        if self._engine is None or self._closing:
+            return
+        self._closing = True  # no new call starts from now on; running ones see a cancel
         self.cancel()
-        self._stop_active()
-        engine, self._engine = self._engine, None
-        engine.close()
-        self._session = None  # type: ignore[assignment]
-        self.source.close()
-
-    def _stop_active(self) -> None:
-        """Ends the request in progress, waiting for one that runs in another thread."""
-        while True:
-            with self._busy:
-                active = self._active
-                if active is None:
-                    return
-                if active is _RESERVED:  # logits() or reset() elsewhere: wait for its end
-                    self._busy.wait(0.05)
-                    continue
-            active.close()
-            if not active._done:  # its generator is running right now
-                if active._thread == threading.get_ident():
-                    raise errors.InvalidOptionError(
-                        "close() was called from inside the model's own generation"
-                    )
-                with self._busy:
-                    self._busy.wait(0.01)  # it sees the cancellation after this step
+        with self._turns.step(Holder()):
+            engine, self._engine = self._engine, None
+            if engine is not None:  # not closed by a concurrent close() meanwhile
+                engine.close()
+                self.source.close()
 
     def __enter__(self) -> Model:
         return self
@@ -374,20 +362,6 @@ class Model:
             self.close()
         except Exception:
             pass
-
-
-class _Exclusive:
-    def __init__(self, model: Model) -> None:
-        self.model = model
-
-    def __enter__(self) -> None:
-        self.model._acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.model._release()
-
-
-_RESERVED: Any = object()  # marks the model busy with a request that is not a stream
 
 
 class _CheckedSampler:
@@ -429,10 +403,27 @@ def load(
 _LOAD_OPTIONS = frozenset({"n_batch", "engine", "kv_type", "isa"})
 
 
-def _int_option(name: str, value: Any, lo: int) -> int:
-    """``value`` as an int >= ``lo``; bools, floats and strings are refused, not converted."""
+def _int_option(name: str, value: Any, lo: int, hi: int | None = None) -> int:
+    """``value`` as an int in [lo, hi]; bools, floats and strings are refused, not converted."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise errors.InvalidOptionError(f"{name} must be an integer, got {value!r}")
+    if hi is not None and not lo <= value <= hi:
+        raise errors.InvalidOptionError(f"{name} must lie in [{lo}, {hi}], got {value}")
     if value < lo:
         raise errors.InvalidOptionError(f"{name} must be >= {lo}, got {value}")
     return int(value)
+
+
+def _model_path(path: Any) -> str:
+    """``path`` (str, bytes or os.PathLike) as a str; other types and NULs are refused."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise errors.InvalidOptionError(
+            f"the model path must be a str, bytes or os.PathLike, got {type(path).__name__}"
+        )
+    try:
+        text = os.fsdecode(os.fspath(path))
+    except (TypeError, UnicodeError) as e:
+        raise errors.InvalidOptionError(f"the model path cannot be used: {e}") from e
+    if "\0" in text:
+        raise errors.InvalidOptionError(f"the model path contains a NUL character: {text!r}")
+    return text

@@ -1,15 +1,18 @@
-"""Generation as a generator: prefill, then one decode step per token.
+"""Generation as a generator: prefill, then one decode step per token, and the turns that
+let several threads share one model.
 
 ``prefill`` and ``decode`` are kept apart (as gpt-fast does) and the loop takes its sampler
 as an argument (as mlx-lm's generate_step does). Cancellation is checked between prompt
 chunks as well as between tokens. Text concerns (detokenizing, stop strings) live in
-:mod:`edgeinfer.api`; this module deals in token ids only.
+:mod:`edgeinfer.text_stream`; this module deals in token ids only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -17,10 +20,6 @@ import numpy as np
 
 from edgeinfer import errors
 from edgeinfer.engines.base import Engine
-
-
-class Cancelled(errors.EdgeInferError):
-    """Raised inside generation when cancel() was called; callers turn it into a finish reason."""
 
 
 @dataclass
@@ -56,21 +55,42 @@ class GenerationStats:
         }
 
 
+def _never() -> bool:
+    return False
+
+
+@contextlib.contextmanager
+def typed_memory_errors() -> Iterator[None]:
+    """Python's MemoryError (numpy's names the bytes) as the typed OutOfMemoryError."""
+    try:
+        yield
+    except errors.OutOfMemoryError:
+        raise
+    except MemoryError as e:
+        raise errors.OutOfMemoryError(f"out of memory: {e}") from e
+
+
 class KVSession:
     """An engine plus the token ids its cache holds, so that a new prompt that shares a prefix
-    with the last one (the next turn of a chat) only evaluates what is new."""
+    with the last one (the next turn of a chat) only evaluates what is new.
+
+    ``version`` counts the changes of the cache: a generation that finds it where it left it
+    decodes its next token; one that finds it changed (another call ran in between)
+    re-evaluates its context first, reusing the prefix still cached."""
 
     def __init__(self, engine: Engine, n_batch: int = 512) -> None:
         self.engine = engine
         self.n_batch = n_batch
         self.tokens: list[int] = []
+        self.version = 0
 
     def reset(self) -> None:
+        self.version += 1
         self.engine.truncate(0)
         self.tokens = []
 
     def prefill(
-        self, prompt: list[int], cancel: threading.Event | None = None
+        self, prompt: list[int], cancelled: Callable[[], bool] = _never
     ) -> tuple[np.ndarray, int]:
         """Evaluates what of ``prompt`` is not cached; returns the last logits and the reuse."""
         if not prompt:
@@ -80,28 +100,118 @@ class KVSession:
                 f"the prompt has {len(prompt)} tokens; the context holds {self.engine.n_ctx} "
                 "(room is needed for at least one generated token)"
             )
+        return self.evaluate(prompt, cancelled)
+
+    def evaluate(
+        self, tokens: list[int], cancelled: Callable[[], bool] = _never
+    ) -> tuple[np.ndarray, int]:
+        """The logits after ``tokens`` (which fit the context), evaluating only what the cache
+        does not hold already; returns them and how many tokens were reused."""
+        self.version += 1
         n_common = 0
-        for a, b in zip(self.tokens, prompt, strict=False):
+        for a, b in zip(self.tokens, tokens, strict=False):
             if a != b:
                 break
             n_common += 1
-        n_common = min(n_common, len(prompt) - 1)  # evaluate one token at least, for logits
+        n_common = min(n_common, len(tokens) - 1)  # evaluate one token at least, for logits
         self.engine.truncate(n_common)
         self.tokens = self.tokens[:n_common]
         logits = None
-        for start in range(n_common, len(prompt), self.n_batch):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("cancelled during the prompt")
-            chunk = prompt[start : start + self.n_batch]
-            logits = self.engine.forward(chunk)
+        for start in range(n_common, len(tokens), self.n_batch):
+            if cancelled():
+                raise errors.CancelledError("cancelled during the prompt")
+            chunk = tokens[start : start + self.n_batch]
+            with typed_memory_errors():
+                logits = self.engine.forward(chunk)
             self.tokens.extend(chunk)
         assert logits is not None
         return logits, n_common
 
     def decode(self, token: int) -> np.ndarray:
-        logits = self.engine.forward([token])
+        self.version += 1
+        with typed_memory_errors():
+            logits = self.engine.forward([token])
         self.tokens.append(token)
         return logits
+
+
+class Holder:
+    """One call's claim on a model's turns: a stream keeps its turn between its steps."""
+
+    def __init__(self, cancelled: Callable[[], bool] = _never) -> None:
+        self.thread = threading.get_ident()
+        self.cancelled = cancelled
+        self.abandoned = False  # set when the stream is garbage-collected (no lock taken)
+
+
+class Turns:
+    """Who runs the model now. Calls queue in arrival order; the one whose turn it is runs
+    its steps. A stream keeps its turn between its steps, so that one generation at a time
+    runs to its end, unless it idles while others wait: its consumer thread itself makes
+    another call, or it is cancelled or garbage-collected, or it has not been read for
+    ``idle_s``. Then the next call takes the turn, and the stream, when read again, queues
+    for a turn and re-evaluates its context (:class:`KVSession` keeps the common prefix)."""
+
+    def __init__(self, idle_s: float = 0.25) -> None:
+        self.idle_s = idle_s
+        self._cond = threading.Condition()
+        self._queue: deque[Holder] = deque()
+        self._holder: Holder | None = None
+        self._running = False  # the holder is inside a step
+        self._idle_since = 0.0
+
+    def _free_for(self, holder: Holder) -> float:
+        """0 if ``holder`` may take the turn now, else how long to wait before asking again."""
+        if self._holder is None or self._holder is holder:
+            return 0.0 if self._queue[0] is holder else 1.0
+        if self._running:
+            return 1.0  # woken when the step ends
+        h = self._holder
+        if h.thread == holder.thread or h.abandoned or h.cancelled():
+            return 0.0 if self._queue[0] is holder else 1.0
+        left = self.idle_s - (time.monotonic() - self._idle_since)
+        return 0.0 if left <= 0 and self._queue[0] is holder else max(left, 0.01)
+
+    @contextlib.contextmanager
+    def step(self, holder: Holder, keep: bool = False) -> Iterator[None]:
+        """Runs the body as ``holder``'s step; ``keep`` holds the turn afterwards (a stream)."""
+        with self._cond:
+            h = self._holder
+            if self._running and h is not None and h.thread == threading.get_ident():
+                raise errors.BusyError("the model was called from inside its own step")
+            if self._holder is not holder:
+                self._queue.append(holder)
+                try:
+                    while (wait := self._free_for(holder)) > 0:
+                        self._cond.wait(min(wait, 0.05))
+                finally:
+                    self._queue.remove(holder)
+                self._holder = holder
+            self._running = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running = False
+                self._idle_since = time.monotonic()
+                if not keep:
+                    self._holder = None
+                self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Lets waiting calls look again (after a cancel); never blocks, for signal handlers."""
+        if self._cond.acquire(blocking=False):
+            try:
+                self._cond.notify_all()
+            finally:
+                self._cond.release()
+
+    def release(self, holder: Holder) -> None:
+        """Gives up ``holder``'s turn, if it still has it."""
+        with self._cond:
+            if self._holder is holder and not self._running:
+                self._holder = None
+                self._cond.notify_all()
 
 
 def generate_tokens(
@@ -112,26 +222,38 @@ def generate_tokens(
     max_tokens: int,
     is_eog: Callable[[int], bool],
     stats: GenerationStats,
-    cancel: threading.Event | None = None,
+    cancelled: Callable[[], bool] = _never,
+    turn: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
 ) -> Iterator[int]:
-    """Yields generated token ids; sets ``stats.finish_reason`` when it stops."""
+    """Yields generated token ids; sets ``stats.finish_reason`` when it stops. Each engine
+    step runs inside ``turn()``; what happens between steps (sampling, the caller's work on
+    the token) runs outside, and another call may use the engine meanwhile."""
     stats.prompt_tokens = len(prompt)
     t0 = time.perf_counter()
     try:
-        logits, stats.cached_tokens = session.prefill(prompt, cancel)
-    except Cancelled:
+        with turn():
+            if cancelled():
+                raise errors.CancelledError("cancelled before the prompt")
+            logits, stats.cached_tokens = session.prefill(prompt, cancelled)
+            version = session.version
+    except errors.CancelledError:
         stats.finish_reason = "cancelled"
         return
     t1 = time.perf_counter()
     stats.prompt_s = t1 - t0
     history = list(prompt)
     while True:
-        if cancel is not None and cancel.is_set():
+        if cancelled():
             stats.finish_reason = "cancelled"
             return
         if stats.generated_tokens >= max_tokens:
             stats.finish_reason = "length"
             return
+        if not np.isfinite(logits).all():
+            raise errors.NonFiniteLogitsError(
+                f"the model's logits contain inf or NaN at generated token "
+                f"{stats.generated_tokens} (position {len(history)})"
+            )
         token = sampler(logits, history)
         now = time.perf_counter()
         if stats.generated_tokens == 0:
@@ -145,7 +267,18 @@ def generate_tokens(
         history.append(token)
         yield token
         stats.decode_s = time.perf_counter() - first
-        if session.engine.n_past + 1 > session.engine.n_ctx:
+        if len(history) > session.engine.n_ctx:
             stats.finish_reason = "length"  # the context is full
             return
-        logits = session.decode(token)
+        try:
+            with turn():
+                if cancelled():
+                    raise errors.CancelledError("cancelled between tokens")
+                if session.version == version:  # the cache is where this generation left it
+                    logits = session.decode(token)
+                else:  # another call ran in between: re-evaluate, reusing the common prefix
+                    logits = session.evaluate(history, cancelled)[0]
+                version = session.version
+        except errors.CancelledError:
+            stats.finish_reason = "cancelled"
+            return

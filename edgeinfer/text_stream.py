@@ -8,12 +8,14 @@ leaves out.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import weakref
 from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer import errors
-from edgeinfer.generation import GenerationStats, generate_tokens
+from edgeinfer.generation import GenerationStats, Holder, generate_tokens
 
 if TYPE_CHECKING:
     from edgeinfer.api import Model
@@ -28,18 +30,36 @@ class TextStream:
         self, model: Model, prompt: list[int], sampler: Any, max_tokens: int, stops: list[str]
     ) -> None:
         self._model = model
-        self._thread = threading.get_ident()
         self.stats = GenerationStats()
         self.tokens: list[int] = []
         self.text = ""
-        model._active = self
+        self._stopped = False  # close() or cancel() of this stream
+        self._epoch: int | None = None  # the model's cancel count when this stream started
+        self._holder = Holder(_weak_cancelled(self))  # the turns must not keep the stream alive
+        self._reader: int | None = None  # the thread inside __next__
+        self._lock = threading.Lock()  # one reader at a time
         tokens = generate_tokens(
             model._session, prompt, sampler,
             max_tokens=max_tokens, is_eog=model.tokenizer.is_eog,
-            stats=self.stats, cancel=model._cancel,
+            stats=self.stats, cancelled=self._cancelled, turn=self._turn,
         )  # fmt: skip
         self._pieces = self._run(tokens, stops)
         self._done = False
+
+    def _cancelled(self) -> bool:
+        model = self._model
+        return (
+            self._stopped
+            or model._closing
+            or (self._epoch is not None and self._epoch != model._cancel_epoch)
+        )
+
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        with self._model._turns.step(self._holder, keep=True):
+            if self._epoch is None:  # model.cancel() stops the streams started before it
+                self._epoch = self._model._cancel_epoch
+            yield
 
     @property
     def finish_reason(self) -> str:
@@ -79,40 +99,64 @@ class TextStream:
         return self
 
     def __next__(self) -> str:
-        if self._done:
-            raise StopIteration
-        try:
-            return next(self._pieces)
-        except BaseException:
-            self._finish()
-            raise
+        if self._reader == threading.get_ident():
+            raise errors.BusyError("the stream was read from inside its own step")
+        with self._lock:
+            if self._done:
+                raise StopIteration
+            self._reader = threading.get_ident()
+            try:
+                return next(self._pieces)
+            except BaseException:
+                self._finish()
+                raise
+            finally:
+                self._reader = None
 
     def cancel(self) -> None:
-        self._model.cancel()
+        """Stops this stream after its current step (from any thread)."""
+        self._stopped = True
+        self._model._turns.wake()
 
     def close(self) -> None:
         """Stops the generation; the model is free for the next request. From a thread other
-        than the one iterating, it cancels: the stream ends after its current step."""
-        if not self._done:
-            try:
-                self._pieces.close()
-            except ValueError:  # running in another thread right now
-                self._model.cancel()
-                return
+        than the one reading, it cancels: the stream ends after its current step."""
+        if self._done:
+            return
+        if not self._lock.acquire(blocking=False):  # being read in another thread right now
+            self.cancel()
+            return
+        try:
+            self._pieces.close()
             self._finish()
+        finally:
+            self._lock.release()
 
     def _finish(self) -> None:
-        with self._model._busy:  # the consumer and a closing thread may both get here
-            if not self._done:
-                self._done = True
-                if self._model._active is self:
-                    self._model._release()
+        self._done = True
+        if not self.stats.finish_reason:
+            self.stats.finish_reason = "cancelled"
+        self._model._turns.release(self._holder)
+
+    def __del__(self) -> None:
+        # no lock here (the collector may run inside any code): waiting calls see the flag
+        self._holder.abandoned = True
 
     def __enter__(self) -> TextStream:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _weak_cancelled(stream: TextStream) -> Any:
+    ref = weakref.ref(stream)
+
+    def cancelled() -> bool:
+        s = ref()
+        return s is None or s._cancelled()
+
+    return cancelled
 
 
 def stop_strings(stop: Any) -> list[str]:

@@ -324,11 +324,15 @@ def test_closing_a_stream_frees_the_model(fixture_model):
     stream.close()
     assert stream.finish_reason == "cancelled"
     assert model.generate("Hi", max_tokens=3, temperature=0).stats.generated_tokens == 3
-    # a stream abandoned half-way by this thread does not block its next request either
-    abandoned = model.stream("Hi", max_tokens=100, temperature=0)
-    next(abandoned)
-    assert model.generate("Hi", max_tokens=3, temperature=0).stats.generated_tokens == 3
-    assert list(abandoned) == []
+    # a stream left half-way by this thread does not block its next request either, and
+    # read again later it goes on where it was (re-evaluating its context first)
+    left = model.stream("Hi", max_tokens=8, temperature=0)
+    first = next(left)
+    assert model.generate("Other text", max_tokens=3, temperature=0).stats.generated_tokens == 3
+    rest = list(left)
+    assert left.finish_reason == "length" and len(left.tokens) == 8
+    expected = model.generate("Hi", max_tokens=8, temperature=0)
+    assert first + "".join(rest) == expected.text and left.tokens == expected.tokens
 
 
 def test_requests_from_two_threads_take_turns(fixture_model):
