@@ -16,7 +16,7 @@ from edgeinfer import errors
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Defaults are llama.cpp's. ``temperature <= 0`` means greedy decoding."""
+    """Defaults are llama.cpp's. ``temperature == 0`` means greedy decoding."""
 
     temperature: float = 0.8
     top_k: int = 40  # 0: off
@@ -44,7 +44,10 @@ class SamplingParams:
                 raise errors.InvalidOptionError(f"{name} must be an integer, got {value!r}")
             object.__setattr__(self, name, int(value))
         checks = (
-            (math.isfinite(self.temperature), "temperature must be a finite number"),
+            (
+                math.isfinite(self.temperature) and self.temperature >= 0,
+                "temperature must be a finite number >= 0 (0: greedy)",
+            ),
             (self.top_k >= 0, "top_k must be >= 0 (0 turns it off)"),
             (0.0 < self.top_p <= 1.0, "top_p must lie in (0, 1]"),
             (0.0 <= self.min_p <= 1.0, "min_p must lie in [0, 1]"),
@@ -92,9 +95,15 @@ class Sampler:
 
     def distribution(self, logits: np.ndarray, history: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The tokens the chain keeps, by descending logit, and the probabilities it draws
-        them with: what llama.cpp's penalties, top-k, top-p, min-p and temp leave."""
+        them with: what llama.cpp's penalties, top-k, top-p, min-p and temp leave.
+
+        No finite option can turn the draw into NaN (penalized values stay finite);
+        non-finite logits themselves are refused."""
         p = self.params
-        logits = self._penalize(np.asarray(logits, dtype=np.float32), history)
+        logits = np.asarray(logits, dtype=np.float32)
+        if not np.isfinite(logits).all():
+            raise errors.NonFiniteLogitsError("the logits to sample from contain inf or NaN")
+        logits = self._penalize(logits, history)
         if p.greedy:
             return np.array([int(np.argmax(logits))]), np.array([1.0])
         ids, values = self._top_k(logits, p.top_k)  # candidates sorted by logit, descending
@@ -107,7 +116,8 @@ class Sampler:
             keep = min(keep, max(1, int(np.sum(probs[:keep] >= p.min_p * probs[0]))))
         ids, values = ids[:keep], values[:keep]
         # in float64 and relative to the best: a tiny temperature must not overflow to inf
-        scaled = (values.astype(np.float64) - np.float64(values[0])) / p.temperature
+        with np.errstate(over="ignore"):  # -inf, where the scaled gap overflows: probability 0
+            scaled = (values.astype(np.float64) - np.float64(values[0])) / p.temperature
         probs = np.exp(scaled)
         return ids, probs / probs.sum()
 
@@ -131,9 +141,13 @@ class Sampler:
         ids, counts = ids[ids_ok], counts[ids_ok]
         logits = logits.copy()
         v = logits[ids]
-        v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
-        v -= counts * p.frequency_penalty + p.presence_penalty
-        logits[ids] = v
+        # in float32, as llama.cpp; a value that overflows is held at the largest finite one,
+        # so that extreme (finite) penalties rank tokens without turning the draw into NaN
+        big = np.finfo(np.float32).max
+        with np.errstate(over="ignore"):
+            v = np.clip(np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty), -big, big)
+            v -= np.clip(counts * p.frequency_penalty + p.presence_penalty, -big, big)
+        logits[ids] = np.clip(v, -big, big)
         return logits
 
     @staticmethod
