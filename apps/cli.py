@@ -9,17 +9,47 @@ import os
 import signal
 import sys
 from collections import Counter
-from typing import Any
+from typing import Any, NoReturn
 
 from edgeinfer import errors
 from edgeinfer.apps import convert as convert_cmd
+from edgeinfer.apps import exit_status
 from edgeinfer.engines import ENGINE_CHOICES
+from edgeinfer.engines.base import MAX_N_THREADS
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line on stderr (exit status 2), like the others."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"edgeinfer: error: {message} (see: {self.prog} --help)\n")
+
+
+def _count(lo: int, hi: int | None = None) -> Any:
+    """An argparse type: an integer in [lo, hi]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            bound = f"lie in [{lo}, {hi}]" if hi is not None else f"be >= {lo}"
+            raise argparse.ArgumentTypeError(f"must {bound}, got {value}")
+        return value
+
+    parse.__name__ = "integer"  # what argparse names in its messages
+    return parse
+
+
+_THREADS = _count(1, MAX_N_THREADS)
+_CTX = _count(1)
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens")
+    p.add_argument("-c", "--ctx", type=_CTX, default=None, help="context size in tokens")
     p.add_argument(
-        "-t", "--threads", type=int, default=None, help="threads (default: physical cores)"
+        "-t", "--threads", type=_THREADS, default=None, help="threads (default: physical cores)"
     )
     p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
                    help="compute engine (default: the native one where it runs)")  # fmt: skip
@@ -58,7 +88,7 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edgeinfer", description="Run language models on this device.")
+    p = _Parser(prog="edgeinfer", description="Run language models on this device.")
     p.add_argument("--version", action="version", version=f"edgeinfer {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -81,15 +111,15 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("model")
     info.add_argument("--json", action="store_true")
     info.add_argument(
-        "-c", "--ctx", type=int, default=None, help="context size for the memory estimate"
+        "-c", "--ctx", type=_CTX, default=None, help="context size for the memory estimate"
     )
 
     bench = sub.add_parser("bench", help="measure prompt and generation speed (like llama-bench)")
     bench.add_argument("model")
-    bench.add_argument("-t", "--threads", type=int, default=None)
-    bench.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp)")
-    bench.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg)")
-    bench.add_argument("-r", "--repetitions", type=int, default=3)
+    bench.add_argument("-t", "--threads", type=_THREADS, default=None)
+    bench.add_argument("-p", "--n-prompt", type=_count(0), default=512, help="prompt tokens (pp)")
+    bench.add_argument("-n", "--n-gen", type=_count(0), default=128, help="generated tokens (tg)")
+    bench.add_argument("-r", "--repetitions", type=_count(1), default=3)
     bench.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
     bench.add_argument("--isa", default=None, help="force an instruction-set variant")
     bench.add_argument("--json", action="store_true")
@@ -99,9 +129,11 @@ def _parser() -> argparse.ArgumentParser:
     ppl = sub.add_parser("perplexity", help="perplexity of a text file (as llama-perplexity)")
     ppl.add_argument("model")
     ppl.add_argument("-f", "--file", required=True, help="UTF-8 text file")
-    ppl.add_argument("-c", "--ctx", type=int, default=512, help="window size in tokens")
-    ppl.add_argument("--chunks", type=int, default=None, help="score at most this many windows")
-    ppl.add_argument("-t", "--threads", type=int, default=None)
+    ppl.add_argument("-c", "--ctx", type=_count(2), default=512, help="window size in tokens")
+    ppl.add_argument(
+        "--chunks", type=_count(1), default=None, help="score at most this many windows"
+    )
+    ppl.add_argument("-t", "--threads", type=_THREADS, default=None)
     ppl.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
     ppl.add_argument("--json", action="store_true")
 
@@ -129,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handler(args)
     except errors.EdgeInferError as e:
-        print(f"edgeinfer: error: {e}", file=sys.stderr)
-        return 1
+        return exit_status.report(e)
     except OSError as e:
         if isinstance(e, BrokenPipeError):
             return _broken_pipe()
@@ -439,8 +470,14 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     import edgeinfer
     from edgeinfer.perplexity import perplexity
 
-    with open(args.file, encoding="utf-8") as f:
-        text = f.read()
+    with open(args.file, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise errors.InputFileError(
+            f"{args.file} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
     with edgeinfer.load(
         args.model, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine
     ) as model:

@@ -20,6 +20,7 @@ import time
 from typing import ClassVar, TextIO
 
 from edgeinfer import errors
+from edgeinfer.apps import exit_status
 
 TYPES_HELP = (
     "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q4_k, q5_k, q6_k, q4_k_m, q4_k_s, q5_k_m, q5_k_s"
@@ -240,8 +241,7 @@ def run(argv: list[str] | None = None) -> int:
     try:
         return main(args)
     except errors.EdgeInferError as e:
-        print(f"edgeinfer: error: {e}", file=sys.stderr)
-        return 1
+        return exit_status.report(e)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

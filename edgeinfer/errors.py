@@ -107,6 +107,10 @@ class BusyError(EdgeInferError):
     """The model was called from inside one of its own steps (a re-entrant call)."""
 
 
+class InputFileError(EdgeInferError):
+    """An input other than the model (a text file to score) cannot be read as it must be."""
+
+
 class NonFiniteLogitsError(EdgeInferError):
     """The model produced inf or NaN logits; the message names the step."""
 

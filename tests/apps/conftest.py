@@ -26,9 +26,10 @@ def engine_args() -> list[str]:
     return ["--engine", ENGINE]
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess) -> str:
-    """Exit status 1, and stderr is exactly one line that starts with 'edgeinfer: error:'."""
-    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+def assert_one_line_error(proc: subprocess.CompletedProcess, status: int = 1) -> str:
+    """Exit ``status`` (1: a runtime error, 2: a usage error), and stderr is exactly one line
+    that starts with 'edgeinfer: error:'."""
+    assert proc.returncode == status, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip("\n").split("\n")
     assert len(lines) == 1 and lines[0].startswith("edgeinfer: error: "), proc.stderr

@@ -367,19 +367,39 @@ def test_bad_model_files(bad_files, name, command):
 @pytest.mark.parametrize(
     "args",
     [["-n", "-5"], ["--top-p", "0"], ["--min-p", "3"], ["--top-k", "-1"], ["-c", "0"], ["-t", "0"],
-     ["--repeat-penalty", "0"], ["--stop", ""], ["--seed", "-1"]],
+     ["--repeat-penalty", "0"], ["--stop", ""], ["--seed", "-1"], ["--temp", "-1"],
+     ["-c", "-5"], ["-t", "100000"], ["-c", str(1 << 40)]],
 )  # fmt: skip
 def test_bad_option_values(fixture_models, args):
     proc = cli("run", fixture_models["llama"], "-p", "hi", *args)
-    assert_one_line_error(proc)
+    line = assert_one_line_error(proc, status=2)
+    # the message is about the option given, not a list of every parameter
+    assert "n_seq_max" not in line and "n_batch" not in line
 
 
 def test_usage_errors_exit_2(fixture_models):
     for args in (["run", fixture_models["llama"]],
                  ["run", fixture_models["llama"], "-p", "x", "--temp", "hot"],
-                 ["nonsense"]):  # fmt: skip
-        proc = cli(*args)
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr and "usage:" in proc.stderr
+                 ["nonsense"], ["info", fixture_models["llama"], "-c", "-5"],
+                 ["info", fixture_models["llama"], "-c", "0"],
+                 ["perplexity", fixture_models["llama"], "-f", "x", "-c", "1"]):  # fmt: skip
+        assert_one_line_error(cli(*args), status=2)
+
+
+def test_threads_beyond_the_limit_name_the_threads(fixture_models):
+    line = assert_one_line_error(cli("info", fixture_models["llama"], "-c", "-5"), status=2)
+    assert "-c" in line or "ctx" in line
+    line = assert_one_line_error(
+        cli("run", fixture_models["llama"], "-p", "hi", "-t", "100000"), status=2
+    )
+    assert "threads" in line and "100000" in line
+
+
+def test_perplexity_of_a_file_that_is_not_utf8(fixture_models, tmp_path):
+    text = tmp_path / "latin1.txt"
+    text.write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    line = assert_one_line_error(cli("perplexity", fixture_models["llama"], "-f", text))
+    assert "UTF-8" in line and "offset 3" in line
 
 
 def test_prompt_too_long_for_the_context(fixture_models):

@@ -85,12 +85,12 @@ def test_no_progress_when_not_a_terminal(checkpoints, out_dir, capsys):
 
 
 @pytest.mark.parametrize(
-    "argv, match",
-    [(["--type", "q9", "--dry-run"], "unknown type 'q9'"), ([], "needs -o OUT"),
-     (["-o", "OUT/folder"], "OUT: no such folder")],
+    "argv, match, status",
+    [(["--type", "q9", "--dry-run"], "unknown type 'q9'", 2), ([], "needs -o OUT", 2),
+     (["-o", "OUT/folder"], "OUT: no such folder", 1)],
 )  # fmt: skip
-def test_errors(checkpoints, capsys, argv, match):
-    assert run([str(checkpoints["llama"]), *argv]) == 1
+def test_errors(checkpoints, capsys, argv, match, status):
+    assert run([str(checkpoints["llama"]), *argv]) == status
     err = capsys.readouterr().err
     assert match in err and err.startswith("edgeinfer: error:")
 

@@ -19,6 +19,7 @@ Findings that were fixed live on as files in ``tests/fuzz/regressions/<target>/`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -40,10 +41,8 @@ def guarded(fn: Callable[[bytes], None]) -> Callable[[bytes], None]:
     allowed = expected_errors()
 
     def one_input(data: bytes) -> None:
-        try:
+        with contextlib.suppress(*allowed):
             fn(data)
-        except allowed:
-            pass
 
     return one_input
 
