@@ -153,10 +153,12 @@ class Model:
     ) -> list[int]:
         """Token ids of ``text``, with llama.cpp's meaning of the two flags."""
         self._check_open()
+        _flags(add_special=add_special, parse_special=parse_special)
         return self.tokenizer.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, tokens: Sequence[int], remove_special: bool = False) -> str:
         """The text of ``tokens`` (control tokens render as nothing)."""
+        _flags(remove_special=remove_special)
         return self.tokenizer.detokenize(
             self._check_tokens(tokens, allow_empty=True), remove_special=remove_special
         )
@@ -225,6 +227,7 @@ class Model:
         min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed),
         or a ready ``sampler`` callable ``(logits, history) -> token``."""
         self._check_open()
+        _flags(parse_special=parse_special, add_special=add_special)
         sampler = self._sampler(sampler, sampling)
         if isinstance(max_tokens, (int, np.integer)) and max_tokens == -1:
             max_tokens = self.n_ctx
@@ -319,6 +322,7 @@ class Model:
     ) -> Completion | TextStream:
         """Replies to a conversation (a list of {"role", "content"} dicts) with the model's
         chat template; ``stream=True`` returns a :class:`TextStream`."""
+        _flags(stream=stream)
         s = self.stream(self.chat_tokens(messages), **options)
         if stream:
             return s
@@ -412,6 +416,13 @@ def _int_option(name: str, value: Any, lo: int, hi: int | None = None) -> int:
     if value < lo:
         raise errors.InvalidOptionError(f"{name} must be >= {lo}, got {value}")
     return int(value)
+
+
+def _flags(**flags: Any) -> None:
+    """Refuses a flag that is not a bool (a string "no" would count as true)."""
+    for name, value in flags.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise errors.InvalidOptionError(f"{name} must be True or False, got {value!r}")
 
 
 def _model_path(path: Any) -> str:

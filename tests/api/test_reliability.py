@@ -87,3 +87,14 @@ def test_each_limit_is_named_alone(fixture_models, options, match):
     with pytest.raises(errors.InvalidOptionError, match=match) as e:
         load(fixture_models["llama"], **options)
     assert "n_seq_max" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [lambda m: m.generate("x", parse_special="yes"), lambda m: m.tokenize("x", add_special=None),
+     lambda m: m.detokenize([1], remove_special=1), lambda m: m.stream("x", add_special="no"),
+     lambda m: m.chat([{"role": "user", "content": "x"}], stream="yes")],
+)  # fmt: skip
+def test_flags_must_be_bools(fixture_model, call):
+    with pytest.raises(errors.InvalidOptionError, match="must be True or False"):
+        call(fixture_model("llama"))
