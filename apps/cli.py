@@ -117,8 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure prompt and generation speed (like llama-bench)")
     bench.add_argument("model")
     bench.add_argument("-t", "--threads", type=_THREADS, default=None)
-    bench.add_argument("-p", "--n-prompt", type=_count(0), default=512, help="prompt tokens (pp)")
-    bench.add_argument("-n", "--n-gen", type=_count(0), default=128, help="generated tokens (tg)")
+    bench.add_argument("-p", "--n-prompt", type=_count(1), default=512, help="prompt tokens (pp)")
+    bench.add_argument("-n", "--n-gen", type=_count(1), default=128, help="generated tokens (tg)")
     bench.add_argument("-r", "--repetitions", type=_count(1), default=3)
     bench.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
     bench.add_argument("--isa", default=None, help="force an instruction-set variant")
@@ -186,11 +186,22 @@ def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def _utf8(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise errors.InputFileError(
+            f"{what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
+
+
 # --- run -------------------------------------------------------------------------------------
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = (
+        _utf8(sys.stdin.buffer.read(), "the prompt on stdin") if args.prompt == "-" else args.prompt
+    )
     interrupted = False
     with _load(args, args.model) as model:
         stream = model.stream(prompt, parse_special=not args.no_special, **_sampling(args))
@@ -347,6 +358,10 @@ class _ChatSession:
                 file=sys.stderr,
             )
             return
+        except (errors.TokenizerError, errors.TemplateError) as e:  # this line only: not sent
+            self.history.pop()
+            print(f"(not sent: {exit_status.one_line(e)})", file=sys.stderr, flush=True)
+            return
         except KeyboardInterrupt:
             if stream is None:  # before the reply began: as if the line was never sent
                 self.history.pop()
@@ -471,13 +486,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     from edgeinfer.perplexity import perplexity
 
     with open(args.file, "rb") as f:
-        data = f.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise errors.InputFileError(
-            f"{args.file} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
-        ) from None
+        text = _utf8(f.read(), args.file)
     with edgeinfer.load(
         args.model, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine
     ) as model:

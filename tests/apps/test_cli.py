@@ -441,3 +441,24 @@ def test_run_in_a_terminal_and_ctrl_c(fixture_models):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 130
+
+
+def test_non_utf8_prompt_on_stdin(fixture_models):
+    proc = subprocess.run(
+        [EDGEINFER, "run", str(fixture_models["llama"]), "-p", "-", "-n", "2"],
+        input=b"\xff\xfe not text", capture_output=True, timeout=300,
+    )  # fmt: skip
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and err.count("\n") == 1, err
+    assert err.startswith("edgeinfer: error: the prompt on stdin is not UTF-8") and "0xff" in err
+
+
+def test_chat_goes_on_after_a_line_that_cannot_be_sent(fixture_models):
+    proc = subprocess.run(
+        [EDGEINFER, "chat", str(fixture_models["llama"]), "-n", "3", "--temp", "0",
+         *engine_args()],
+        input=b"hi\n\xff\nhello\n", capture_output=True, timeout=300,
+    )  # fmt: skip
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "(not sent:" in err and err.count("generated") == 2, err
