@@ -18,6 +18,7 @@ import string
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, ItemsView, KeysView, Mapping, Sequence, ValuesView
 from typing import Any
 
@@ -93,6 +94,10 @@ BUILTIN_TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "llama2": (LLAMA2_TEMPLATE, ()),
 }
 FALLBACK_TEMPLATE = "llama2"  # for an architecture the runtime does not know
+
+# Python's compiler warns about odd constant expressions ('1[0]') in the code Jinja generates
+# from a template; a hostile template could fill stderr with them
+warnings.filterwarnings("ignore", category=SyntaxWarning, module="<template>")
 
 
 def builtin_template(arch: str, vocab: set[str] | Mapping[str, int]) -> tuple[str, str]:
@@ -411,6 +416,9 @@ _METHOD_ESTIMATES: dict[str, tuple[Callable[..., int], int]] = {
 }
 
 
+_JINJA_CALL_KWARGS = ("_loop_vars", "_block_vars")
+
+
 def _method_estimate(owner: Any, name: str, args: tuple, kwargs: dict) -> tuple[int, int]:
     """(estimate, limit) for a method call, or (0, 0) when its result is no larger than
     what it is given."""
@@ -625,6 +633,8 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         target = getattr(__obj, "__wrapped__", __obj)  # str.format comes wrapped by Jinja
         owner = getattr(target, "__self__", None)
         name = getattr(target, "__name__", "")
+        # inside loops and blocks Jinja passes its variables along, for Context.call to drop
+        call_kwargs = {k: v for k, v in kwargs.items() if k not in _JINJA_CALL_KWARGS}
         if name in ("join", "fromkeys") and args and isinstance(owner, (str, bytes, type)):
             if isinstance(args[0], (str, bytes, list, tuple, dict)):
                 _expect(ELEMENT_COST * len(args[0]))
@@ -635,7 +645,7 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
                 _expect(2 * ELEMENT_COST * len(items) + _size(items, MAX_VALUE_SIZE))
             args = (items, *args[1:])
         else:
-            estimate, limit = _method_estimate(owner, name, args, kwargs)
+            estimate, limit = _method_estimate(owner, name, args, call_kwargs)
             if estimate:
                 _expect(estimate, limit)
         return _check(super().call(__context, __obj, *args, **kwargs))
