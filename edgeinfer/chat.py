@@ -126,27 +126,35 @@ def _attrs(v: Any) -> dict[str, Any]:
 def _size(value: Any, limit: int) -> int:
     """What ``value`` weighs: characters of its strings, counting a string each time a
     container refers to it, plus ELEMENT_COST per element. Stops counting past ``limit``."""
+    if type(value) in (str, bytes):  # most values: checked first, and at once
+        return len(value)
     total, stack = 0, [value]
     while stack and total <= limit:
         v = stack.pop()
         if isinstance(v, (str, bytes)):
             total += len(v)
-        elif isinstance(v, (list, tuple, set, frozenset, KeysView, ValuesView)):
+        elif isinstance(v, (list, tuple, set, frozenset)):
             total += ELEMENT_COST * len(v) + 1
             if total <= limit:
                 stack.extend(v)
-        elif isinstance(v, (dict, ItemsView)):
+        elif isinstance(v, dict):
             total += 2 * ELEMENT_COST * len(v) + 1
             if total <= limit:
-                stack.extend(v.keys() if isinstance(v, dict) else ())
-                stack.extend(v.values() if isinstance(v, dict) else v)
+                stack.extend(v.keys())
+                stack.extend(v.values())
         elif isinstance(v, int) and not isinstance(v, bool):
             if v.bit_length() > MAX_INT_BITS:
                 return limit + 1
             total += 1
+        elif isinstance(v, (float, bool, type(None))):
+            total += 1
         elif isinstance(v, jinja2.utils.Namespace):
             total += 1
             stack.append(_attrs(v))
+        elif isinstance(v, (KeysView, ValuesView, ItemsView)):
+            total += 2 * ELEMENT_COST * len(v) + 1
+            if total <= limit:
+                stack.extend(v)
         else:
             total += 1
     return total
@@ -157,6 +165,8 @@ def _printed_size(value: Any, limit: int = MAX_VALUE_SIZE) -> int:
     is up to 10 characters per character of a string ('\\U0010ffff')."""
     if isinstance(value, str):
         return len(value)
+    if type(value) in (float, bool, type(None)):
+        return 64
     total, stack = 0, [value]
     while stack and total <= limit:
         v = stack.pop()
@@ -164,21 +174,27 @@ def _printed_size(value: Any, limit: int = MAX_VALUE_SIZE) -> int:
             total += len(v) + 2 if v.isascii() and v.isprintable() else 10 * len(v) + 2
         elif isinstance(v, bytes):
             total += 4 * len(v) + 3
-        elif isinstance(v, (list, tuple, set, frozenset, KeysView, ValuesView)):
+        elif isinstance(v, (list, tuple, set, frozenset)):
             total += 2 * len(v) + 16
             if total <= limit:
                 stack.extend(v)
-        elif isinstance(v, (dict, ItemsView)):
+        elif isinstance(v, dict):
             total += 4 * len(v) + 16
             if total <= limit:
-                stack.extend(v.items() if isinstance(v, dict) else v)
+                stack.extend(v.items())
+        elif isinstance(v, int) and not isinstance(v, bool):
+            total += v.bit_length() // 3 + 2
+        elif isinstance(v, (float, bool, type(None))):
+            total += 64
         elif isinstance(v, jinja2.utils.Namespace):
             total += 16
             stack.append(_attrs(v))
-        elif isinstance(v, int) and not isinstance(v, bool):
-            total += v.bit_length() // 3 + 2
+        elif isinstance(v, (KeysView, ValuesView, ItemsView)):
+            total += 4 * len(v) + 16
+            if total <= limit:
+                stack.extend(v)
         else:
-            total += 64  # a number, None, or an object printed as <... at 0x...>
+            total += 64  # an object printed as <... at 0x...>
     return total
 
 
