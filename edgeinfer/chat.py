@@ -559,9 +559,41 @@ def _const_source(value: Any) -> str:
     return str(value) if isinstance(value, float) else repr(value)
 
 
+class _OutputBuffer(list):
+    """The output of a macro, a call, a ``{% set %}`` or a ``{% filter %}`` block, which
+    Jinja collects in a list before joining it into one value: bounded as it grows."""
+
+    __slots__ = ("chars",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chars = 0
+
+    def _grow(self, n: int) -> None:
+        self.chars += n
+        if self.chars > MAX_VALUE_SIZE:
+            raise _Refused(
+                f"a chat template built a block of more than {MAX_VALUE_SIZE} characters"
+            )
+
+    def append(self, piece: Any) -> None:
+        self._grow(len(piece) if isinstance(piece, str) else 0)
+        super().append(piece)
+
+    def extend(self, pieces: Any) -> None:
+        pieces = tuple(pieces)
+        self._grow(sum(len(p) for p in pieces if isinstance(p, str)))
+        super().extend(pieces)
+
+
 class _CodeGenerator(jinja2.compiler.CodeGenerator):
-    """Compiles ``a ~ b`` into a size-checked join (Jinja's own str_join is not intercepted)
-    and writes folded constants as valid Python."""
+    """Compiles ``a ~ b`` into a size-checked join (Jinja's own str_join is not intercepted),
+    collects buffered output in an :class:`_OutputBuffer`, and writes folded constants as
+    valid Python."""
+
+    def buffer(self, frame: Any) -> None:
+        frame.buffer = self.temporary_identifier()
+        self.writeline(f"{frame.buffer} = environment.output_buffer()")
 
     def visit_Concat(self, node: Any, frame: Any) -> None:
         self.write("environment.checked_concat((")
@@ -607,6 +639,10 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         raise jinja2.sandbox.SecurityError(
             f"access to attribute {attribute!r} of {type(obj).__name__!r} is not allowed"
         )
+
+    @staticmethod
+    def output_buffer() -> _OutputBuffer:
+        return _OutputBuffer()
 
     def checked_concat(self, parts: Sequence[Any]) -> str:
         _expect(sum(_printed_size(p) for p in parts))

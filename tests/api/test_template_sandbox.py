@@ -222,6 +222,27 @@ def test_hostile_templates_are_refused_before_they_allocate():
         assert seconds < RENDER_SECONDS / 2, (name, seconds)
 
 
+LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxx{% endfor %}{% endfor %}"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{% macro m() %}" + LOOPS + "{% endmacro %}{{ m() }}",
+        "{% set x %}" + LOOPS + "{% endset %}{{ x }}",
+        "{% filter upper %}" + LOOPS + "{% endfilter %}",
+        "{% macro m() %}{{ caller() }}{% endmacro %}{% call m() %}" + LOOPS + "{% endcall %}",
+    ],
+)
+def test_buffered_output_is_bounded_as_it_grows(source):
+    # Jinja collects these blocks in a list before joining it: that list is capped like any
+    # value, so the block ends at the cap, long before the time limit or the memory watchdog
+    t0 = time.perf_counter()
+    with pytest.raises(errors.TemplateError, match="block of more than"):
+        ChatTemplate(source).render(HI)
+    assert time.perf_counter() - t0 < RENDER_SECONDS / 2
+
+
 @pytest.mark.parametrize(
     "source, expected",
     [
@@ -236,6 +257,8 @@ def test_hostile_templates_are_refused_before_they_allocate():
         ("{{ 'x'.encode('utf-8') }}", "b'x'"),
         ("{{ ['a'] ~ 'b' }}", "['a']b"),
         ("{{ 1.5 }}", "1.5"),
+        ("{% macro m(a) %}<{{ a }}>{% endmacro %}{% set x %}{{ m(1) }}{{ m(2) }}{% endset %}"
+         "{% filter replace('>', ']') %}{{ x }}{% endfilter %}", "<1]<2]"),
     ],
 )  # fmt: skip
 def test_ordinary_uses_of_the_bounded_operations_render_as_jinja_does(source, expected):
