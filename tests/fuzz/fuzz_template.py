@@ -5,7 +5,8 @@ The first byte of an input picks the mode: one in eight inputs is used as the te
 itself (the rest decoded as UTF-8), the others drive a grammar (statements, expressions,
 filters, tests, method calls, loops, macros, namespaces, raise_exception ...) and the
 conversation through :class:`atheris.FuzzedDataProvider`. Compiling and rendering may pass or
-raise a TemplateError; anything else is a finding (see harness.py).
+raise a TemplateError; anything else is a finding (see harness.py), and so is a prompt
+that differs from plain Jinja's rendering of the same template.
 
     python -m tests.fuzz.fuzz_template --runs 1000000 --corpus DIR --artifacts DIR
 """
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import atheris
+import jinja2.exceptions
+import jinja2.sandbox
 
 from tests.fuzz import harness
 
@@ -48,6 +51,8 @@ TEXTS = ["", " ", "\n", "<|im_start|>", "<|im_end|>", "<start_of_turn>", "[INST]
          "{}", "{0}", "{:>{}}", "%s", "%*d", "%r", "&<>\"'", "nan", "inf", "1e308", "é", "😀",
          "\x00", "\u2028", "ΐ", "http://a.b", "9" * 12]  # fmt: skip
 INTS = [0, 1, 2, 3, -1, 7, 64, 255, 4096, 100000, 4194304, 2**31, 10**12]
+TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
+NONDETERMINISTIC = ("random", "strftime_now", "cycler", "joiner")  # differ between renders
 
 
 class _Grammar:
@@ -230,9 +235,35 @@ def _messages(fdp: atheris.FuzzedDataProvider) -> list[dict[str, Any]]:
     return out
 
 
+def _reference(source: str, messages: list[dict[str, Any]], **options: Any) -> str:
+    """How transformers' apply_chat_template renders: Jinja's own immutable sandbox."""
+
+    def raise_exception(message: Any) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.globals.update(raise_exception=raise_exception, strftime_now=chat._strftime_now)
+    env.filters["tojson"] = chat._tojson
+    options.pop("max_chars", None)
+    return env.from_string(source).render(messages=messages, **options, **TOKENS)
+
+
 def _render(source: str, messages: list[dict[str, Any]], **options: Any) -> None:
-    template = chat.ChatTemplate(source, bos_token="<s>", eos_token="</s>")
-    template.render(messages, **options)
+    """Renders in the sandbox; a template the sandbox renders must render the same in plain
+    Jinja (the caps refuse, they never change what a template means)."""
+    options.setdefault("add_generation_prompt", True)
+    template = chat.ChatTemplate(source, **TOKENS)
+    ours = template.render(messages, **options)
+    if any(word in source for word in NONDETERMINISTIC):
+        return
+    try:
+        reference = _reference(source, messages, **options)
+    except NameError:
+        return  # Jinja folds nan and inf into names its generated code lacks; we do not
+    if ours != reference:
+        raise AssertionError(f"the sandbox rendered {ours[:200]!r}, Jinja {reference[:200]!r}")
 
 
 def one_input(data: bytes) -> None:
