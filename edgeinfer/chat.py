@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import functools
+import math
 import operator
 import os
 import re
@@ -17,7 +18,8 @@ import string
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, ItemsView, KeysView, Mapping, Sequence, ValuesView
 from typing import Any
 
 import jinja2
@@ -30,7 +32,11 @@ from edgeinfer.models import ARCHITECTURES
 
 MAX_OUTPUT_CHARS = 4 << 20  # a rendered prompt larger than this is an attack, not a chat
 MAX_VALUE_SIZE = MAX_OUTPUT_CHARS  # cap on any string or list a template builds (see _size)
+MAX_SOURCE_CHARS = 1 << 20  # real chat templates are a few kB; compiling costs ~100x this
 MAX_INT_BITS = 1 << 14  # cap on the integers a template computes
+ELEMENT_COST = 8  # what an element weighs in a container, besides itself (its pointer)
+BIG_VALUE = 1 << 18  # values estimated larger than this are weighed against the memory budget
+MESSAGE_CHARS = 300  # longest text an error message keeps from an exception or a template
 RENDER_SECONDS = 5.0  # a template still rendering after this is stopped (nested loops)
 RENDER_MEMORY = 256 << 20  # bytes a render may add to the process before it is stopped
 
@@ -89,6 +95,10 @@ BUILTIN_TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 FALLBACK_TEMPLATE = "llama2"  # for an architecture the runtime does not know
 
+# Python's compiler warns about odd constant expressions ('1[0]') in the code Jinja generates
+# from a template; a hostile template could fill stderr with them
+warnings.filterwarnings("ignore", category=SyntaxWarning, module="<template>")
+
 
 def builtin_template(arch: str, vocab: set[str] | Mapping[str, int]) -> tuple[str, str]:
     """(name, template) of the built-in template that fits a model without one: the one whose
@@ -105,27 +115,115 @@ class _Refused(jinja2.sandbox.SecurityError):
     pass
 
 
+# --- what values weigh -----------------------------------------------------------------------
+
+
+def _attrs(v: Any) -> dict[str, Any]:
+    """The attributes a Jinja namespace() holds (it hides them from getattr)."""
+    return object.__getattribute__(v, "_Namespace__attrs")
+
+
 def _size(value: Any, limit: int) -> int:
-    """What ``value`` weighs once printed: characters of its strings, counting a string each
-    time a container refers to it, plus one per element. Stops counting past ``limit``."""
+    """What ``value`` weighs: characters of its strings, counting a string each time a
+    container refers to it, plus ELEMENT_COST per element. Stops counting past ``limit``."""
+    if type(value) in (str, bytes):  # most values: checked first, and at once
+        return len(value)
     total, stack = 0, [value]
     while stack and total <= limit:
         v = stack.pop()
         if isinstance(v, (str, bytes)):
             total += len(v)
         elif isinstance(v, (list, tuple, set, frozenset)):
-            total += len(v) + 1
-            stack.extend(v)
+            total += ELEMENT_COST * len(v) + 1
+            if total <= limit:
+                stack.extend(v)
         elif isinstance(v, dict):
-            total += len(v) + 1
-            stack.extend(v.keys())
-            stack.extend(v.values())
+            total += 2 * ELEMENT_COST * len(v) + 1
+            if total <= limit:
+                stack.extend(v.keys())
+                stack.extend(v.values())
         elif isinstance(v, int) and not isinstance(v, bool):
             if v.bit_length() > MAX_INT_BITS:
                 return limit + 1
             total += 1
+        elif isinstance(v, (float, bool, type(None))):
+            total += 1
+        elif isinstance(v, jinja2.utils.Namespace):
+            total += 1
+            stack.append(_attrs(v))
+        elif isinstance(v, (KeysView, ValuesView, ItemsView)):
+            total += 2 * ELEMENT_COST * len(v) + 1
+            if total <= limit:
+                stack.extend(v)
         else:
             total += 1
+    return total
+
+
+def _printed_size(value: Any, limit: int = MAX_VALUE_SIZE) -> int:
+    """Upper bound on ``len(str(value))``: a container prints the repr of its elements, which
+    is up to 10 characters per character of a string ('\\U0010ffff')."""
+    if isinstance(value, str):
+        return len(value)
+    if type(value) in (float, bool, type(None)):
+        return 64
+    total, stack = 0, [value]
+    while stack and total <= limit:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v) + 2 if v.isascii() and v.isprintable() else 10 * len(v) + 2
+        elif isinstance(v, bytes):
+            total += 4 * len(v) + 3
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            total += 2 * len(v) + 16
+            if total <= limit:
+                stack.extend(v)
+        elif isinstance(v, dict):
+            total += 4 * len(v) + 16
+            if total <= limit:
+                stack.extend(v.items())
+        elif isinstance(v, int) and not isinstance(v, bool):
+            total += v.bit_length() // 3 + 2
+        elif isinstance(v, (float, bool, type(None))):
+            total += 64
+        elif isinstance(v, jinja2.utils.Namespace):
+            total += 16
+            stack.append(_attrs(v))
+        elif isinstance(v, (KeysView, ValuesView, ItemsView)):
+            total += 4 * len(v) + 16
+            if total <= limit:
+                stack.extend(v)
+        else:
+            total += 64  # an object printed as <... at 0x...>
+    return total
+
+
+def _nested_text_size(value: Any, indent: Any, char_cost: int, limit: int) -> int:
+    """Upper bound on JSON or pprint text of ``value``: ``char_cost`` per character (escapes)
+    and, with an indent, one line per element indented by its depth."""
+    if isinstance(indent, str):
+        step = len(indent)
+    elif isinstance(indent, int) and not isinstance(indent, bool):
+        step = max(indent, 0)
+    else:
+        step = 0
+    total, stack = 0, [(value, 0)]
+    while stack and total <= limit:
+        v, depth = stack.pop()
+        total += step * depth + 4  # its line: the indent, quotes, separator, newline
+        if isinstance(v, (str, bytes)):
+            total += char_cost * len(v)
+        elif isinstance(v, (list, tuple, set, frozenset, KeysView, ValuesView)):
+            stack.extend((x, depth + 1) for x in v)
+        elif isinstance(v, (Mapping, ItemsView)):
+            pairs = v.items() if isinstance(v, Mapping) else v
+            stack.extend((x, depth + 1) for pair in pairs for x in pair)
+        elif isinstance(v, jinja2.utils.Namespace):
+            stack.append((_attrs(v), depth))
+        elif isinstance(v, int) and not isinstance(v, bool):
+            total += v.bit_length() // 3 + 2
+        else:
+            total += 64
     return total
 
 
@@ -136,9 +234,22 @@ def _check(value: Any) -> Any:
     return value
 
 
-def _expect(estimate: int) -> None:
-    if estimate > MAX_VALUE_SIZE:
-        raise _Refused("a chat template asked for too large a value")
+# (process memory when this thread's render began, bytes it may add), while one runs
+_render_budget = threading.local()
+
+
+def _expect(estimate: int, limit: int = MAX_VALUE_SIZE) -> None:
+    """Refuses to build a value whose estimated size is past ``limit``, or whose bytes
+    (up to 4 per unit) would take the render past its memory budget."""
+    if estimate > limit:
+        raise _Refused(f"a chat template asked for too large a value ({estimate} > {limit})")
+    budget = getattr(_render_budget, "value", None)
+    if budget is not None and estimate > BIG_VALUE:
+        # the watcher thread samples memory every few ms; a loop of big values could outrun it
+        start, allowed = budget
+        rss = _rss_bytes()
+        if rss is not None and rss - start + 4 * estimate > allowed:
+            raise _Refused(f"a chat template would use more than {allowed >> 20} MB of memory")
 
 
 def _check_ints(args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -148,11 +259,44 @@ def _check_ints(args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
             raise _Refused(f"a chat template passed the number {v} to a function")
 
 
-_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?[a-zA-Z%]")
+# --- upper bounds on what an operation builds, from its arguments ------------------------------
+
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?([a-zA-Z%])")
+_DIGITS = re.compile(r"\d+")
+# every character str.split() and str.splitlines() break at
+_WHITESPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace())
+_LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 
 
-def _percent_estimate(fmt: str, args: Any) -> int:
+def _number(digits: str) -> int:
+    """The value of a run of digits in a format spec (past 12 digits: too large anyway)."""
+    return int(digits) if len(digits) <= 12 else 10**12
+
+
+def _as_text(s: Any) -> str:
+    return s.decode("latin-1") if isinstance(s, bytes) else str(s)
+
+
+def _value_cost(v: Any, as_repr: bool) -> int:
+    return len(v) if isinstance(v, str) and not as_repr else _printed_size((v,))
+
+
+def _nested_width(values: Sequence[Any]) -> int:
+    """Widest a spec can get whose nested fields come from ``values``: the digits they hold
+    can be joined into one number."""
+    digits = 0
+    for v in values:
+        text = _as_text(v) if isinstance(v, (str, bytes)) else str(v) if isinstance(v, int) else ""
+        digits += sum(len(d) for d in _DIGITS.findall(text)) if text else 0
+        if isinstance(v, (list, tuple, Mapping)) and _size(v, 1 << 16) <= 1 << 16:
+            items = list(v.values()) if isinstance(v, Mapping) else list(v)
+            digits += len(str(_nested_width(items)))
+    return 10 ** min(digits, 13)
+
+
+def _percent_estimate(fmt: Any, args: Any) -> int:
     """Upper bound on the length of ``fmt % args``."""
+    fmt = _as_text(fmt)
     values = (
         list(args.values())
         if isinstance(args, Mapping)
@@ -161,31 +305,34 @@ def _percent_estimate(fmt: str, args: Any) -> int:
         else [args]
     )
     _check_ints(values, {})
-    widths = [int(n) for spec in _PERCENT_SPEC.findall(fmt) for n in spec if n.isdigit()]
+    specs = _PERCENT_SPEC.findall(fmt)
+    widths = [_number(n) for spec in specs for n in spec[:2] if n.isdigit()]
     widths += [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
-    n_specs = fmt.count("%")
-    biggest = max((_size(v, MAX_VALUE_SIZE) for v in values), default=0)
-    return len(fmt) + n_specs * (max(widths, default=0) + biggest + 32)
+    as_repr = any(spec[2] in "ra" for spec in specs)
+    biggest = max((_value_cost(v, as_repr) for v in values), default=0)
+    return len(fmt) + fmt.count("%") * (max(widths, default=0) + biggest + 32)
 
 
 def _format_estimate(fmt: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
     """Upper bound on the length of ``fmt.format(*args, **kwargs)``."""
     _check_ints(args, kwargs)
-    widths, n_fields = [0], 0
-    for _, field, spec, _ in string.Formatter().parse(fmt):
+    values = [*args, *kwargs.values()]
+    widths, n_fields, as_repr = [0], 0, False
+    for _, field, spec, conversion in string.Formatter().parse(fmt):
         if field is not None:
             n_fields += 1
-            widths += [int(n) for n in re.findall(r"\d+", spec or "")]
-    widths += [
-        v for v in (*args, *kwargs.values()) if isinstance(v, int) and not isinstance(v, bool)
-    ]
-    biggest = max((_size(v, MAX_VALUE_SIZE) for v in (*args, *kwargs.values())), default=0)
+            as_repr = as_repr or conversion in ("r", "a")
+            widths += [_number(n) for n in _DIGITS.findall(spec or "")]
+            if spec and "{" in spec:
+                widths.append(_nested_width(values))
+    widths += [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    biggest = max((_value_cost(v, as_repr) for v in values), default=0)
     return len(fmt) + n_fields * (max(widths) + biggest + 32)
 
 
 def _replace_estimate(s: Any, old: Any, new: Any, count: Any = -1) -> int:
-    if not (isinstance(s, str) and isinstance(old, str) and isinstance(new, str)):
-        return 0
+    if not (isinstance(s, (str, bytes)) and type(old) is type(s) and type(new) is type(s)):
+        return len(s) if isinstance(s, (str, bytes)) else 0
     n = s.count(old) if old else len(s) + 1
     if isinstance(count, int) and count >= 0:
         n = min(n, count)
@@ -193,22 +340,132 @@ def _replace_estimate(s: Any, old: Any, new: Any, count: Any = -1) -> int:
 
 
 def _join_estimate(sep: Any, items: list[Any]) -> int:
-    sep_len = len(sep) if isinstance(sep, str) else 0
-    return sum(_size(x, MAX_VALUE_SIZE) for x in items) + sep_len * len(items)
+    """Upper bound on ``sep.join(items)``; items that are not strings are printed."""
+    sep_len = len(sep) if isinstance(sep, (str, bytes)) else 0
+    printed = sum(len(x) if isinstance(x, (str, bytes)) else _printed_size(x) for x in items)
+    return printed + sep_len * len(items)
+
+
+def _count_any(s: Any, chars: str) -> int:
+    if isinstance(s, bytes):
+        return sum(s.count(c.encode("latin-1")) for c in chars if ord(c) < 256)
+    return sum(s.count(c) for c in chars) if isinstance(s, str) else 0
+
+
+def _pieces(s: Any, sep: Any = None, maxsplit: Any = -1) -> int:
+    """Upper bound on how many pieces ``s.split(sep, maxsplit)`` has."""
+    if sep is None:
+        n = _count_any(s, _WHITESPACE) + 1
+    elif type(sep) is type(s) and sep:
+        n = s.count(sep) + 1
+    else:
+        n = 1  # split refuses it
+    if isinstance(maxsplit, int) and maxsplit >= 0:
+        n = min(n, maxsplit + 1)
+    return n
+
+
+def _case_estimate(s: Any, *_: Any, **__: Any) -> int:
+    """Changing case can turn one character into three ('ΐ'.upper())."""
+    if not isinstance(s, (str, bytes)):
+        return 3 * _printed_size(s)
+    return len(s) if s.isascii() else 3 * len(s)
+
+
+def _int_or_zero(n: Any) -> int:
+    return n if isinstance(n, int) else 0
+
+
+def _translate_estimate(s: Any, table: Any = None, *_: Any) -> int:
+    if not isinstance(s, str):
+        return len(s)
+    if isinstance(table, (str, range)) or table is None:
+        longest = 1
+    elif isinstance(table, (Mapping, list, tuple)):
+        pieces = table.values() if isinstance(table, Mapping) else table
+        longest = max((len(p) if isinstance(p, str) else 1 for p in pieces), default=1)
+    else:
+        return MAX_VALUE_SIZE + 1  # a table whose lookups the sandbox cannot see
+    return len(s) * max(longest, 1)
+
+
+_PLAIN_CODECS = {"utf8", "utf_8", "ascii", "latin1", "latin_1", "iso8859_1", "cp1252"}
+
+
+def _encode_estimate(s: Any, encoding: Any = "utf-8", errors: Any = "strict") -> int:
+    """Bytes of ``s.encode(...)``: escape codecs and error handlers write up to 10 characters
+    for one ('\\U0010ffff', '&#1114111;'), namereplace up to 90."""
+    codec = str(encoding).lower().replace("-", "_")
+    if s.isascii() and codec in _PLAIN_CODECS:
+        return len(s)
+    return len(s) * (100 if errors == "namereplace" else 10) + 8
+
+
+# Upper bounds on what a method of a string (or bytes) builds, by method name, with the
+# limit each is held to: changing case is bounded by 3x, so it may start from a full value.
+_METHOD_ESTIMATES: dict[str, tuple[Callable[..., int], int]] = {
+    "replace": (_replace_estimate, MAX_VALUE_SIZE),
+    "expandtabs": (
+        lambda s, tabsize=8: len(s) + _count_any(s, "\t") * _int_or_zero(tabsize),
+        MAX_VALUE_SIZE,
+    ),
+    "format": (lambda s, *a, **k: _format_estimate(s, a, k), MAX_VALUE_SIZE),
+    "format_map": (lambda s, m: _format_estimate(s, (), m), MAX_VALUE_SIZE),
+    "center": (lambda s, width, *_: max(len(s), width), MAX_VALUE_SIZE),
+    "ljust": (lambda s, width, *_: max(len(s), width), MAX_VALUE_SIZE),
+    "rjust": (lambda s, width, *_: max(len(s), width), MAX_VALUE_SIZE),
+    "zfill": (lambda s, width: max(len(s), width), MAX_VALUE_SIZE),
+    "translate": (_translate_estimate, MAX_VALUE_SIZE),
+    "encode": (_encode_estimate, MAX_VALUE_SIZE),
+    "decode": (lambda s, *a, **k: 4 * len(s), MAX_VALUE_SIZE),  # backslashreplace: 4x
+    "hex": (lambda s, *a, **k: 3 * len(s), MAX_VALUE_SIZE),
+    "split": (lambda s, *a, **k: len(s) + ELEMENT_COST * _pieces(s, *a, **k), MAX_VALUE_SIZE),
+    "rsplit": (lambda s, *a, **k: len(s) + ELEMENT_COST * _pieces(s, *a, **k), MAX_VALUE_SIZE),
+    "splitlines": (
+        lambda s, *a, **k: len(s) + ELEMENT_COST * (_count_any(s, _LINE_BREAKS) + 1),
+        MAX_VALUE_SIZE,
+    ),
+    **{
+        name: (_case_estimate, 3 * MAX_VALUE_SIZE)
+        for name in ("upper", "lower", "casefold", "title", "swapcase", "capitalize")
+    },
+}
+
+
+_JINJA_CALL_KWARGS = ("_loop_vars", "_block_vars")
+
+
+def _method_estimate(owner: Any, name: str, args: tuple, kwargs: dict) -> tuple[int, int]:
+    """(estimate, limit) for a method call, or (0, 0) when its result is no larger than
+    what it is given."""
+    if isinstance(owner, (str, bytes)) and name in _METHOD_ESTIMATES:
+        estimate, limit = _METHOD_ESTIMATES[name]
+        return estimate(owner, *args, **kwargs), limit
+    if name == "maketrans":
+        # a dict with an entry per character given
+        return 2 * ELEMENT_COST * sum(_size(a, MAX_VALUE_SIZE) for a in args), MAX_VALUE_SIZE
+    if name == "to_bytes" and isinstance(owner, int):
+        length = kwargs.get("length", args[0] if args else 1)
+        return (length if isinstance(length, int) else 0), MAX_VALUE_SIZE
+    return 0, 0
 
 
 def _lines(s: Any) -> int:
     return s.count("\n") + 1 if isinstance(s, str) else 1
 
 
-# Upper bounds on the output of the functions whose output can outgrow their input by a
-# factor their arguments choose. Keyed by method name (on str) or filter name.
-_METHOD_ESTIMATES: dict[str, Callable[..., int]] = {
-    "replace": lambda s, *a, **k: _replace_estimate(s, *a, **k),
-    "expandtabs": lambda s, tabsize=8: len(s) + s.count("\t") * int(tabsize),
-    "format": lambda s, *a, **k: _format_estimate(s, a, k),
-    "format_map": lambda s, m: _format_estimate(s, (), m),
-}
+def _escape_estimate(s: Any, *_: Any, **__: Any) -> int:
+    if isinstance(s, str):
+        return len(s) + 4 * _count_any(s, "&<>\"'")  # '&' -> '&amp;'
+    return 5 * _printed_size(s)
+
+
+def _urlize_estimate(s: Any, *_: Any, target: Any = None, rel: Any = None, **__: Any) -> int:
+    words = _count_any(str(s), _WHITESPACE) + 1
+    extra = len(str(target or "")) + len(str(rel or ""))
+    return 6 * len(str(s)) + words * (64 + extra)
+
+
 _FILTER_ESTIMATES: dict[str, Callable[..., int]] = {
     "replace": lambda s, old, new, count=None: _replace_estimate(
         str(s), str(old), str(new), -1 if count is None else count
@@ -221,8 +478,36 @@ _FILTER_ESTIMATES: dict[str, Callable[..., int]] = {
     ),
     "format": lambda s, *a, **k: _percent_estimate(str(s), k or a),
     "center": lambda s, width=80: max(len(str(s)), int(width)),
-    "tojson": lambda v, indent=None: 6 * _size(v, MAX_VALUE_SIZE) * (1 + int(indent or 0)),
+    "tojson": lambda v, indent=None, **_: _nested_text_size(v, indent, 6, MAX_VALUE_SIZE),
+    "pprint": lambda v: _nested_text_size(v, 1, 10, MAX_VALUE_SIZE),
+    "string": lambda v: _printed_size(v),
+    "escape": _escape_estimate,
+    "e": _escape_estimate,
+    "forceescape": _escape_estimate,
+    "urlencode": lambda v: 12 * _printed_size(v),  # 4 UTF-8 bytes of '%XX' each
+    "urlize": _urlize_estimate,
+    "xmlattr": lambda d, *_: 6 * _printed_size(d) + 4 * len(d),
+    "batch": lambda v, linecount, fill_with=None: (
+        _size(v, MAX_VALUE_SIZE) + (0 if fill_with is None else ELEMENT_COST * linecount)
+    ),
+    "slice": lambda v, slices, fill_with=None: _size(v, MAX_VALUE_SIZE) + 4 * ELEMENT_COST * slices,
+    "truncate": lambda s, length=255, killwords=False, end="...", *_, **__: (
+        min(len(str(s)), int(length)) + len(str(end))
+    ),
 }
+_CASE_FILTERS = ("upper", "lower", "title", "capitalize")
+# filters that iterate over their value: a string becomes a list of one-character strings
+_ITERATING_FILTERS = frozenset(
+    ("join", "list", "sum", "unique", "sort", "map", "select", "reject", "selectattr")
+    + ("rejectattr", "slice", "batch", "groupby", "min", "max", "dictsort", "items")
+)
+# filters that print their value: a container costs the repr of everything in it
+_STRINGIFYING_FILTERS = frozenset(
+    ("replace", "indent", "wordwrap", "format", "center", "truncate", "urlize", "trim")
+    + ("striptags", "wordcount", "safe", "string", "upper", "lower", "title", "capitalize")
+)
+# filters whose (possibly lazy) input is materialized once, so that its cost is seen
+_MATERIALIZED_FILTERS = ("join", "list", "sum", "unique", "sort", "map", "select", "reject")
 
 
 def _checked_filter(name: str, fn: Any) -> Any:
@@ -234,13 +519,13 @@ def _checked_filter(name: str, fn: Any) -> Any:
     def checked(*args: Any, **kwargs: Any) -> Any:
         _check_ints(args, kwargs)
         value_args = args[1:] if passes else args
-        if (
-            name in ("join", "list", "sum", "unique", "sort", "map", "select", "reject")
-            and value_args
-        ):
+        value = value_args[0] if value_args else None
+        if value_args and name in _ITERATING_FILTERS and isinstance(value, (str, list, tuple)):
+            _expect(ELEMENT_COST * len(value))
+        if value_args and name in _STRINGIFYING_FILTERS and not isinstance(value, str):
+            _expect(_printed_size(value))
+        if name in _MATERIALIZED_FILTERS and value_args:
             # materialize the input once (it may be a generator) and bound what it costs
-            if isinstance(value_args[0], (str, list, tuple, dict)):
-                _expect(2 * len(value_args[0]))  # one object per character of a string
             items = list(value_args[0])
             if name == "join":
                 sep = kwargs.get("d", value_args[1] if len(value_args) > 1 else "")
@@ -250,6 +535,8 @@ def _checked_filter(name: str, fn: Any) -> Any:
             if name == "sum" and not isinstance(kwargs.get("start", 0), (int, float)):
                 raise _Refused("sum() of a chat template may only add numbers")
             args = (*args[: len(args) - len(value_args)], items, *value_args[1:])
+        elif name in _CASE_FILTERS and value_args:
+            _expect(_case_estimate(value_args[0]), 3 * MAX_VALUE_SIZE)
         elif estimate is not None and value_args:
             _expect(estimate(*value_args, **kwargs))
         return _check(fn(*args, **kwargs))
@@ -257,8 +544,56 @@ def _checked_filter(name: str, fn: Any) -> Any:
     return checked
 
 
+def _const_source(value: Any) -> str:
+    """Python source for a constant folded at compile time. Jinja writes ``str(value)`` for
+    a float, which for nan and inf is a name that does not exist."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float({str(value)!r})"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_const_source, value)) + "]"
+    if isinstance(value, tuple):
+        return "(" + "".join(_const_source(v) + ", " for v in value) + ")"
+    if isinstance(value, dict):
+        pairs = (f"{_const_source(k)}: {_const_source(v)}" for k, v in value.items())
+        return "{" + ", ".join(pairs) + "}"
+    return str(value) if isinstance(value, float) else repr(value)
+
+
+class _OutputBuffer(list):
+    """The output of a macro, a call, a ``{% set %}`` or a ``{% filter %}`` block, which
+    Jinja collects in a list before joining it into one value: bounded as it grows."""
+
+    __slots__ = ("chars",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chars = 0
+
+    def _grow(self, n: int) -> None:
+        self.chars += n
+        if self.chars > MAX_VALUE_SIZE:
+            raise _Refused(
+                f"a chat template built a block of more than {MAX_VALUE_SIZE} characters"
+            )
+
+    def append(self, piece: Any) -> None:
+        self._grow(len(piece) if isinstance(piece, str) else 0)
+        super().append(piece)
+
+    def extend(self, pieces: Any) -> None:
+        pieces = tuple(pieces)
+        self._grow(sum(len(p) for p in pieces if isinstance(p, str)))
+        super().extend(pieces)
+
+
 class _CodeGenerator(jinja2.compiler.CodeGenerator):
-    """Compiles ``a ~ b`` into a size-checked join (Jinja's own str_join is not intercepted)."""
+    """Compiles ``a ~ b`` into a size-checked join (Jinja's own str_join is not intercepted),
+    collects buffered output in an :class:`_OutputBuffer`, and writes folded constants as
+    valid Python."""
+
+    def buffer(self, frame: Any) -> None:
+        frame.buffer = self.temporary_identifier()
+        self.writeline(f"{frame.buffer} = environment.output_buffer()")
 
     def visit_Concat(self, node: Any, frame: Any) -> None:
         self.write("environment.checked_concat((")
@@ -267,21 +602,33 @@ class _CodeGenerator(jinja2.compiler.CodeGenerator):
             self.write(", ")
         self.write("))")
 
+    def visit_Const(self, node: Any, frame: Any) -> None:
+        self.write(_const_source(node.as_const(frame.eval_ctx)))
+
+
+def _finalize(value: Any) -> Any:
+    """Every printed value passes here before ``str()``: bound what printing a container
+    (the repr of everything in it) builds."""
+    if not isinstance(value, str):
+        _expect(_printed_size(value))
+    return value
+
 
 class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     """Immutable sandbox that also bounds the size of every value a template builds.
 
     Values are checked after each operator, ``~``, call and filter; operations that can
-    build far more than they are given (repetition, padding widths, replace, join, format)
-    are estimated before they run, so that no single step allocates much. Time and memory
-    of the render as a whole are watched by :func:`_with_watchdog`.
+    build far more than they are given (repetition, padding widths, replace, join, format,
+    translate, splitting, printing a container) are estimated before they run, so that no
+    single step allocates much. Time and memory of the render as a whole are watched by
+    :func:`_with_watchdog`.
     """
 
     code_generator_class = _CodeGenerator
     intercepted_binops = frozenset({"*", "+", "**", "%"})
 
     def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
+        super().__init__(finalize=_finalize, **options)
         self.globals.pop("lipsum", None)  # lorem ipsum of any length: no template needs it
         self.filters["tojson"] = _tojson
         self.filters = {name: _checked_filter(name, fn) for name, fn in self.filters.items()}
@@ -293,7 +640,12 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
             f"access to attribute {attribute!r} of {type(obj).__name__!r} is not allowed"
         )
 
+    @staticmethod
+    def output_buffer() -> _OutputBuffer:
+        return _OutputBuffer()
+
     def checked_concat(self, parts: Sequence[Any]) -> str:
+        _expect(sum(_printed_size(p) for p in parts))
         texts = [str(p) for p in parts]
         _expect(sum(len(t) for t in texts))
         return "".join(texts)
@@ -308,7 +660,7 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
             return _check(operator.pow(left, right))
         if operator_name == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
+                if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int):
                     _expect(_size(seq, MAX_VALUE_SIZE) * max(n, 0))
             if (
                 isinstance(left, int)
@@ -317,12 +669,14 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
             ):
                 raise _Refused("a chat template built too large a number")
             return _check(operator.mul(left, right))
-        if operator_name == "%" and isinstance(left, str):
+        if operator_name == "%" and isinstance(left, (str, bytes)):
             _expect(_percent_estimate(left, right))
             return _check(operator.mod(left, right))
         if operator_name == "%":
             return operator.mod(left, right)
-        if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+        if isinstance(left, (str, bytes, list, tuple)) and isinstance(
+            right, (str, bytes, list, tuple)
+        ):
             _expect(_size(left, MAX_VALUE_SIZE) + _size(right, MAX_VALUE_SIZE))
         return _check(operator.add(left, right))
 
@@ -331,26 +685,60 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         target = getattr(__obj, "__wrapped__", __obj)  # str.format comes wrapped by Jinja
         owner = getattr(target, "__self__", None)
         name = getattr(target, "__name__", "")
-        if isinstance(owner, str):
-            if name == "join" and args:
-                items = list(args[0])
+        # inside loops and blocks Jinja passes its variables along, for Context.call to drop
+        call_kwargs = {k: v for k, v in kwargs.items() if k not in _JINJA_CALL_KWARGS}
+        if name in ("join", "fromkeys") and args and isinstance(owner, (str, bytes, type)):
+            if isinstance(args[0], (str, bytes, list, tuple, dict)):
+                _expect(ELEMENT_COST * len(args[0]))
+            items = list(args[0])  # materialized once: it may be a generator
+            if name == "join":
                 _expect(_join_estimate(owner, items))
-                args = (items, *args[1:])
-            elif name in _METHOD_ESTIMATES:
-                _expect(_METHOD_ESTIMATES[name](owner, *args, **kwargs))
+            else:
+                _expect(2 * ELEMENT_COST * len(items) + _size(items, MAX_VALUE_SIZE))
+            args = (items, *args[1:])
+        else:
+            estimate, limit = _method_estimate(owner, name, args, call_kwargs)
+            if estimate:
+                _expect(estimate, limit)
         return _check(super().call(__context, __obj, *args, **kwargs))
 
 
-def _raise(message: str) -> None:
-    raise errors.TemplateError(f"chat template refused the conversation: {message}")
+def _one_line(text: Any) -> str:
+    """``text`` on one line, cut to MESSAGE_CHARS: error messages quote template values."""
+    text = text if isinstance(text, str) else _describe_value(text)
+    flat = " ".join(text[: 4 * MESSAGE_CHARS].splitlines())
+    return flat if len(flat) <= MESSAGE_CHARS else flat[: MESSAGE_CHARS - 3] + "..."
+
+
+def _describe_value(value: Any) -> str:
+    try:
+        return str(value) if _printed_size(value, 1 << 16) <= 1 << 16 else type(value).__name__
+    except Exception:  # a value whose str() fails still gets a message
+        return type(value).__name__
+
+
+def _describe(e: BaseException) -> str:
+    return _one_line(f"{type(e).__name__}: {_describe_value(e)}")
+
+
+def _raise(message: Any) -> None:
+    raise errors.TemplateError(f"chat template refused the conversation: {_one_line(message)}")
 
 
 def _strftime_now(fmt: str) -> str:
+    _expect(16 * len(fmt))  # '%c' is 24 characters
     return datetime.datetime.now().strftime(fmt)
 
 
+_RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_token")
+
+
 class ChatTemplate:
-    """A compiled chat template with the special-token strings it may refer to."""
+    """A compiled chat template with the special-token strings it may refer to.
+
+    Nothing but :class:`errors.TemplateError` (and :class:`errors.InvalidOptionError` for
+    malformed messages) leaves the constructor or :meth:`render`, whatever the source.
+    """
 
     def __init__(
         self, source: str, *, bos_token: str = "", eos_token: str = "", name: str = "model"
@@ -358,23 +746,49 @@ class ChatTemplate:
         self.name = name
         self.source = source
         self.bos_token, self.eos_token = bos_token, eos_token
+        if not isinstance(source, str):
+            raise errors.TemplateError(f"chat template {name!r} is not a string")
+        if len(source) > MAX_SOURCE_CHARS:
+            raise errors.TemplateError(
+                f"chat template {name!r} has {len(source)} characters, more than the "
+                f"{MAX_SOURCE_CHARS} a chat template may have"
+            )
         env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
         try:
-            self._template = env.from_string(source)
-        except (jinja2.TemplateError, RecursionError, MemoryError, SyntaxError, ValueError) as e:
-            # deeply nested expressions overflow the parser's or Python's compiler's stack
-            raise errors.TemplateError(f"chat template {name!r} does not compile: {e}") from None
+            # compiling folds constants, which runs filters: it is watched like a render
+            self._template = _with_watchdog(
+                lambda: env.from_string(source), RENDER_SECONDS, RENDER_MEMORY
+            )
+        except _Stopped as e:
+            raise errors.TemplateError(f"chat template {name!r} {e.args[0]} compiling") from None
+        except Exception as e:  # any failure of the compiler is a template that does not compile
+            raise errors.TemplateError(
+                f"chat template {name!r} does not compile: {_describe(e)}"
+            ) from None
 
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
         add_generation_prompt: bool = True,
+        max_chars: int | None = None,
         **extra: Any,
     ) -> str:
+        """The prompt for ``messages``. ``max_chars`` caps its length (None: MAX_OUTPUT_CHARS;
+        a larger value is held to MAX_OUTPUT_CHARS too); a longer prompt is refused while it
+        renders, with a TemplateError."""
         if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
             raise errors.InvalidOptionError("messages must be a list of {'role', 'content'} dicts")
+        if max_chars is not None and (
+            not isinstance(max_chars, int) or isinstance(max_chars, bool) or max_chars < 0
+        ):
+            raise errors.InvalidOptionError(
+                f"max_chars must be a count of characters: {max_chars!r}"
+            )
+        clash = [name for name in _RESERVED if name in extra]
+        if clash:
+            raise errors.InvalidOptionError(f"render() sets {clash[0]!r} itself")
         checked = [_check_message(m, i) for i, m in enumerate(messages)]
         variables = dict(
             messages=checked,
@@ -383,29 +797,32 @@ class ChatTemplate:
             eos_token=self.eos_token,
             **extra,
         )
+        limit = MAX_OUTPUT_CHARS if max_chars is None else min(max_chars, MAX_OUTPUT_CHARS)
         try:
-            return _with_watchdog(lambda: self._render(variables), RENDER_SECONDS, RENDER_MEMORY)
+            return _with_watchdog(
+                lambda: self._render(variables, limit), RENDER_SECONDS, RENDER_MEMORY
+            )
         except _Stopped as e:
             raise errors.TemplateError(f"chat template {self.name!r} {e.args[0]}") from None
-        except errors.TemplateError:
+        except errors.EdgeInferError:
             raise
         except jinja2.sandbox.SecurityError as e:
             raise errors.TemplateError(
-                f"chat template {self.name!r} broke the sandbox rules: {e}"
+                f"chat template {self.name!r} broke the sandbox rules: {_one_line(str(e))}"
             ) from None
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError,
-                ZeroDivisionError, OverflowError, RecursionError, MemoryError) as e:  # fmt: skip
+        except Exception as e:  # whatever the template made Jinja or Python raise
             raise errors.TemplateError(
-                f"chat template {self.name!r} failed: {type(e).__name__}: {e}"
+                f"chat template {self.name!r} failed: {_describe(e)}"
             ) from None
 
-    def _render(self, variables: dict[str, Any]) -> str:
+    def _render(self, variables: dict[str, Any], limit: int) -> str:
         out, n = [], 0
         for piece in self._template.generate(**variables):
             n += len(piece)
-            if n > MAX_OUTPUT_CHARS:
+            if n > limit:
                 raise errors.TemplateError(
-                    f"chat template {self.name!r} produced more than {MAX_OUTPUT_CHARS} characters"
+                    f"chat template {self.name!r} rendered at least {n} characters, more than "
+                    f"the {limit} allowed"
                 )
             out.append(piece)
         return "".join(out)
@@ -437,8 +854,8 @@ def _with_watchdog(fn: Any, seconds: float, memory: int) -> Any:
     ``seconds`` or the process has grown by ``memory`` bytes.
 
     Jinja compiles templates to Python bytecode, so an asynchronous exception stops even a
-    loop that emits nothing. The lock makes sure it can only land while ``fn`` still runs
-    (or in the few bytecodes right after, still inside this function's try).
+    loop that emits nothing. The lock makes sure it can only be sent while ``fn`` still runs;
+    one sent but not yet delivered when ``fn`` returns is withdrawn.
     """
     lock = threading.Lock()
     active = [True]
@@ -465,6 +882,8 @@ def _with_watchdog(fn: Any, seconds: float, memory: int) -> Any:
                     )
             return
 
+    outer_budget = getattr(_render_budget, "value", None)
+    _render_budget.value = None if start_rss is None else (start_rss, memory)
     watcher = threading.Thread(target=watch, name="chat-template-watchdog", daemon=True)
     watcher.start()
     try:
@@ -472,9 +891,14 @@ def _with_watchdog(fn: Any, seconds: float, memory: int) -> Any:
     except _Stopped:
         raise _Stopped(reason[0] or "was stopped") from None
     finally:
-        with lock:
-            active[0] = False
-        finished.set()
+        try:
+            with lock:
+                active[0] = False
+                if reason[0]:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
+        finally:
+            finished.set()
+            _render_budget.value = outer_budget
 
 
 def _check_message(m: Any, i: int) -> dict[str, Any]:
