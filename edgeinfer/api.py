@@ -34,6 +34,9 @@ from edgeinfer.tokenizer import Tokenizer
 DEFAULT_N_CTX = 4096
 MAX_N_CTX = 1 << 20  # unless the model was trained for more
 _SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
+# a rendered chat prompt longer than this per token of n_ctx cannot fit the context: refused
+# before it is tokenized (the longest pieces of real vocabularies are far shorter)
+CHARS_PER_TOKEN = 32
 
 
 @dataclass
@@ -301,7 +304,12 @@ class Model:
     def render_chat(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
     ) -> str:
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        """The template's text for ``messages``: at most CHARS_PER_TOKEN characters per token
+        of the context (longer text cannot fit, and tokenizing it would cost seconds)."""
+        return self.chat_template.render(
+            messages, add_generation_prompt=add_generation_prompt,
+            max_chars=CHARS_PER_TOKEN * self.n_ctx,
+        )  # fmt: skip
 
     def chat_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """The prompt tokens of a conversation: its template rendering, special tokens parsed."""

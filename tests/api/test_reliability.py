@@ -98,3 +98,21 @@ def test_each_limit_is_named_alone(fixture_models, options, match):
 def test_flags_must_be_bools(fixture_model, call):
     with pytest.raises(errors.InvalidOptionError, match="must be True or False"):
         call(fixture_model("llama"))
+
+
+def test_a_rendered_prompt_is_capped_by_the_context_before_tokenizing(fixture_model):
+    """A template could render millions of characters, which cost tens of seconds and
+    hundreds of MB to tokenize before the context check refused them."""
+    from edgeinfer.api import CHARS_PER_TOKEN
+
+    model = fixture_model("llama", n_ctx=64)
+    calls = []
+    tokenize = model.tokenizer.tokenize
+    model.tokenizer.tokenize = lambda text, **kw: calls.append(len(text)) or tokenize(text, **kw)
+    long = "word " * (CHARS_PER_TOKEN * 64 // 5 + 10)
+    with pytest.raises(errors.TemplateError, match=str(CHARS_PER_TOKEN * 64)):
+        model.chat([{"role": "user", "content": long}])
+    assert calls == []  # refused before any tokenizing
+    # what fits the cap but not the context is the usual ContextOverflowError
+    with pytest.raises(errors.ContextOverflowError):
+        model.chat([{"role": "user", "content": "word " * 200}])
