@@ -20,6 +20,7 @@ import numpy as np
 
 from edgeinfer import errors
 from edgeinfer.engines.base import Engine
+from edgeinfer.sampling import Sampler
 
 
 @dataclass
@@ -249,12 +250,16 @@ def generate_tokens(
         if stats.generated_tokens >= max_tokens:
             stats.finish_reason = "length"
             return
-        if not np.isfinite(logits).all():
+        try:
+            # edgeinfer's Sampler checks the logits itself; a caller's sampler may not
+            if not isinstance(sampler, Sampler) and not np.isfinite(logits).all():
+                raise errors.NonFiniteLogitsError("the logits contain inf or NaN")
+            token = sampler(logits, history)
+        except errors.NonFiniteLogitsError:
             raise errors.NonFiniteLogitsError(
                 f"the model's logits contain inf or NaN at generated token "
                 f"{stats.generated_tokens} (position {len(history)})"
-            )
-        token = sampler(logits, history)
+            ) from None
         now = time.perf_counter()
         if stats.generated_tokens == 0:
             stats.ttft_s = now - stats.started
