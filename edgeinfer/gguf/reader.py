@@ -11,6 +11,7 @@ opened without blocking and refused unless it is a regular file (a FIFO would ha
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import stat
@@ -180,9 +181,7 @@ class GGUFFile:
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
-                raise errors.NotARegularFileError(
-                    f"{self.path}: is a directory, not a GGUF file"
-                )
+                raise errors.NotARegularFileError(f"{self.path}: is a directory, not a GGUF file")
             if not stat.S_ISREG(st.st_mode):
                 raise errors.NotARegularFileError(
                     f"{self.path}: is not a regular file (a FIFO, device or socket)"
@@ -192,7 +191,7 @@ class GGUFFile:
                 raise errors.TruncatedFileError(
                     f"{self.path}: {self.file_size} bytes is too short to be a GGUF file"
                 )
-            self._map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            self._map: mmap.mmap | None = self._mmap(fd)
         finally:
             os.close(fd)
         try:
@@ -200,6 +199,16 @@ class GGUFFile:
         except BaseException:
             self.close()
             raise
+
+    def _mmap(self, fd: int) -> mmap.mmap:
+        try:
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            if e.errno == errno.ENOMEM:  # under an address-space limit (ulimit -v)
+                raise errors.OutOfMemoryError(
+                    f"{self.path}: cannot map the file's {self.file_size} bytes into memory"
+                ) from None
+            raise errors.ModelFileError(f"{self.path}: cannot map ({e.strerror})") from None
 
     def _open(self) -> int:
         # O_NONBLOCK: opening a FIFO with no writer (or some devices) would block forever;
