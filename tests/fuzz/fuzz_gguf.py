@@ -1,5 +1,6 @@
 """Fuzz target: the GGUF reader and the checks ``edgeinfer.load`` makes before it builds an
-engine (the config and its tensors, the tokenizer, the vocabulary against the embedding).
+engine (the config and its tensors, the tokenizer, the vocabulary against the embedding), then
+the file's vocabulary at work: a prompt tokenized, token pieces and ids turned back to text.
 
 Each input is written to a file in memory (/dev/shm where there is one) and parsed there. The
 seeds are real files cut short after their tensor table, so that the mutations work on the
@@ -53,6 +54,27 @@ def check_like_load(gguf: GGUFFile) -> None:
     for name in gguf.tensors:
         view = gguf.tensor_data(name)  # every view must lie inside the map
         assert view.nbytes == gguf.tensors[name].nbytes, name
+    use_tokenizer(tokenizer)
+
+
+# text with specials of every family, spaces, digits, accents, CJK and an emoji
+SAMPLE_TEXT = (
+    "Hi <s></s> <|im_start|>user\n<start_of_turn> 12 345 caf\u00e9 \u65e5\u672c \U0001f600\t!"
+)
+PIECES_TRIED = 256  # the first and the last tokens of the file's vocabulary
+
+
+def use_tokenizer(tokenizer: Tokenizer) -> None:
+    """What generation does with the file's vocabulary: a prompt to ids, ids to text."""
+    n = tokenizer.n_vocab
+    ids = [*range(min(n, PIECES_TRIED)), *range(max(n - PIECES_TRIED, PIECES_TRIED), n)]
+    for token_id in ids:
+        tokenizer.token_to_piece(token_id, special=True)
+    tokenizer.detokenize(ids)
+    for parse_special in (False, True):
+        prompt = tokenizer.tokenize(SAMPLE_TEXT, add_special=True, parse_special=parse_special)
+        assert all(0 <= i < n for i in prompt), prompt
+        tokenizer.detokenize(prompt, unparse_special=parse_special)
 
 
 def one_input(data: bytes) -> None:

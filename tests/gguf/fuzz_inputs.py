@@ -10,7 +10,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.gguf.craft import ARRAY, STRING, U8, U32, GGUFSpec, Tensor, tiny_llama_spec
+from tests.gguf.craft import ARRAY, I32, STRING, U8, U32, GGUFSpec, Tensor, tiny_llama_spec
 
 FOLDER = Path(__file__).resolve().parents[1] / "fuzz" / "regressions" / "fuzz_gguf"
 
@@ -79,6 +79,23 @@ def _square_embedding(spec: GGUFSpec) -> None:
     spec.tensors[0] = Tensor(emb.name, (emb.shape[0], emb.shape[1] - 1), 0, emb.data[:-128])
 
 
+def _byte_level_vocabulary(bad_token: bytes) -> bytes:
+    """A ``gpt2`` vocabulary whose last (normal) token holds ``bad_token``'s raw bytes."""
+    spec = tiny_llama_spec()
+    n_vocab = 64
+    tokens: list[str | bytes] = [chr(0x21 + i) for i in range(n_vocab - 1)]  # map to themselves
+    tokens.append(bad_token)
+    replaced = {
+        "tokenizer.ggml.model": (STRING, "gpt2"),
+        "tokenizer.ggml.tokens": (ARRAY, (STRING, tokens)),
+        "tokenizer.ggml.token_type": (ARRAY, (I32, [1] * n_vocab)),
+    }
+    spec.kv = [(k, *replaced[k]) if k in replaced else (k, t, v) for k, t, v in spec.kv]
+    spec.add("tokenizer.ggml.pre", STRING, "qwen2")
+    spec.add("tokenizer.ggml.merges", ARRAY, (STRING, ['! "']))
+    return spec.build()
+
+
 def crafted() -> dict[str, bytes]:
     """File name -> input; each name says the error it is made to reach."""
     return {
@@ -98,6 +115,8 @@ def crafted() -> dict[str, bytes]:
         "unknown-architecture": _with_kv("general.architecture", STRING, "mamba9"),
         "unused-layer-tensor": _spec(_extra_layer, n_layer=2),
         "unsupported-vocabulary": _with_kv("tokenizer.ggml.model", STRING, "bert"),
+        # chr() of U+1FFFFF escaped as ValueError when detokenizing (found reading gpt2_decode)
+        "token-past-u10ffff": _byte_level_vocabulary(b"\xf7\xbf\xbf\xbf"),
         "unsupported-rope-scaling": _spec(
             lambda s: s.add("llama.rope.scaling.type", STRING, "yarn")
         ),
