@@ -10,7 +10,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.gguf.craft import ARRAY, I32, STRING, U8, U32, GGUFSpec, Tensor, tiny_llama_spec
+from tests.gguf.craft import ARRAY, F32, I32, STRING, U8, U32, GGUFSpec, Tensor, tiny_llama_spec
 
 FOLDER = Path(__file__).resolve().parents[1] / "fuzz" / "regressions" / "fuzz_gguf"
 
@@ -112,6 +112,8 @@ def crafted() -> dict[str, bytes]:
         "missing-key": _without(key="llama.embedding_length"),
         "missing-tensor": _without(tensor="blk.0.ffn_up.weight"),
         "misshapen-embedding": _spec(_square_embedding),
+        # int(NaN) escaped as ValueError from a float per-layer array (found reading base.py)
+        "per-layer-nan": _with_kv("llama.attention.head_count_kv", ARRAY, (F32, [float("nan")])),
         "unknown-architecture": _with_kv("general.architecture", STRING, "mamba9"),
         "unused-layer-tensor": _spec(_extra_layer, n_layer=2),
         "unsupported-vocabulary": _with_kv("tokenizer.ggml.model", STRING, "bert"),

@@ -297,3 +297,12 @@ def test_real_files_have_no_unused_layers(gemma_path, fixture_models):
         with GGUFFile(path) as f:
             cfg = config_from_gguf(f)
             assert cfg.n_layer == f.metadata[f"{cfg.arch}.block_count"]
+
+
+@pytest.mark.parametrize("values", [[float("nan")], [float("inf")], [2.5]])
+def test_per_layer_values_must_be_integers(tmp_path, values):
+    # a float array made int() raise ValueError (NaN) or OverflowError (inf), or cut 2.5 to 2
+    spec = tiny_llama_spec()
+    key = "llama.attention.head_count_kv"
+    spec.kv = [(k, ARRAY, (F32, values)) if k == key else (k, t, v) for k, t, v in spec.kv]
+    _expect(tmp_path, spec.build(), errors.MissingKeyError, "should be integers")
