@@ -114,6 +114,8 @@ def crafted() -> dict[str, bytes]:
         "misshapen-embedding": _spec(_square_embedding),
         # int(NaN) escaped as ValueError from a float per-layer array (found reading base.py)
         "per-layer-nan": _with_kv("llama.attention.head_count_kv", ARRAY, (F32, [float("nan")])),
+        # an array general.name made the tokenizer's quirk lookup raise ValueError
+        "name-array": _with_kv("general.name", ARRAY, (U8, [1, 2])),
         "unknown-architecture": _with_kv("general.architecture", STRING, "mamba9"),
         "unused-layer-tensor": _spec(_extra_layer, n_layer=2),
         "unsupported-vocabulary": _with_kv("tokenizer.ggml.model", STRING, "bert"),

@@ -108,3 +108,11 @@ def test_token_past_the_last_code_point_is_a_tokenizer_error(raw):
     with pytest.raises(TokenizerError, match="past U"):
         tok.detokenize([len(tokens) - 2])
     assert tok.detokenize([bpe_id("ab")]) == "ab"  # the other tokens still render
+
+
+@pytest.mark.parametrize("key", ["general.name", "general.architecture"])
+@pytest.mark.parametrize("value", [np.array([1, 2], dtype=np.uint8), ["a", "b"], 7])
+def test_model_name_of_another_type_is_a_tokenizer_error(key, value):
+    # an array name made the quirk lookup raise ValueError ("truth value of an array")
+    with pytest.raises(TokenizerError, match=f"{key} should be a string"):
+        Tokenizer.from_metadata(_with(bpe_metadata(), key, value))
