@@ -66,6 +66,14 @@ class UnknownArchitectureError(ModelFileError):
     """The file's ``general.architecture`` is not one edgeinfer implements."""
 
 
+class NotARegularFileError(ModelFileError):
+    """The path names a FIFO, a device, a socket or a directory rather than a model file."""
+
+
+class UnusedTensorError(ModelFileError):
+    """The file holds a tensor its architecture would ignore (a layer beyond block_count)."""
+
+
 # --- use of a loaded model -----------------------------------------------------------------
 
 

@@ -2,13 +2,16 @@
 
 Only the header, the metadata and the tensor table are parsed; tensor data stays in the map
 and is handed out as zero-copy numpy views. Every count and length is checked against the
-bytes left in the file before anything is allocated, so a corrupt file fails fast with a
-typed error and bounded memory.
+bytes left in the file before anything is allocated, and every metadata value against a cap
+of its own key (a vocabulary, a string, another array) and against a budget for all metadata,
+so a corrupt or hostile file fails fast with a typed error and bounded memory. The path is
+opened without blocking and refused unless it is a regular file (a FIFO would hang the open).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import stat
@@ -33,6 +36,52 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_KEY_LENGTH = 65535
 MAX_ARRAY_DEPTH = 4
 MAX_ELEMENTS = 1 << 50  # no real tensor comes near; stops products from overflowing int64
+MAX_METADATA_ENTRIES = 1 << 16  # real files hold about 40 keys
+MAX_TENSORS = 1 << 16  # the largest real models hold a few thousand tensors
+
+# Per-key caps on metadata values, checked before anything is copied: a name, a license or
+# a chat template of hundreds of MiB is hostile even when its bytes are really in the file.
+MAX_VOCAB = 1 << 21  # tokens; the largest real vocabularies hold about 262,144
+VOCAB_KEYS = frozenset({
+    "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges", "tokenizer.ggml.added_tokens",
+})  # fmt: skip
+MAX_STRING_BYTES = 4 << 20  # chat templates, the largest real strings, stay below 100 KiB
+LARGE_STRING_KEYS = {"tokenizer.huggingface.json": 64 << 20}  # a whole tokenizer.json
+MAX_ARRAY_ELEMENTS = 1 << 16  # per-layer values, tags, languages
+LARGE_ARRAY_KEYS = {"tokenizer.ggml.precompiled_charsmap": 16 << 20}  # T5's normalizer bytes
+# all metadata values together, in file bytes; Gemma 3's 262,144-token vocabulary takes 6 MiB
+MAX_METADATA_BYTES = 256 << 20
+
+
+def string_cap(key: str) -> int:
+    """The longest string value (in bytes) metadata ``key`` may hold."""
+    return LARGE_STRING_KEYS.get(key, MAX_STRING_BYTES)
+
+
+def array_cap(key: str) -> int:
+    """The most elements an array value of metadata ``key`` may hold."""
+    if key in VOCAB_KEYS:
+        return MAX_VOCAB
+    return LARGE_ARRAY_KEYS.get(key, MAX_ARRAY_ELEMENTS)
+
+
+def model_path(path: object) -> str:
+    """``path`` (str, bytes or os.PathLike) as a str; InvalidOptionError for anything else."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise errors.InvalidOptionError(
+            f"a model path must be str, bytes or os.PathLike, not {type(path).__name__}"
+        )
+    name = os.fspath(path)
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)  # undecodable bytes become surrogate escapes, as os does
+    if not isinstance(name, str):
+        raise errors.InvalidOptionError(
+            f"a model path's __fspath__ must return str or bytes, not {type(name).__name__}"
+        )
+    if "\0" in name:
+        raise errors.InvalidOptionError(f"a model path cannot contain a NUL character: {name!r}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -56,10 +105,11 @@ class TensorInfo:
 class _Cursor:
     """Reads little-endian values from a buffer, raising TruncatedFileError at the end."""
 
-    __slots__ = ("buf", "pos", "size", "path")
+    __slots__ = ("buf", "pos", "size", "path", "budget_end")
 
     def __init__(self, buf: Any, pos: int, size: int, path: str) -> None:
         self.buf, self.pos, self.size, self.path = buf, pos, size, path
+        self.budget_end = size  # where the bytes that values may copy end (see budget())
 
     def remaining(self) -> int:
         return self.size - self.pos
@@ -93,12 +143,22 @@ class _Cursor:
             )
         return n
 
+    def cap(self, n: int, cap: int, what: str, unit: str) -> None:
+        """AbsurdValueError unless ``n`` is within ``cap`` and the metadata byte budget."""
+        if n > cap:
+            raise errors.AbsurdValueError(
+                f"{self.path}: {what} claims a length of {n} {unit} (limit {cap})"
+            )
+        if self.pos + n > self.budget_end:
+            raise errors.AbsurdValueError(
+                f"{self.path}: {what} of {n} {unit} at byte {self.pos} takes the metadata "
+                f"past its limit of {MAX_METADATA_BYTES} bytes"
+            )
+
     def raw_string(self, what: str, max_len: int | None = None) -> bytes:
         n = self.length(what)
-        if max_len is not None and n > max_len:
-            raise errors.AbsurdValueError(
-                f"{self.path}: {what} claims a length of {n} bytes (limit {max_len})"
-            )
+        if max_len is not None:
+            self.cap(n, max_len, what, "bytes")
         self.need(n, what)
         s = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
@@ -115,28 +175,23 @@ class GGUFFile:
     as lists of str). ``tensors`` maps names to :class:`TensorInfo`, in file order.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = str(path)
-        try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        except FileNotFoundError:
-            raise errors.ModelFileError(f"{self.path}: no such file") from None
-        except IsADirectoryError:
-            raise errors.ModelFileError(f"{self.path}: is a directory, not a GGUF file") from None
-        except OSError as e:
-            raise errors.ModelFileError(f"{self.path}: cannot open ({e.strerror})") from None
+    def __init__(self, path: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> None:
+        self.path = model_path(path)
+        fd = self._open()
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
-                raise errors.ModelFileError(f"{self.path}: is a directory, not a GGUF file")
+                raise errors.NotARegularFileError(f"{self.path}: is a directory, not a GGUF file")
             if not stat.S_ISREG(st.st_mode):
-                raise errors.ModelFileError(f"{self.path}: is not a regular file")
+                raise errors.NotARegularFileError(
+                    f"{self.path}: is not a regular file (a FIFO, device or socket)"
+                )
             self.file_size = st.st_size
             if self.file_size < 4:
                 raise errors.TruncatedFileError(
                     f"{self.path}: {self.file_size} bytes is too short to be a GGUF file"
                 )
-            self._map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            self._map: mmap.mmap | None = self._mmap(fd)
         finally:
             os.close(fd)
         try:
@@ -144,6 +199,32 @@ class GGUFFile:
         except BaseException:
             self.close()
             raise
+
+    def _mmap(self, fd: int) -> mmap.mmap:
+        try:
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            if e.errno == errno.ENOMEM:  # under an address-space limit (ulimit -v)
+                raise errors.OutOfMemoryError(
+                    f"{self.path}: cannot map the file's {self.file_size} bytes into memory"
+                ) from None
+            raise errors.ModelFileError(f"{self.path}: cannot map ({e.strerror})") from None
+
+    def _open(self) -> int:
+        # O_NONBLOCK: opening a FIFO with no writer (or some devices) would block forever;
+        # the fstat that follows refuses whatever is not a regular file
+        flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
+        flags |= getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+        try:
+            return os.open(self.path, flags)
+        except FileNotFoundError:
+            raise errors.ModelFileError(f"{self.path}: no such file") from None
+        except IsADirectoryError:
+            raise errors.NotARegularFileError(
+                f"{self.path}: is a directory, not a GGUF file"
+            ) from None
+        except OSError as e:
+            raise errors.ModelFileError(f"{self.path}: cannot open ({e.strerror})") from None
 
     # --- parsing -------------------------------------------------------------------------
 
@@ -172,8 +253,13 @@ class GGUFFile:
             raise errors.AbsurdValueError(
                 f"{self.path}: metadata count {n_kv} cannot fit in a {self.file_size}-byte file"
             )
+        if n_kv > MAX_METADATA_ENTRIES:
+            raise errors.AbsurdValueError(
+                f"{self.path}: metadata count {n_kv} (limit {MAX_METADATA_ENTRIES})"
+            )
         self.metadata: dict[str, Any] = {}
         self.metadata_types: dict[str, ValueType] = {}
+        cur.budget_end = cur.pos + MAX_METADATA_BYTES
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}", MAX_KEY_LENGTH)
             if key in self.metadata:
@@ -181,9 +267,14 @@ class GGUFFile:
             vtype = self._value_type(cur.u32(f"the type of {key!r}"), key)
             self.metadata[key] = self._value(cur, vtype, key, 0)
             self.metadata_types[key] = vtype
+        cur.budget_end = self.file_size
         if n_tensors * 24 > cur.remaining():
             raise errors.AbsurdValueError(
                 f"{self.path}: tensor count {n_tensors} cannot fit in a {self.file_size}-byte file"
+            )
+        if n_tensors > MAX_TENSORS:
+            raise errors.AbsurdValueError(
+                f"{self.path}: tensor count {n_tensors} (limit {MAX_TENSORS})"
             )
         self.alignment = self._alignment()
         infos = [self._tensor_entry(cur, i) for i in range(n_tensors)]
@@ -202,7 +293,7 @@ class GGUFFile:
 
     def _value(self, cur: _Cursor, vtype: ValueType, key: str, depth: int) -> Any:
         if vtype == ValueType.STRING:
-            return cur.string(f"the value of {key!r}")
+            return cur.string(f"the value of {key!r}", string_cap(key))
         if vtype != ValueType.ARRAY:
             v = cur.scalar(SCALAR_FORMATS[vtype][0], f"the value of {key!r}")
             return bool(v) if vtype == ValueType.BOOL else v
@@ -210,6 +301,10 @@ class GGUFFile:
             raise errors.AbsurdValueError(f"{self.path}: metadata {key!r} nests arrays too deeply")
         etype = self._value_type(cur.u32(f"the element type of {key!r}"), key)
         n = cur.length(f"array {key!r}")
+        if n > array_cap(key):
+            raise errors.AbsurdValueError(
+                f"{self.path}: array {key!r} claims {n} elements (limit {array_cap(key)})"
+            )
         if etype == ValueType.STRING:
             return self._string_array(cur, n, key)
         if etype == ValueType.ARRAY:
@@ -222,6 +317,7 @@ class GGUFFile:
             raise errors.AbsurdValueError(
                 f"{self.path}: array {key!r} claims {n} elements, more than the file holds"
             )
+        cur.cap(n * size, MAX_METADATA_BYTES, f"array {key!r}", "bytes")
         arr = np.frombuffer(cur.buf, dtype=dtype, count=n, offset=cur.pos).copy()
         cur.pos += n * size
         return arr.astype(bool) if etype == ValueType.BOOL else arr
@@ -231,7 +327,8 @@ class GGUFFile:
             raise errors.AbsurdValueError(
                 f"{self.path}: string array {key!r} claims {n} elements, more than the file holds"
             )
-        buf, pos, end = cur.buf, cur.pos, cur.size
+        buf, pos, end, budget_end = cur.buf, cur.pos, cur.size, cur.budget_end
+        cap = string_cap(key)
         unpack = struct.Struct("<Q").unpack_from
         out: list[str] = []
         append = out.append
@@ -246,6 +343,9 @@ class GGUFFile:
                     f"{self.path}: a string of {key!r} claims a length of {ln}, "
                     "more than the whole file"
                 )
+            if ln > cap or ln > budget_end - pos:
+                cur.pos = pos
+                cur.cap(ln, cap, f"a string of {key!r}", "bytes")
             if ln > end - pos:
                 cur.pos = pos
                 cur.need(ln, f"a string of {key!r}")

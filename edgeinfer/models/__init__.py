@@ -3,6 +3,8 @@ itself in one :class:`Architecture` entry of :data:`ARCHITECTURES`."""
 
 from __future__ import annotations
 
+import re
+
 from edgeinfer import errors
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.models import gemma3, llama, qwen2, qwen3
@@ -37,7 +39,24 @@ def config_from_gguf(gguf: GGUFFile) -> DecoderConfig:
         raise errors.MissingKeyError(f"{gguf.path}: required key 'general.architecture' is missing")
     cfg = architecture(arch, gguf.path).config_from_gguf(gguf)
     check_tensors(gguf, cfg)
+    check_no_unused_layers(gguf, cfg)
     return cfg
+
+
+_LAYER_TENSOR = re.compile(r"blk\.([0-9]+)\.", re.ASCII)
+
+
+def check_no_unused_layers(gguf: GGUFFile, cfg: DecoderConfig) -> None:
+    """A ``blk.N.*`` tensor with N >= block_count would be ignored; llama.cpp refuses such a
+    file ("wrong number of tensors"), since it means the key or the tensors are wrong."""
+    for name in gguf.tensors:
+        match = _LAYER_TENSOR.match(name)
+        # more than 9 digits is past any block_count (and int() refuses 4,300 digits)
+        if match and (len(match.group(1)) > 9 or int(match.group(1)) >= cfg.n_layer):
+            raise errors.UnusedTensorError(
+                f"{gguf.path}: tensor {name!r} belongs to layer {match.group(1)}, but "
+                f"{cfg.arch}.block_count is {cfg.n_layer}: the file has more layers than it says"
+            )
 
 
 __all__ = [
@@ -47,5 +66,6 @@ __all__ = [
     "DecoderConfig",
     "LayerTensors",
     "architecture",
+    "check_no_unused_layers",
     "config_from_gguf",
 ]

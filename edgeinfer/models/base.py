@@ -161,6 +161,10 @@ class Metadata:
         v = self.gguf.metadata.get(key)
         if not isinstance(v, np.ndarray):
             return None if v is None else self.int(name)
+        if v.dtype.kind not in "iu":  # a float array would give NaN or 2.5 to int()
+            raise errors.MissingKeyError(
+                f"{self.gguf.path}: key {key!r} should be integers, not {v.dtype.name}"
+            )
         if len(v) != n or len(set(v.tolist())) != 1:
             raise errors.UnsupportedModelError(
                 f"{self.gguf.path}: per-layer {key} values that differ are not supported"

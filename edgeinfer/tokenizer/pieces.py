@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from edgeinfer.errors import TokenizerError
 from edgeinfer.tokenizer.pretokenizer import CHAR_BYTES
 from edgeinfer.tokenizer.vocab import (
     ATTR_BYTE,
@@ -12,6 +13,7 @@ from edgeinfer.tokenizer.vocab import (
 )
 
 SPACE_MARK = "\u2581"  # "▁", SentencePiece's visible space
+MAX_CODEPOINT = 0x10FFFF
 
 _HEX = frozenset("0123456789abcdefABCDEF")
 
@@ -68,6 +70,12 @@ def gpt2_decode(text: str) -> bytes:
     raw = raw_bytes(text)
     out = bytearray()
     for cp in _codepoints(raw):
+        if cp > MAX_CODEPOINT:
+            # F4 90.. to F7 BF BF BF: llama.cpp's unicode_cpt_to_utf8 throws on these while it
+            # loads the vocabulary; the token cannot be rendered
+            raise TokenizerError(
+                f"token text {text!r} holds the byte sequence of U+{cp:X}, past U+10FFFF"
+            )
         ch = chr(cp)
         if ch in CHAR_BYTES:
             out.append(CHAR_BYTES[ch])

@@ -463,11 +463,20 @@ def _apply_model_quirks(vocab: Vocab, metadata: dict[str, Any]) -> None:
     _strip_attributes(vocab, metadata)
 
 
+def _general_string(metadata: dict[str, Any], key: str) -> str:
+    """A ``general.*`` string the quirks are chosen by; "" when absent."""
+    value = metadata.get(key, "")
+    if not isinstance(value, str):
+        # llama.cpp refuses a key of the wrong type ("wrong type array but expected string")
+        raise TokenizerError(f"{key} should be a string, not {type(value).__name__}")
+    return value
+
+
 def _strip_attributes(vocab: Vocab, metadata: dict[str, Any]) -> None:
     """The lstrip/rstrip attributes llama.cpp assigns by model name or architecture."""
     t2i, attrs = vocab.token_to_id, vocab.attrs
-    name = str(metadata.get("general.name") or "").lower()
-    arch = str(metadata.get("general.architecture") or "")
+    name = _general_string(metadata, "general.name").lower()
+    arch = _general_string(metadata, "general.architecture")
 
     def set_attr(text: str, bit: int, on: bool) -> None:
         if text not in t2i:

@@ -265,3 +265,44 @@ def test_data_is_not_copied_at_load(tmp_path):
         del view
     tracemalloc.stop()
     assert peak < 1 << 20
+
+
+def _block_count(spec, n: int):
+    spec.kv = [(k, U32, n) if k == "llama.block_count" else (k, t, v) for k, t, v in spec.kv]
+    return spec
+
+
+def test_layers_beyond_block_count_are_refused(tmp_path):
+    spec = _block_count(tiny_llama_spec(n_layer=3), 1)
+    msg = _expect(tmp_path, spec.build(), errors.UnusedTensorError, "'blk.1.attn_norm.weight'")
+    assert "block_count is 1" in msg
+    # one stray tensor of a later layer is enough, whatever its name and position
+    spec = tiny_llama_spec(n_layer=1)
+    spec.add_f32_tensor("blk.7.extra.weight", np.ones(32))
+    _expect(tmp_path, spec.build(), errors.UnusedTensorError, "'blk.7.extra.weight'")
+    spec = tiny_llama_spec(n_layer=1)
+    spec.add_f32_tensor("blk." + "9" * 5000 + ".weight", np.ones(32))  # past int()'s digits
+    _expect(tmp_path, spec.build(), errors.UnusedTensorError, "block_count is 1")
+
+
+def test_only_layer_numbers_past_block_count_count(tmp_path):
+    spec = tiny_llama_spec(n_layer=2)
+    for name in ("blk.1.extra.weight", "blk.x.weight", "blkfoo.2.weight", "xblk.5.weight"):
+        spec.add_f32_tensor(name, np.ones(32))
+    _open(tmp_path, spec.build())
+
+
+def test_real_files_have_no_unused_layers(gemma_path, fixture_models):
+    for path in [gemma_path, *fixture_models.values()]:
+        with GGUFFile(path) as f:
+            cfg = config_from_gguf(f)
+            assert cfg.n_layer == f.metadata[f"{cfg.arch}.block_count"]
+
+
+@pytest.mark.parametrize("values", [[float("nan")], [float("inf")], [2.5]])
+def test_per_layer_values_must_be_integers(tmp_path, values):
+    # a float array made int() raise ValueError (NaN) or OverflowError (inf), or cut 2.5 to 2
+    spec = tiny_llama_spec()
+    key = "llama.attention.head_count_kv"
+    spec.kv = [(k, ARRAY, (F32, values)) if k == key else (k, t, v) for k, t, v in spec.kv]
+    _expect(tmp_path, spec.build(), errors.MissingKeyError, "should be integers")

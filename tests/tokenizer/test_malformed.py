@@ -9,7 +9,7 @@ import pytest
 
 from edgeinfer.errors import TokenizerError
 from edgeinfer.tokenizer import Tokenizer
-from tests.tokenizer.tiny_vocabs import bpe_metadata, spm_metadata
+from tests.tokenizer.tiny_vocabs import bpe_id, bpe_metadata, spm_metadata
 
 
 def _without(md: dict[str, Any], key: str) -> dict[str, Any]:
@@ -95,3 +95,24 @@ def test_text_must_be_valid_unicode() -> None:
         tok.tokenize("a\ud800b")
     with pytest.raises(TokenizerError, match="takes str"):
         tok.tokenize(b"bytes")  # type: ignore[arg-type]  # the wrong type is the test
+
+
+@pytest.mark.parametrize("raw", [b"\xf7\xbf\xbf\xbf", b"\xf4\x90\x80\x80", b"a\xf5\x80\x80\x80"])
+def test_token_past_the_last_code_point_is_a_tokenizer_error(raw):
+    # found while extending fuzz_gguf: a byte-level token whose bytes read as U+110000 or more
+    # made detokenizing raise ValueError from chr(); llama.cpp refuses such a vocabulary
+    md = bpe_metadata()
+    tokens = list(md[K + "tokens"])
+    tokens[-2] = raw.decode("utf-8", "surrogateescape")  # "Ġab", a normal token
+    tok = Tokenizer.from_metadata(_with(md, K + "tokens", tokens))
+    with pytest.raises(TokenizerError, match="past U"):
+        tok.detokenize([len(tokens) - 2])
+    assert tok.detokenize([bpe_id("ab")]) == "ab"  # the other tokens still render
+
+
+@pytest.mark.parametrize("key", ["general.name", "general.architecture"])
+@pytest.mark.parametrize("value", [np.array([1, 2], dtype=np.uint8), ["a", "b"], 7])
+def test_model_name_of_another_type_is_a_tokenizer_error(key, value):
+    # an array name made the quirk lookup raise ValueError ("truth value of an array")
+    with pytest.raises(TokenizerError, match=f"{key} should be a string"):
+        Tokenizer.from_metadata(_with(bpe_metadata(), key, value))
