@@ -24,6 +24,7 @@ from edgeinfer.engines.base import MAX_N_BATCH, MAX_N_THREADS
 from edgeinfer.engines.onnxruntime import OnnxFolder
 from edgeinfer.generation import GenerationStats, Holder, KVSession, Turns, typed_memory_errors
 from edgeinfer.gguf import GGUFFile
+from edgeinfer.gguf.reader import model_path
 from edgeinfer.kv_cache import cache_type
 from edgeinfer.models import config_from_gguf
 from edgeinfer.sampling import Sampler, SamplingParams
@@ -81,7 +82,7 @@ class Model:
         n_batch = _int_option("n_batch", n_batch, 1, MAX_N_BATCH)
         if n_ctx is not None:
             n_ctx = _int_option("n_ctx", n_ctx, 1)
-        self.path = _model_path(path)
+        self.path = model_path(path)
         model_format = "onnx" if os.path.isdir(self.path) else "gguf"
         spec = engines.select(engine, model_format)
         self.source: GGUFFile | OnnxFolder
@@ -431,18 +432,3 @@ def _flags(**flags: Any) -> None:
     for name, value in flags.items():
         if not isinstance(value, (bool, np.bool_)):
             raise errors.InvalidOptionError(f"{name} must be True or False, got {value!r}")
-
-
-def _model_path(path: Any) -> str:
-    """``path`` (str, bytes or os.PathLike) as a str; other types and NULs are refused."""
-    if not isinstance(path, (str, bytes, os.PathLike)):
-        raise errors.InvalidOptionError(
-            f"the model path must be a str, bytes or os.PathLike, got {type(path).__name__}"
-        )
-    try:
-        text = os.fsdecode(os.fspath(path))
-    except (TypeError, UnicodeError) as e:
-        raise errors.InvalidOptionError(f"the model path cannot be used: {e}") from e
-    if "\0" in text:
-        raise errors.InvalidOptionError(f"the model path contains a NUL character: {text!r}")
-    return text

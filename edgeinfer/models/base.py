@@ -182,7 +182,8 @@ class Metadata:
                 f"{self.gguf.path}: rope scaling {kind!r} is not supported (none, linear)"
             )
         factor = self.float("rope.scaling.factor", 1.0)
-        if factor <= 0:
+        # 1/factor must be a finite float32 too (a subnormal factor made it inf)
+        if not 1e-30 <= factor <= 1e30:
             raise errors.AbsurdValueError(f"{self.gguf.path}: rope scaling factor {factor}")
         return 1.0 / factor
 
