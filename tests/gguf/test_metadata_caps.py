@@ -136,7 +136,9 @@ except errors.AbsurdValueError as e:
     outcome = "AbsurdValueError: " + str(e)
 except MemoryError as e:
     outcome = "MemoryError: " + repr(e)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: the latter carries the forking parent's peak across exec
+with open("/proc/self/status") as f:
+    peak = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
 print(json.dumps({"outcome": outcome, "peak_rss": peak}))
 """
 
