@@ -20,7 +20,7 @@ from typing import Any
 
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures.base import MetadataItem, kv
-from edgeinfer.converters.hf_folder import HFCheckpoint, read_json
+from edgeinfer.converters.hf_folder import HFCheckpoint, read_json, read_text
 from edgeinfer.converters.sentencepiece_model import parse_sentencepiece
 from edgeinfer.gguf.constants import ValueType
 
@@ -355,7 +355,9 @@ def _chat_templates(ckpt: HFCheckpoint) -> dict[str, str]:
     chat_template.jinja / chat_template.json next to it."""
     template: Any = ckpt.tokenizer_config.get("chat_template")
     if template is None and ckpt.file("chat_template.jinja"):
-        template = (ckpt.folder / "chat_template.jinja").read_text(encoding="utf-8")
+        template = read_text(
+            ckpt.folder / "chat_template.jinja", error=errors.TokenizerConversionError
+        )
     elif template is None and ckpt.file("chat_template.json"):
         data = read_json(ckpt.folder / "chat_template.json")
         template = data.get("chat_template") if isinstance(data, dict) else None

@@ -162,6 +162,10 @@ def rope_parameters(config: dict[str, Any], where: str, default_theta: float) ->
     if isinstance(params, dict) and params:
         nested = {k: v for k, v in params.items() if isinstance(v, dict)}
         if nested:
+            if "full_attention" not in nested:
+                raise errors.BadConfigError(
+                    f"{where}: rope_parameters by layer type lacks 'full_attention'"
+                )
             return {k: _rope(v, where, default_theta) for k, v in nested.items()}
         return {"full_attention": _rope(params, where, default_theta)}
     theta = config.get("rope_theta") or default_theta
