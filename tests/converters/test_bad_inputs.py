@@ -136,6 +136,60 @@ def test_chat_template_file_not_utf8(copy_checkpoint, out_dir):
     check_refused(src, out_dir, errors.TokenizerConversionError, "not UTF-8")
 
 
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+
+
+# found by tests/fuzz/fuzz_hf_folder.py: each escaped as TypeError, ValueError, OverflowError,
+# ZeroDivisionError or AttributeError, or (vocab_size) padded the vocabulary to 16 million
+# tokens before the embedding's shape was checked
+@pytest.mark.parametrize(
+    "arch, file, changes, error, match",
+    [("llama", "config.json", {"rms_norm_eps": 1e308}, errors.BadConfigError, "rms_norm_eps"),
+     ("llama", "config.json", {"rope_theta": 1e300}, errors.BadConfigError, "rope_theta"),
+     ("llama", "config.json", {"rope_scaling": {**_LLAMA3_ROPE, "high_freq_factor": 0}},
+      errors.BadConfigError, "high_freq_factor"),
+     ("llama", "config.json", {"rope_scaling": {**_LLAMA3_ROPE, "factor": "8"}},
+      errors.BadConfigError, "factor"),
+     ("llama", "config.json", {"vocab_size": 1 << 24}, errors.ShapeMismatchError, "embed_tokens"),
+     ("gemma3", "config.json", {"final_logit_softcapping": "30"}, errors.BadConfigError,
+      "final_logit_softcapping"),
+     ("gemma3", "config.json", {"layer_types": [["sliding_attention"]] * 7},
+      errors.UnsupportedFeatureError, "layer_types"),
+     ("gemma3", "tokenizer_config.json", {"added_tokens_decoder": {"\u00b2": {"content": "x"}}},
+      errors.TokenizerConversionError, "bad added token"),
+     ("llama", "tokenizer.json", {"added_tokens": 5}, errors.TokenizerConversionError,
+      "added_tokens"),
+     ("llama", "tokenizer.json", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+         {"type": "Split", "pattern": {"Regex": ["x"]}},
+         {"type": "ByteLevel", "use_regex": False}]}},
+      errors.TokenizerConversionError, "regex")],
+)  # fmt: skip
+def test_values_of_the_wrong_type(copy_checkpoint, out_dir, arch, file, changes, error, match):
+    src = copy_checkpoint(arch)
+    edit_json(src / file, **changes)
+    check_refused(src, out_dir, error, match)
+
+
+@pytest.mark.parametrize(
+    "post_processor",
+    [{"type": "TemplateProcessing", "single": [{"SpecialToken": "x"}], "special_tokens": []},
+     {"type": "TemplateProcessing", "single": {"a": 1}},
+     {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": ["x"]}}],
+      "special_tokens": {"x": []}},
+     {"type": "Sequence", "processors": 3}],
+)  # fmt: skip
+def test_odd_post_processors_add_nothing(copy_checkpoint, post_processor):
+    # found by tests/fuzz/fuzz_hf_folder.py: AttributeError, KeyError and TypeError escaped;
+    # a post-processor edgeinfer does not understand says nothing about BOS and EOS
+    from edgeinfer.converters.convert import plan_conversion
+
+    src = copy_checkpoint("llama")
+    edit_json(src / "tokenizer.json", post_processor=post_processor)
+    edit_json(src / "tokenizer_config.json", add_bos_token=True)
+    assert plan_conversion(src).tensors
+
+
 def test_rope_parameters_without_full_attention(copy_checkpoint, out_dir):
     # found by tests/fuzz/fuzz_hf_folder.py: a KeyError escaped untyped
     src = copy_checkpoint("gemma3")

@@ -8,10 +8,12 @@ tokenizer.model next to a tokenizer.json, a chat template). The folder is then o
 vocabulary, the plan of types and the GGUF layout of the metadata.
 
 An input, read with :class:`atheris.FuzzedDataProvider`: one byte choosing the checkpoint,
-then up to :data:`MAX_EDITS` edits, each one byte ``kind << 6 | file`` followed by its
+then up to :data:`MAX_EDITS` edits, each one byte ``kind << 5 | file`` followed by its
 arguments (little-endian): replace ``u32 length, bytes``; patch ``u32 offset, u16 length,
-bytes``; truncate ``u32 length``; delete nothing. Seeds are each checkpoint as it is and each
-with one of its files "replaced" by itself, so that mutations start from real files.
+bytes``; truncate ``u32 length``; delete nothing; set a JSON value (kinds 4 to 7) ``u16 object,
+u8 key, u8 value`` (a value past :data:`JSON_VALUES`: ``u8 length, JSON text``). Seeds are
+each checkpoint as it is and each with one of its files "replaced" by itself, so that
+mutations start from real files.
 
     python -m tests.fuzz.fuzz_hf_folder --runs 1000000 --corpus DIR --artifacts DIR
 """
@@ -19,6 +21,7 @@ with one of its files "replaced" by itself, so that mutations start from real fi
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 import struct
 import tempfile
@@ -40,8 +43,22 @@ FILE_NAMES = (
     "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
     "chat_template.jinja", "chat_template.json",
 )  # fmt: skip
-REPLACE, PATCH, TRUNCATE, DELETE = range(4)
+REPLACE, PATCH, TRUNCATE, DELETE, SET_JSON = range(5)
 MAX_EDITS = 4
+# values a JSON edit sets: each type, signs, limits and the non-finite numbers json writes
+JSON_VALUES: tuple[Any, ...] = (
+    None, True, False, 0, 1, 2, 3, -1, 7, 1 << 24, 1 << 31, 1 << 63, 10**40, 0.5, -0.0, 1e308,
+    float("nan"), float("inf"), -float("inf"), "", "x", "default", "llama3", "linear",
+    "LlamaForCausalLM", "\ud800", [], [0], [1, 2], ["LlamaForCausalLM"], [None], {}, {"a": 1},
+    {"type": "Sequence"}, {"full_attention": {}}, {"rope_type": "llama3"}, [[1]],
+)  # fmt: skip
+# keys the converters read that the fixtures' files may lack (the files' own keys come too)
+EXTRA_KEYS = (
+    "head_dim", "rope_scaling", "rope_parameters", "rope_local_base_freq", "layer_types",
+    "sliding_window_pattern", "added_tokens_decoder", "added_tokens", "chat_template",
+    "add_prefix_space", "attention_bias", "final_logit_softcapping", "attn_logit_softcapping",
+    "use_sliding_window", "sliding_window", "query_pre_attn_scalar", "hidden_activation",
+)  # fmt: skip
 # each architecture's checkpoint at a size where one input takes milliseconds
 SMALL = {"hidden": 16, "ff": 32, "n_layer": 1, "n_head": 4, "n_head_kv": 2}
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -102,9 +119,47 @@ def checkpoints() -> tuple[dict[str, bytes], ...]:
     return tuple(out)
 
 
+def _objects(node: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
+    """Every JSON object in ``node``, outermost first, to a depth of 4."""
+    if depth > 4:
+        return
+    if isinstance(node, dict):
+        yield node
+        children = list(node.values())
+    else:
+        children = node if isinstance(node, list) else []
+    for child in children[:64]:
+        yield from _objects(child, depth + 1)
+
+
+def _set_json(old: bytes, fdp: atheris.FuzzedDataProvider) -> bytes:
+    """``old`` as JSON with one key of one object set to a value of :data:`JSON_VALUES`, or to
+    fuzzed JSON text; the key is one the object has, or one of :data:`EXTRA_KEYS`."""
+    try:
+        doc = json.loads(old)
+    except (ValueError, RecursionError):
+        doc = {}
+    objects = list(_objects(doc)) or [doc := {}]
+    target = objects[fdp.ConsumeUInt(2) % len(objects)]
+    keys = [*target, *EXTRA_KEYS]
+    key = keys[fdp.ConsumeUInt(1) % len(keys)]
+    pick = fdp.ConsumeUInt(1)
+    if pick < len(JSON_VALUES):
+        target[key] = JSON_VALUES[pick]
+    else:
+        try:
+            target[key] = json.loads(fdp.ConsumeBytes(fdp.ConsumeUInt(1)))
+        except (ValueError, RecursionError):
+            target[key] = None
+    try:
+        return json.dumps(doc).encode()
+    except (ValueError, RecursionError):  # a document as deep as the encoder goes
+        return old
+
+
 def _edit(files: dict[str, bytes], fdp: atheris.FuzzedDataProvider) -> None:
     op = fdp.ConsumeUInt(1)
-    name, kind = FILE_NAMES[(op & 0x3F) % len(FILE_NAMES)], op >> 6
+    name, kind = FILE_NAMES[(op & 0x1F) % len(FILE_NAMES)], op >> 5
     old = files.get(name, b"")
     if kind == REPLACE:
         files[name] = fdp.ConsumeBytes(fdp.ConsumeUInt(4))
@@ -114,8 +169,10 @@ def _edit(files: dict[str, bytes], fdp: atheris.FuzzedDataProvider) -> None:
         files[name] = old[:at] + patch + old[at + len(patch) :]
     elif kind == TRUNCATE:
         files[name] = old[: fdp.ConsumeUInt(4) % (len(old) + 1)]
-    else:
+    elif kind == DELETE:
         files.pop(name, None)
+    else:
+        files[name] = _set_json(old, fdp)
 
 
 def folder_of(data: bytes) -> dict[str, bytes]:
@@ -142,7 +199,7 @@ def one_input(data: bytes) -> None:
 
 def replace_input(base: int, name: str, content: bytes) -> bytes:
     """The input that replaces (or creates) ``name`` in checkpoint ``base``."""
-    op = REPLACE << 6 | FILE_NAMES.index(name)
+    op = REPLACE << 5 | FILE_NAMES.index(name)
     return bytes([base, op]) + struct.pack("<I", len(content)) + content
 
 
