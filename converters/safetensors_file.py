@@ -23,6 +23,9 @@ import numpy as np
 from edgeinfer.converters import errors
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own cap
+# a tensor with values has every dimension within the file's size; only an empty one could
+# claim more, and numpy cannot shape even an empty array of, say, [0, 2**62]
+MAX_DIM = 1 << 40
 
 # safetensors dtype -> (numpy dtype of the stored bits, bytes per value)
 DTYPES: dict[str, tuple[str, int]] = {
@@ -149,7 +152,7 @@ class SafetensorsFile:
                 )
             raise self._corrupt(f"tensor {name!r} has unknown dtype {dtype!r}")
         if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape
         ):
             raise self._corrupt(f"tensor {name!r} has a bad shape {shape!r}")
         if (
@@ -173,7 +176,9 @@ class SafetensorsFile:
 
 def read_rows(entry: TensorEntry, first: int, count: int) -> np.ndarray:
     """Rows [first, first+count) of ``entry`` as float32, shape (count, row_length)."""
-    if not 0 <= first <= first + count <= max(entry.n_rows, 1):
+    # within the tensor's rows, so that the buffer is bounded by the bytes the file holds
+    # (an empty tensor of shape [0, 2**60] has no row to read)
+    if not 0 <= first <= first + count <= entry.n_rows:
         raise errors.ShapeMismatchError(
             f"{entry.path}: rows {first}..{first + count} of {entry.name!r}"
         )

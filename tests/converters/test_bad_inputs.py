@@ -339,6 +339,26 @@ def test_corrupt_safetensors_header(copy_checkpoint, out_dir, case):
     check_refused(src, out_dir, errors.CorruptSafetensorsError, "model.safetensors")
 
 
+@pytest.mark.parametrize("row_length", [2**20, 2**40, 2**41, 2**70])
+def test_no_row_of_an_empty_tensor_is_read(tmp_path, row_length):
+    # found by tests/fuzz/fuzz_safetensors.py: a row of shape [0, 2**70] was "read" into a
+    # buffer of 2**72 bytes (OverflowError; MemoryError for shorter rows), and no array of
+    # shape (0, 2**62) can be made (ValueError)
+    from edgeinfer.converters.safetensors_file import SafetensorsFile, read_rows
+
+    raw = json.dumps({"e": {"dtype": "F32", "shape": [0, row_length], "data_offsets": [0, 0]}})
+    path = tmp_path / "empty.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw.encode())
+    if row_length > 2**40:
+        with pytest.raises(errors.CorruptSafetensorsError, match="bad shape"):
+            SafetensorsFile(path)
+        return
+    entry = SafetensorsFile(path).tensors["e"]
+    assert read_rows(entry, 0, 0).shape == (0, row_length)
+    with pytest.raises(errors.ShapeMismatchError):
+        read_rows(entry, 0, 1)
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
 @pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer_config.json"])
 def test_fifo_is_refused_without_blocking(copy_checkpoint, out_dir, name):
