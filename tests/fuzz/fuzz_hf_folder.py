@@ -20,6 +20,7 @@ mutations start from real files.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import shutil
@@ -69,6 +70,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 
 _SHM = "/dev/shm" if Path("/dev/shm").is_dir() else None
 _SCRATCH = Path(tempfile.mkdtemp(prefix="fuzz-hf-", dir=_SHM)) / "checkpoint"
+atexit.register(shutil.rmtree, _SCRATCH.parent, ignore_errors=True)
 
 
 def _small_bpe(style: str):

@@ -11,6 +11,8 @@ own writer (tests/converters/checkpoints.py).
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from tests.fuzz import harness
 # one file per process, rewritten for every input (in memory where /dev/shm exists)
 _SHM = "/dev/shm" if Path("/dev/shm").is_dir() else None
 _SCRATCH = Path(tempfile.mkdtemp(prefix="fuzz-st-", dir=_SHM)) / "input.safetensors"
+atexit.register(shutil.rmtree, _SCRATCH.parent, ignore_errors=True)
 
 
 def _file(data: bytes) -> bytes:
