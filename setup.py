@@ -28,6 +28,12 @@ GCC_BASE = [
     "-Wall",
 ]
 MSVC_BASE = ["/O2", "/std:c11", "/experimental:c11atomics", "/fp:precise"]
+# EDGEINFER_SANITIZE=address,undefined (GCC/Clang) builds with -fsanitize=<that> plus these, at
+# compile and link time, for the CI sanitizer job (.ci/sanitize); unset, the build is unchanged.
+# -O1 (after GCC_BASE's -O2) halves the instrumented build's compile time; results do not
+# depend on it (-ffp-contract=off and no fast-math: no optimisation level reorders arithmetic)
+SANITIZE_ENV = "EDGEINFER_SANITIZE"
+SANITIZE_FLAGS = ["-O1", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined", "-g"]
 
 # directory -> (gcc/clang flags, msvc flags, the define that tells the dispatcher it was built)
 X86_VARIANTS = {
@@ -45,6 +51,11 @@ NEON_LEVELS = {  # the arm_neon sources are compiled once per level
 }
 
 
+def _sanitizer_flags() -> list[str]:
+    names = os.environ.get(SANITIZE_ENV, "").strip()
+    return [f"-fsanitize={names}", *SANITIZE_FLAGS] if names else []
+
+
 def _arch() -> str:
     machine = os.environ.get("EDGEINFER_TARGET_ARCH") or platform.machine()
     machine = machine.lower()
@@ -59,7 +70,7 @@ class BuildNative(build_ext):
     def build_extension(self, ext: Extension) -> None:
         cc = self.compiler
         msvc = cc.compiler_type == "msvc"
-        base = MSVC_BASE if msvc else GCC_BASE
+        base = MSVC_BASE if msvc else GCC_BASE + _sanitizer_flags()
         arch = _arch()
         defines: list[tuple[str, str | None]] = []
         groups: list[tuple[list[str], list[str], list[tuple[str, str | None]], str]] = []
@@ -92,7 +103,7 @@ class BuildNative(build_ext):
         cc.link_shared_object(
             objects, self.get_ext_fullpath(ext.name), libraries=libraries,
             export_symbols=self.get_export_symbols(ext), build_temp=self.build_temp,
-            target_lang="c",
+            extra_postargs=[] if msvc else _sanitizer_flags(), target_lang="c",
         )  # fmt: skip
 
     def _accepts(self, flags: list[str]) -> bool:

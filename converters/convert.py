@@ -141,6 +141,9 @@ class Conversion:
         self.ckpt = HFCheckpoint(src)
         self.arch: ArchConverter = converter_for(self.ckpt)
         rows = self.arch.hp.vocab_size
+        # the tensors' shapes first: the vocabulary is padded up to vocab_size, which only
+        # the embedding's real size bounds (a config may claim 16 million rows)
+        self.arch.tensors(rows)
         self.vocab: Vocabulary = convert_vocabulary(self.ckpt, max_tokens=rows)
         n_vocab = len(self.vocab.tokens) if self.arch.crop_vocab else rows
         self.vocab.resize(n_vocab, str(self.ckpt.folder))

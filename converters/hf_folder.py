@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +21,43 @@ SINGLE_FILE = "model.safetensors"
 MAX_JSON_BYTES = 64 * 1024 * 1024  # tokenizer.json of a 256k vocabulary is ~35 MB
 
 
-def read_json(path: Path, required: bool = True) -> Any:
-    """The parsed JSON file, or None when it is absent and not required."""
+def read_text(
+    path: Path, required: bool = True, error: type[errors.SourceError] = errors.BadConfigError
+) -> str | None:
+    """The UTF-8 text of a file of at most :data:`MAX_JSON_BYTES`, or None when it is absent
+    and not required; ``error`` is raised for a file that is not such a text."""
     try:
-        size = path.stat().st_size
+        info = path.stat()
     except FileNotFoundError:
         if required:
             raise errors.MissingSourceFileError(f"{path}: required file is missing") from None
         return None
-    if size > MAX_JSON_BYTES:
-        raise errors.BadConfigError(f"{path}: {size} bytes is too large for a JSON file")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise errors.BadConfigError(f"{path}: not valid JSON ({e})") from None
     except OSError as e:
         raise errors.SourceError(f"{path}: cannot read ({e.strerror})") from None
+    # a FIFO or a device would block or read without end: refused before it is opened
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"{path}: is not a regular file")
+    if info.st_size > MAX_JSON_BYTES:
+        raise error(f"{path}: {info.st_size} bytes is too large for a text file")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise errors.SourceError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def read_json(path: Path, required: bool = True) -> Any:
+    """The parsed JSON file, or None when it is absent and not required."""
+    text = read_text(path, required)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        # ValueError: bad JSON, or an integer of more digits than Python converts;
+        # RecursionError: arrays or objects nested deeper than the decoder goes
+        raise errors.BadConfigError(f"{path}: not valid JSON ({str(e)[:200]})") from None
 
 
 class HFCheckpoint:
@@ -79,11 +101,12 @@ class HFCheckpoint:
     # --- safetensors -----------------------------------------------------------------------
 
     def _load_tensors(self) -> dict[str, TensorEntry]:
+        # exists(), not is_file(): a FIFO or a folder under these names is refused by name
         index_path = self.folder / INDEX_FILE
-        if index_path.is_file():
+        if index_path.exists():
             return self._load_sharded(index_path)
         single = self.folder / SINGLE_FILE
-        if single.is_file():
+        if single.exists():
             return dict(SafetensorsFile(single).tensors)
         shards = sorted(self.folder.glob("model*.safetensors"))
         if shards:
@@ -104,10 +127,14 @@ class HFCheckpoint:
             raise errors.BadConfigError(
                 f"{index_path}: 'weight_map' must map tensor names to files"
             )
+        for file_name in weight_map.values():
+            if (
+                not isinstance(file_name, str) or "\0" in file_name
+                or Path(file_name).name != file_name or file_name in ("", "..")
+            ):  # fmt: skip
+                raise errors.BadConfigError(f"{index_path}: bad shard name {file_name!r}")
         shards: dict[str, SafetensorsFile] = {}
         for file_name in sorted(set(weight_map.values())):
-            if not isinstance(file_name, str) or Path(file_name).name != file_name:
-                raise errors.BadConfigError(f"{index_path}: bad shard name {file_name!r}")
             shards[file_name] = SafetensorsFile(self.folder / file_name)
         tensors: dict[str, TensorEntry] = {}
         for file_name, shard in shards.items():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,9 @@ import numpy as np
 from edgeinfer.converters import errors
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own cap
+# a tensor with values has every dimension within the file's size; only an empty one could
+# claim more, and numpy cannot shape even an empty array of, say, [0, 2**62]
+MAX_DIM = 1 << 40
 
 # safetensors dtype -> (numpy dtype of the stored bits, bytes per value)
 DTYPES: dict[str, tuple[str, int]] = {
@@ -65,7 +69,13 @@ class SafetensorsFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
-            self.size = self.path.stat().st_size
+            info = self.path.stat()
+            # opening a FIFO or a device would block or read without end: refused unopened
+            if stat.S_ISDIR(info.st_mode):
+                raise errors.CorruptSafetensorsError(f"{self.path}: is a directory")
+            if not stat.S_ISREG(info.st_mode):
+                raise errors.CorruptSafetensorsError(f"{self.path}: is not a regular file")
+            self.size = info.st_size
             with open(self.path, "rb") as f:
                 prefix = f.read(8)
                 if len(prefix) < 8:
@@ -78,10 +88,10 @@ class SafetensorsFile:
                 raw = f.read(n)
         except FileNotFoundError:
             raise errors.MissingSourceFileError(f"{self.path}: no such file") from None
-        except IsADirectoryError:
-            raise errors.CorruptSafetensorsError(f"{self.path}: is a directory") from None
         except OSError as e:
             raise errors.SourceError(f"{self.path}: cannot read ({e.strerror})") from None
+        except ValueError:  # a NUL in the path (a shard name from an index file)
+            raise errors.SourceError(f"{self.path!r}: not a usable file name") from None
         self.data_start = 8 + n
         self.metadata: dict[str, str] = {}
         self.tensors: dict[str, TensorEntry] = self._parse(raw)
@@ -94,8 +104,10 @@ class SafetensorsFile:
             raise self._corrupt("the header is not a JSON object")
         try:
             header = json.loads(raw.decode("utf-8"), object_pairs_hook=self._no_duplicates)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise self._corrupt(f"the header is not valid JSON ({e})") from None
+        except (ValueError, RecursionError) as e:
+            # ValueError: bad UTF-8, bad JSON, or an integer of more digits than Python reads;
+            # RecursionError: arrays or objects nested deeper than the decoder goes
+            raise self._corrupt(f"the header is not valid JSON ({str(e)[:200]})") from None
         if not isinstance(header, dict):
             raise self._corrupt("the header is not a JSON object")
         meta = header.pop("__metadata__", {})
@@ -130,6 +142,8 @@ class SafetensorsFile:
         if not isinstance(spec, dict):
             raise self._corrupt(f"tensor {name!r} has no description")
         dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
+        if not isinstance(dtype, str):
+            raise self._corrupt(f"tensor {name!r} has a dtype that is not a name: {dtype!r}")
         if dtype not in DTYPES:
             if dtype in OTHER_DTYPES:
                 raise errors.UnsupportedFeatureError(
@@ -138,7 +152,7 @@ class SafetensorsFile:
                 )
             raise self._corrupt(f"tensor {name!r} has unknown dtype {dtype!r}")
         if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape
         ):
             raise self._corrupt(f"tensor {name!r} has a bad shape {shape!r}")
         if (
@@ -162,7 +176,9 @@ class SafetensorsFile:
 
 def read_rows(entry: TensorEntry, first: int, count: int) -> np.ndarray:
     """Rows [first, first+count) of ``entry`` as float32, shape (count, row_length)."""
-    if not 0 <= first <= first + count <= max(entry.n_rows, 1):
+    # within the tensor's rows, so that the buffer is bounded by the bytes the file holds
+    # (an empty tensor of shape [0, 2**60] has no row to read)
+    if not 0 <= first <= first + count <= entry.n_rows:
         raise errors.ShapeMismatchError(
             f"{entry.path}: rows {first}..{first + count} of {entry.name!r}"
         )
@@ -180,4 +196,7 @@ def read_rows(entry: TensorEntry, first: int, count: int) -> np.ndarray:
     raw = np.frombuffer(buf, dtype=dtype).reshape(count, entry.row_length)
     if entry.dtype == "BF16":
         return bf16_to_f32(raw)
-    return raw if entry.dtype == "F32" else raw.astype(np.float32)
+    if entry.dtype == "F32":
+        return raw
+    with np.errstate(over="ignore"):  # an F64 beyond float32's range is inf, as torch casts it
+        return raw.astype(np.float32)

@@ -10,6 +10,7 @@ special ids are those of the pieces the trainer spec names (-1 where there is no
 
 from __future__ import annotations
 
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +95,11 @@ class _Reader:
 
 def parse_sentencepiece(path: Path) -> SentencePieceModel:
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        # a FIFO or a device would block or read without end: refused before it is opened
+        if not stat.S_ISREG(info.st_mode):
+            raise errors.TokenizerConversionError(f"{path}: is not a regular file")
+        size = info.st_size
         if size > MAX_MODEL_BYTES:
             raise errors.TokenizerConversionError(
                 f"{path}: {size} bytes is too large for a tokenizer"

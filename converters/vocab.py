@@ -20,7 +20,7 @@ from typing import Any
 
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures.base import MetadataItem, kv
-from edgeinfer.converters.hf_folder import HFCheckpoint, read_json
+from edgeinfer.converters.hf_folder import HFCheckpoint, read_json, read_text
 from edgeinfer.converters.sentencepiece_model import parse_sentencepiece
 from edgeinfer.gguf.constants import ValueType
 
@@ -132,7 +132,7 @@ def _steps(node: Any) -> list[dict[str, Any]]:
         return []
     if node.get("type") == "Sequence":
         inner = node.get("pretokenizers") or node.get("decoders") or node.get("processors") or []
-        return [s for n in inner for s in _steps(n)]
+        return [s for n in inner for s in _steps(n)] if isinstance(inner, list) else []
     return [node]
 
 
@@ -151,7 +151,7 @@ def pre_tokenizer_name(tj: dict[str, Any], clean_spaces: bool, where: str) -> st
     if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
         pattern = steps[0].get("pattern")
         regex = pattern.get("Regex") if isinstance(pattern, dict) else None
-        if regex in SPLIT_NAMES:
+        if isinstance(regex, str) and regex in SPLIT_NAMES:
             return SPLIT_NAMES[regex]
         raise errors.TokenizerConversionError(
             f"{where}: the pre-tokenizer regex {str(regex)[:80]!r}... is not one of "
@@ -220,7 +220,10 @@ def _bpe_vocabulary(
         if i in by_id:
             raise errors.TokenizerConversionError(f"{where}: id {i} is given to two tokens")
         by_id[i] = (token, NORMAL)
-    for added in tj.get("added_tokens") or []:
+    added_tokens = tj.get("added_tokens") or []
+    if not isinstance(added_tokens, list):
+        raise errors.TokenizerConversionError(f"{where}: added_tokens is not a list")
+    for added in added_tokens:
         if not isinstance(added, dict) or not isinstance(added.get("content"), str):
             raise errors.TokenizerConversionError(f"{where}: bad added token {added!r}")
         content = added["content"]
@@ -260,7 +263,9 @@ def _spm_vocabulary(ckpt: HFCheckpoint, max_tokens: int) -> Vocabulary:
         )
     for key, data in decoder.items():
         content = data.get("content") if isinstance(data, dict) else None
-        if not str(key).isdigit() or not isinstance(content, str):
+        # ASCII digits only: int() refuses other Unicode digits ("²") and over 4300 of them
+        is_id = key.isascii() and key.isdigit() and len(key) < 10
+        if not is_id or not isinstance(content, str):
             raise errors.TokenizerConversionError(f"{ckpt.folder}: bad added token {key!r}")
         i = _check_id(int(key), max_tokens, f"added token {content!r}", str(ckpt.folder))
         while len(tokens) <= i:
@@ -330,8 +335,10 @@ def _special_tokens(ckpt: HFCheckpoint, vocab: Vocabulary, tj: dict[str, Any]) -
 
 def _template_special_id(item: Any, specials: dict[str, Any]) -> int | None:
     """The id of a TemplateProcessing item that is one special token, else None."""
-    name = item.get("SpecialToken", {}).get("id") if isinstance(item, dict) else None
-    ids = (specials.get(name) or {}).get("ids") if name else None
+    token = item.get("SpecialToken") if isinstance(item, dict) else None
+    name = token.get("id") if isinstance(token, dict) else None
+    special = specials.get(name) if isinstance(name, str) else None
+    ids = special.get("ids") if isinstance(special, dict) else None
     return ids[0] if isinstance(ids, list) and len(ids) == 1 else None
 
 
@@ -342,8 +349,12 @@ def _post_processor_adds(tj: dict[str, Any], vocab: Vocabulary) -> dict[str, boo
         if step.get("type") == "ByteLevel":
             out.setdefault("bos", False)
             out.setdefault("eos", False)
-        elif step.get("type") == "TemplateProcessing" and step.get("single"):
+        elif step.get("type") == "TemplateProcessing" and isinstance(step.get("single"), list):
             single, specials = step["single"], step.get("special_tokens") or {}
+            if not single:
+                continue
+            if not isinstance(specials, dict):
+                specials = {}
             for role, item in (("bos", single[0]), ("eos", single[-1])):
                 found = _template_special_id(item, specials)
                 out[role] = found is not None and found == vocab.special_ids.get(role)
@@ -355,7 +366,9 @@ def _chat_templates(ckpt: HFCheckpoint) -> dict[str, str]:
     chat_template.jinja / chat_template.json next to it."""
     template: Any = ckpt.tokenizer_config.get("chat_template")
     if template is None and ckpt.file("chat_template.jinja"):
-        template = (ckpt.folder / "chat_template.jinja").read_text(encoding="utf-8")
+        template = read_text(
+            ckpt.folder / "chat_template.jinja", error=errors.TokenizerConversionError
+        )
     elif template is None and ckpt.file("chat_template.json"):
         data = read_json(ckpt.folder / "chat_template.json")
         template = data.get("chat_template") if isinstance(data, dict) else None

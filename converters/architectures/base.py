@@ -22,6 +22,7 @@ from edgeinfer.converters.safetensors_file import TensorEntry, read_rows
 from edgeinfer.gguf.constants import ValueType
 from edgeinfer.kv_cache import DEFAULT_CACHE_TYPE, cache_bytes
 
+FLOAT32_MAX = 3.4028234663852886e38  # every float read from config.json is written as float32
 READ_CHUNK_VALUES = 1 << 22  # values read from the checkpoint at a time (16 MiB as float32)
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # buffers some old checkpoints saved
 
@@ -121,8 +122,8 @@ class ConfigReader:
 
     def float(self, key: str, default: Any = None) -> float:
         v = self._raw(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise errors.BadConfigError(f"{self.where}: {key} = {v!r} is not a number")
+        if not _is_float32(v):
+            raise errors.BadConfigError(f"{self.where}: {key} = {v!r} is not a float32 number")
         return float(v)
 
     def bool(self, key: str, default: Any = None) -> bool:
@@ -140,6 +141,14 @@ class ConfigReader:
     def get(self, key: builtins.str, default: Any = None) -> Any:
         v = self.config.get(key)
         return self.defaults.get(key, default) if v is None else v
+
+
+def _is_float32(v: Any) -> bool:
+    """A number that float32 holds (finite, in range): bools and other types are not."""
+    return (
+        not isinstance(v, bool) and isinstance(v, (int, float))
+        and math.isfinite(v) and abs(v) <= FLOAT32_MAX
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,10 @@ def rope_parameters(config: dict[str, Any], where: str, default_theta: float) ->
     if isinstance(params, dict) and params:
         nested = {k: v for k, v in params.items() if isinstance(v, dict)}
         if nested:
+            if "full_attention" not in nested:
+                raise errors.BadConfigError(
+                    f"{where}: rope_parameters by layer type lacks 'full_attention'"
+                )
             return {k: _rope(v, where, default_theta) for k, v in nested.items()}
         return {"full_attention": _rope(params, where, default_theta)}
     theta = config.get("rope_theta") or default_theta
@@ -179,16 +192,27 @@ def rope_parameters(config: dict[str, Any], where: str, default_theta: float) ->
 def _rope(spec: dict[str, Any], where: str, default_theta: float) -> Rope:
     theta = spec.get("rope_theta", default_theta)
     kind = spec.get("rope_type") or spec.get("type") or "default"
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+    if not _is_float32(theta) or not theta > 0:
         raise errors.BadConfigError(f"{where}: rope_theta = {theta!r} is not a positive number")
     if not isinstance(kind, str):
         raise errors.BadConfigError(f"{where}: rope type {kind!r} is not a string")
     params = {k: v for k, v in spec.items() if k not in ("rope_theta", "rope_type", "type")}
     if kind == "linear":
         factor = params.get("factor")
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        if not _is_float32(factor) or not factor > 0:
             raise errors.BadConfigError(f"{where}: linear rope scaling needs a positive factor")
+    if kind == "llama3":  # what llama3_rope_factors() divides by
+        for key in _LLAMA3_ROPE_KEYS:
+            value = params.get(key, 1.0)
+            if not _is_float32(value) or not value > 0:
+                raise errors.BadConfigError(
+                    f"{where}: llama3 rope scaling {key} = {value!r} is not a positive number"
+                )
     return Rope(float(theta), kind, params)
+
+
+_LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                     "original_max_position_embeddings")  # fmt: skip
 
 
 def llama3_rope_factors(rope: Rope, head_dim: int) -> np.ndarray:

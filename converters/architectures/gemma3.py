@@ -80,12 +80,12 @@ class Gemma3Converter(ArchConverter):
         swa_layers = self._swa_layers(cfg, n_layer) if window else ()
         if window and not any(swa_layers):
             window = 0
-        softcap = config.get("final_logit_softcapping") or 0.0
+        softcap = cfg.float("final_logit_softcapping", 0.0)
         self.hp = Gemma3HParams.read(
             cfg, ropes, activation_key="hidden_activation",
             sliding_window=window, swa_layers=swa_layers if window else (),
             rope_swa=ropes.get("sliding_attention", Rope(SWA_THETA)),
-            final_logit_softcapping=float(softcap),
+            final_logit_softcapping=softcap,
         )  # fmt: skip
         check_activation(self.hp, self.where, ("gelu_pytorch_tanh",))
         check_rope(self.hp, self.where, ("default", "linear"))
@@ -112,7 +112,10 @@ class Gemma3Converter(ArchConverter):
     def _swa_layers(self, cfg: ConfigReader, n_layer: int) -> tuple[bool, ...]:
         types = cfg.config.get("layer_types")
         if types is not None:
-            if not isinstance(types, list) or len(types) != n_layer:
+            if (
+                not isinstance(types, list) or len(types) != n_layer
+                or not all(isinstance(t, str) for t in types)
+            ):  # fmt: skip
                 raise refuse(self.where, f"layer_types must list {n_layer} layer types")
             unknown = set(types) - {"sliding_attention", "full_attention"}
             if unknown:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -75,6 +76,19 @@ def test_shard_index_disagrees_with_shards(copy_checkpoint, out_dir):
     check_refused(src, out_dir, errors.CorruptSafetensorsError, "not listed")
 
 
+@pytest.mark.parametrize(
+    "shard",
+    [["model-00001-of-00002.safetensors"], "model\0.safetensors", "", "..", "../model.safetensors"],
+)
+def test_bad_shard_names_in_the_index(copy_checkpoint, out_dir, shard):
+    # found by tests/fuzz/fuzz_hf_folder.py: a list escaped as TypeError, a NUL as ValueError
+    src = copy_checkpoint("mistral")
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"][next(iter(index["weight_map"]))] = shard
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    check_refused(src, out_dir, errors.BadConfigError, "bad shard name")
+
+
 def test_shards_without_index(copy_checkpoint, out_dir):
     src = copy_checkpoint("mistral")
     (src / "model.safetensors.index.json").unlink()
@@ -105,6 +119,83 @@ def test_config_not_json(copy_checkpoint, out_dir):
     src = copy_checkpoint("llama")
     (src / "config.json").write_text("{'hidden_size': 256")
     check_refused(src, out_dir, errors.BadConfigError, "not valid JSON")
+
+
+def test_config_nested_too_deep(copy_checkpoint, out_dir):
+    # found by tests/fuzz/fuzz_hf_folder.py: json's RecursionError escaped untyped
+    src = copy_checkpoint("llama")
+    (src / "config.json").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    check_refused(src, out_dir, errors.BadConfigError, "not valid JSON")
+
+
+def test_chat_template_file_not_utf8(copy_checkpoint, out_dir):
+    # found by tests/fuzz/fuzz_hf_folder.py: UnicodeDecodeError escaped untyped
+    src = copy_checkpoint("llama")
+    edit_json(src / "tokenizer_config.json", chat_template=None)
+    (src / "chat_template.jinja").write_bytes(b"\xfb{{ messages }}")
+    check_refused(src, out_dir, errors.TokenizerConversionError, "not UTF-8")
+
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+
+
+# found by tests/fuzz/fuzz_hf_folder.py: each escaped as TypeError, ValueError, OverflowError,
+# ZeroDivisionError or AttributeError, or (vocab_size) padded the vocabulary to 16 million
+# tokens before the embedding's shape was checked
+@pytest.mark.parametrize(
+    "arch, file, changes, error, match",
+    [("llama", "config.json", {"rms_norm_eps": 1e308}, errors.BadConfigError, "rms_norm_eps"),
+     ("llama", "config.json", {"rope_theta": 1e300}, errors.BadConfigError, "rope_theta"),
+     ("llama", "config.json", {"rope_scaling": {**_LLAMA3_ROPE, "high_freq_factor": 0}},
+      errors.BadConfigError, "high_freq_factor"),
+     ("llama", "config.json", {"rope_scaling": {**_LLAMA3_ROPE, "factor": "8"}},
+      errors.BadConfigError, "factor"),
+     ("llama", "config.json", {"vocab_size": 1 << 24}, errors.ShapeMismatchError, "embed_tokens"),
+     ("gemma3", "config.json", {"final_logit_softcapping": "30"}, errors.BadConfigError,
+      "final_logit_softcapping"),
+     ("gemma3", "config.json", {"layer_types": [["sliding_attention"]] * 7},
+      errors.UnsupportedFeatureError, "layer_types"),
+     ("gemma3", "tokenizer_config.json", {"added_tokens_decoder": {"\u00b2": {"content": "x"}}},
+      errors.TokenizerConversionError, "bad added token"),
+     ("llama", "tokenizer.json", {"added_tokens": 5}, errors.TokenizerConversionError,
+      "added_tokens"),
+     ("llama", "tokenizer.json", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+         {"type": "Split", "pattern": {"Regex": ["x"]}},
+         {"type": "ByteLevel", "use_regex": False}]}},
+      errors.TokenizerConversionError, "regex")],
+)  # fmt: skip
+def test_values_of_the_wrong_type(copy_checkpoint, out_dir, arch, file, changes, error, match):
+    src = copy_checkpoint(arch)
+    edit_json(src / file, **changes)
+    check_refused(src, out_dir, error, match)
+
+
+@pytest.mark.parametrize(
+    "post_processor",
+    [{"type": "TemplateProcessing", "single": [{"SpecialToken": "x"}], "special_tokens": []},
+     {"type": "TemplateProcessing", "single": {"a": 1}},
+     {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": ["x"]}}],
+      "special_tokens": {"x": []}},
+     {"type": "Sequence", "processors": 3}],
+)  # fmt: skip
+def test_odd_post_processors_add_nothing(copy_checkpoint, post_processor):
+    # found by tests/fuzz/fuzz_hf_folder.py: AttributeError, KeyError and TypeError escaped;
+    # a post-processor edgeinfer does not understand says nothing about BOS and EOS
+    from edgeinfer.converters.convert import plan_conversion
+
+    src = copy_checkpoint("llama")
+    edit_json(src / "tokenizer.json", post_processor=post_processor)
+    edit_json(src / "tokenizer_config.json", add_bos_token=True)
+    assert plan_conversion(src).tensors
+
+
+def test_rope_parameters_without_full_attention(copy_checkpoint, out_dir):
+    # found by tests/fuzz/fuzz_hf_folder.py: a KeyError escaped untyped
+    src = copy_checkpoint("gemma3")
+    sliding = {"rope_type": "default", "rope_theta": 10000.0}
+    edit_json(src / "config.json", rope_parameters={"sliding_attention": sliding})
+    check_refused(src, out_dir, errors.BadConfigError, "full_attention")
 
 
 @pytest.mark.parametrize(
@@ -216,9 +307,27 @@ def _corrupt_cases():
     def empty(h, d):
         return b"\x01\x02"
 
+    # found by tests/fuzz/fuzz_safetensors.py: each escaped as TypeError, RecursionError or
+    # ValueError before it was refused as corrupt
+    def dtype_not_a_name(h, d):
+        name = next(k for k in h if k != "__metadata__")
+        h[name]["dtype"] = ["F32"]
+        raw = json.dumps(h).encode()
+        return struct.pack("<Q", len(raw)) + raw + d
+
+    def nested_too_deep(h, d):
+        raw = b"{" + b'"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        return struct.pack("<Q", len(raw)) + raw + d
+
+    def integer_too_long(h, d):
+        shape = b'"shape": ['
+        raw = json.dumps(h).encode().replace(shape, shape + b"1" * 5000 + b", ", 1)
+        return struct.pack("<Q", len(raw)) + raw + d
+
     return {f.__name__: f for f in (huge_length, not_json, unknown_dtype, overlap, wrong_size,
                                      truncated, duplicate_key, negative_offsets,
-                                     empty)}  # fmt: skip
+                                     empty, dtype_not_a_name, nested_too_deep,
+                                     integer_too_long)}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(_corrupt_cases()))
@@ -228,6 +337,37 @@ def test_corrupt_safetensors_header(copy_checkpoint, out_dir, case):
     header, data = _header(path)
     path.write_bytes(_corrupt_cases()[case](header, data))
     check_refused(src, out_dir, errors.CorruptSafetensorsError, "model.safetensors")
+
+
+@pytest.mark.parametrize("row_length", [2**20, 2**40, 2**41, 2**70])
+def test_no_row_of_an_empty_tensor_is_read(tmp_path, row_length):
+    # found by tests/fuzz/fuzz_safetensors.py: a row of shape [0, 2**70] was "read" into a
+    # buffer of 2**72 bytes (OverflowError; MemoryError for shorter rows), and no array of
+    # shape (0, 2**62) can be made (ValueError)
+    from edgeinfer.converters.safetensors_file import SafetensorsFile, read_rows
+
+    raw = json.dumps({"e": {"dtype": "F32", "shape": [0, row_length], "data_offsets": [0, 0]}})
+    path = tmp_path / "empty.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw.encode())
+    if row_length > 2**40:
+        with pytest.raises(errors.CorruptSafetensorsError, match="bad shape"):
+            SafetensorsFile(path)
+        return
+    entry = SafetensorsFile(path).tensors["e"]
+    assert read_rows(entry, 0, 0).shape == (0, row_length)
+    with pytest.raises(errors.ShapeMismatchError):
+        read_rows(entry, 0, 1)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer_config.json"])
+def test_fifo_is_refused_without_blocking(copy_checkpoint, out_dir, name):
+    # opening a FIFO for reading blocks until a writer comes: it must be refused unopened
+    src = copy_checkpoint("llama")
+    (src / name).unlink()
+    os.mkfifo(src / name)
+    e = check_refused(src, out_dir, errors.SourceError, "not a regular file")
+    assert name in str(e)
 
 
 def test_quantized_checkpoint_dtype_is_refused(copy_checkpoint, out_dir):

@@ -18,6 +18,23 @@ import pytest
 from edgeinfer import _native
 
 
+def sanitizer_flags() -> list[str]:
+    """setup.py's sanitizer flags when ``EDGEINFER_SANITIZE`` asks for sanitizers (the CI job
+    .ci/sanitize), for the C checks the tests build themselves; else none."""
+    import ast
+    from pathlib import Path
+
+    names = os.environ.get("EDGEINFER_SANITIZE", "").strip()
+    if not names:
+        return []
+    setup_py = Path(__file__).resolve().parents[2] / "setup.py"
+    for node in ast.parse(setup_py.read_text()).body:
+        target = getattr(node.targets[0], "id", None) if isinstance(node, ast.Assign) else None
+        if target == "SANITIZE_FLAGS":
+            return [f"-fsanitize={names}", *ast.literal_eval(node.value)]
+    raise LookupError("setup.py has no SANITIZE_FLAGS")
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 

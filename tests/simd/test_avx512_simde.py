@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.simd.platform_gates import missing_tool
+from tests.simd.platform_gates import missing_tool, sanitizer_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMD = ROOT / "simd"
@@ -199,7 +199,7 @@ BUILDS = {
 
 
 def _build_flags(build: str) -> list[str]:
-    flags = [*_setup_literal("GCC_BASE"), "-Wno-psabi", *BUILDS[build]]
+    flags = [*_setup_literal("GCC_BASE"), *sanitizer_flags(), "-Wno-psabi", *BUILDS[build]]
     if build.startswith("simde"):
         # an intrinsic neither SIMDe nor simd.h defines must not compile to a call
         return [*flags, "-Werror=implicit-function-declaration"]

@@ -22,7 +22,7 @@ from edgeinfer import _native, quants
 from edgeinfer.converters import quantizers
 from edgeinfer.engines import reference
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
-from tests.simd.platform_gates import isa_params, missing_tool, runnable_isas
+from tests.simd.platform_gates import isa_params, missing_tool, runnable_isas, sanitizer_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMD = ROOT / "simd"
@@ -576,7 +576,8 @@ X86_HERE = (
 
 
 def _flags(variant: str) -> list[str]:
-    return _setup_literal("GCC_BASE") + _setup_literal("X86_VARIANTS")[X86_FOLDERS[variant]][0]
+    flags = _setup_literal("GCC_BASE") + _setup_literal("X86_VARIANTS")[X86_FOLDERS[variant]][0]
+    return flags + sanitizer_flags()
 
 
 @pytest.fixture(scope="module")
@@ -708,7 +709,10 @@ int main(void) {
                          EI_TYPE_Q2_K, EI_TYPE_Q3_K, EI_TYPE_Q4_K, EI_TYPE_Q5_K, EI_TYPE_Q6_K,
                          EI_TYPE_F16, EI_TYPE_BF16, EI_TYPE_F32};
     const int counts[] = {1, 2, 3, 5, 8, 13, 80};
-    enum { PAD = 7, SS = EI_TILE + 1 }; /* odd row strides; output columns SS floats apart */
+    /* rows padded past their length, by 8 bytes so that every block's fields stay aligned as
+     * in a GGUF file (UBSan: a 7-byte pad put block_q8_0.d at odd addresses); output
+     * columns SS floats apart */
+    enum { PAD = 8, SS = EI_TILE + 1 };
     for (unsigned ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
     for (int giants = 0; giants < 2; giants++) {
         const int type = types[ti], pt = ei_partner_type(type), bs = ei_block_size(type);
