@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -92,13 +93,21 @@ class BuildNative(build_ext):
                 )
         groups.insert(0, (_sources("common") + _sources("ref"), [], defines, "base"))
 
-        objects: list[str] = []
-        for sources, flags, macros, tag in groups:
-            out_dir = os.path.join(self.build_temp, tag)
-            objects += cc.compile(
-                sources, output_dir=out_dir, macros=macros, include_dirs=[str(SIMD / "include")],
-                extra_postargs=base + flags, depends=_headers(),
+        def compile_one(job: tuple[str, list[str], list[tuple[str, str | None]], str]) -> list[str]:
+            source, flags, macros, tag = job
+            return cc.compile(
+                [source], output_dir=os.path.join(self.build_temp, tag), macros=macros,
+                include_dirs=[str(SIMD / "include")], extra_postargs=base + flags,
+                depends=_headers(),
             )  # fmt: skip
+
+        # one compiler process per source file, as many at once as there are cores (each
+        # call spawns its own process; the objects keep the order of the sources)
+        jobs = [
+            (src, flags, macros, tag) for sources, flags, macros, tag in groups for src in sources
+        ]
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            objects = [obj for objs in pool.map(compile_one, jobs) for obj in objs]
         libraries = [] if msvc or sys.platform == "darwin" else ["m", "pthread"]
         cc.link_shared_object(
             objects, self.get_ext_fullpath(ext.name), libraries=libraries,
