@@ -267,7 +267,14 @@ def _render(source: str, messages: list[dict[str, Any]], **options: Any) -> None
 
 
 def one_input(data: bytes) -> None:
-    chat.RENDER_SECONDS = RENDER_SECONDS
+    saved, chat.RENDER_SECONDS = chat.RENDER_SECONDS, RENDER_SECONDS
+    try:
+        _one_input(data)
+    finally:
+        chat.RENDER_SECONDS = saved  # other tests in the same process keep the real budget
+
+
+def _one_input(data: bytes) -> None:
     if not data:
         return
     if data[0] % RAW_MODE == 0:
