@@ -24,6 +24,7 @@ from typing import Any
 
 import jinja2
 import jinja2.compiler
+import jinja2.nodes
 import jinja2.sandbox
 import jinja2.utils
 
@@ -588,12 +589,20 @@ class _OutputBuffer(list):
 
 class _CodeGenerator(jinja2.compiler.CodeGenerator):
     """Compiles ``a ~ b`` into a size-checked join (Jinja's own str_join is not intercepted),
-    collects buffered output in an :class:`_OutputBuffer`, and writes folded constants as
-    valid Python."""
+    collects buffered output in an :class:`_OutputBuffer`, folds no expression, and writes
+    constants as valid Python."""
 
     def buffer(self, frame: Any) -> None:
         frame.buffer = self.temporary_identifier()
         self.writeline(f"{frame.buffer} = environment.output_buffer()")
+
+    def _output_child_to_const(self, node: Any, frame: Any, finalize: Any) -> str:
+        # Folding a printed expression runs its filters and joins at compile time, where
+        # ``~`` is not checked, and puts the result into the generated code: a template could
+        # fold hundreds of MB out of a few kB. Only literal text is folded; the rest renders.
+        if not isinstance(node, (jinja2.nodes.TemplateData, jinja2.nodes.Const)):
+            raise jinja2.nodes.Impossible()
+        return super()._output_child_to_const(node, frame, finalize)
 
     def visit_Concat(self, node: Any, frame: Any) -> None:
         self.write("environment.checked_concat((")
@@ -628,7 +637,8 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "+", "**", "%"})
 
     def __init__(self, **options: Any) -> None:
-        super().__init__(finalize=_finalize, **options)
+        # optimized=False: no constant folding (see _CodeGenerator._output_child_to_const)
+        super().__init__(finalize=_finalize, optimized=False, **options)
         self.globals.pop("lipsum", None)  # lorem ipsum of any length: no template needs it
         self.filters["tojson"] = _tojson
         self.filters = {name: _checked_filter(name, fn) for name, fn in self.filters.items()}

@@ -173,9 +173,20 @@ MEMORY_HOSTILE = {
     "xmlattr": BIG + "{{ {'a': s.replace('a', '&')} | xmlattr }}",
     "strftime": "{{ strftime_now('%c' * 2000000) }}",
     "indent by a string": "{{ ('\\n' * 1000000) | indent('x' * 100) }}",
+    "folded concatenation": "{{ " + " ~ ".join(["'x'|center(4000000)"] * 60) + " }}",
     "concatenation in a loop": "{% set ns = namespace(s='') %}{% for i in range(100000) %}"
     "{% set ns.s = ns.s ~ ('x' * 100000) %}{% endfor %}",
 }
+
+
+def test_nothing_is_evaluated_at_compile_time():
+    # Jinja folds constant expressions while compiling, with no sandbox checks on '~', and
+    # writes the result into the generated code: 240 MB from a 1 kB macro nobody calls
+    source = "{% macro m() %}{{ " + " ~ ".join(["'x'|center(4000000)"] * 60) + " }}{% endmacro %}"
+    t0 = time.perf_counter()
+    assert ChatTemplate(source + "done").render(HI) == "done"
+    assert time.perf_counter() - t0 < 1
+
 
 _RUNNER = """
 import json, resource, sys, time

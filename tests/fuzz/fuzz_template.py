@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import atheris
+import jinja2.compiler
 import jinja2.exceptions
+import jinja2.nodes
 import jinja2.sandbox
 
 from tests.fuzz import harness
@@ -235,14 +237,32 @@ def _messages(fdp: atheris.FuzzedDataProvider) -> list[dict[str, Any]]:
     return out
 
 
+class _UnfoldedCodeGenerator(jinja2.compiler.CodeGenerator):
+    """Jinja's code generator without constant folding, which would evaluate at compile time
+    what the template may never run (a macro nobody calls), with no caps: folding changes
+    no output, only when the work is done."""
+
+    def _output_child_to_const(self, node: Any, frame: Any, finalize: Any) -> str:
+        if not isinstance(node, (jinja2.nodes.TemplateData, jinja2.nodes.Const)):
+            raise jinja2.nodes.Impossible()
+        return super()._output_child_to_const(node, frame, finalize)
+
+
+class _ReferenceEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    code_generator_class = _UnfoldedCodeGenerator
+
+
 def _reference(source: str, messages: list[dict[str, Any]], **options: Any) -> str:
     """How transformers' apply_chat_template renders: Jinja's own immutable sandbox."""
 
     def raise_exception(message: Any) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    env = _ReferenceEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=["jinja2.ext.loopcontrols"],
+        optimized=False,
     )
     env.globals.update(raise_exception=raise_exception, strftime_now=chat._strftime_now)
     env.filters["tojson"] = chat._tojson
@@ -267,7 +287,14 @@ def _render(source: str, messages: list[dict[str, Any]], **options: Any) -> None
 
 
 def one_input(data: bytes) -> None:
-    chat.RENDER_SECONDS = RENDER_SECONDS
+    saved, chat.RENDER_SECONDS = chat.RENDER_SECONDS, RENDER_SECONDS
+    try:
+        _one_input(data)
+    finally:
+        chat.RENDER_SECONDS = saved  # other tests in the same process keep the real budget
+
+
+def _one_input(data: bytes) -> None:
     if not data:
         return
     if data[0] % RAW_MODE == 0:
