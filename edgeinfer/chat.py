@@ -334,7 +334,8 @@ def _format_estimate(fmt: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -
 def _replace_estimate(s: Any, old: Any, new: Any, count: Any = -1) -> int:
     if not (isinstance(s, (str, bytes)) and type(old) is type(s) and type(new) is type(s)):
         return len(s) if isinstance(s, (str, bytes)) else 0
-    n = s.count(old) if old else len(s) + 1
+    # old has s's type (checked above)
+    n = s.count(old) if old else len(s) + 1  # type: ignore[arg-type]
     if isinstance(count, int) and count >= 0:
         n = min(n, count)
     return len(s) + n * len(new)

@@ -199,7 +199,7 @@ def _rope(spec: dict[str, Any], where: str, default_theta: float) -> Rope:
     params = {k: v for k, v in spec.items() if k not in ("rope_theta", "rope_type", "type")}
     if kind == "linear":
         factor = params.get("factor")
-        if not _is_float32(factor) or not factor > 0:
+        if factor is None or not _is_float32(factor) or not factor > 0:
             raise errors.BadConfigError(f"{where}: linear rope scaling needs a positive factor")
     if kind == "llama3":  # what llama3_rope_factors() divides by
         for key in _LLAMA3_ROPE_KEYS:

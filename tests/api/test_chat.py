@@ -355,7 +355,10 @@ import json, resource, sys, time
 from edgeinfer import errors
 from edgeinfer.chat import ChatTemplate
 templates = json.loads(sys.stdin.read())
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def hwm_kib():  # VmHWM: ru_maxrss would carry the forking parent's peak across exec
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
+base = hwm_kib()
 out = {}
 for name, source in templates.items():
     t0 = time.perf_counter()
@@ -367,7 +370,7 @@ for name, source in templates.items():
     except BaseException as e:
         result = "escaped: " + type(e).__name__ + ": " + str(e)[:200]
     out[name] = [result, time.perf_counter() - t0]
-peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+peak_mb = (hwm_kib() - base) / 1024
 print(json.dumps({"results": out, "peak_growth_mb": peak_mb}))
 """
 
