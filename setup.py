@@ -52,6 +52,18 @@ NEON_LEVELS = {  # the arm_neon sources are compiled once per level
 }
 
 
+# EDGEINFER_ISAS=avx2,... builds only those instruction-set variants (edgeinfer._native's
+# names) besides the portable one: the sanitizer job builds what the CPU it runs on can test
+ISAS_ENV = "EDGEINFER_ISAS"
+ISA_OF_VARIANT = {"x86_avx2": "avx2", "x86_avx512": "avx512", 0: "neon", 1: "neon-dotprod",
+                  2: "neon-i8mm"}  # fmt: skip
+
+
+def _wanted(variant: str | int) -> bool:
+    names = os.environ.get(ISAS_ENV, "").strip()
+    return not names or ISA_OF_VARIANT[variant] in names.split(",")
+
+
 def _sanitizer_flags() -> list[str]:
     names = os.environ.get(SANITIZE_ENV, "").strip()
     return [f"-fsanitize={names}", *SANITIZE_FLAGS] if names else []
@@ -80,12 +92,12 @@ class BuildNative(build_ext):
         if arch == "x86_64":
             for folder, (gnu, ms, define) in X86_VARIANTS.items():
                 flags = ms if msvc else gnu
-                if self._accepts(base + flags):
+                if _wanted(folder) and self._accepts(base + flags):
                     defines.append((define, None))
                     groups.append((_sources(folder), flags, [], folder))
         elif arch == "aarch64" and not msvc:  # NEON needs GCC/Clang (__fp16, ACLE feature macros)
             for level, (gnu, _, define) in NEON_LEVELS.items():
-                if not self._accepts(base + gnu):
+                if not (_wanted(level) and self._accepts(base + gnu)):
                     break  # each level needs the ones below it
                 defines.append((define, None))
                 groups.append(
