@@ -276,8 +276,7 @@ class Model:
         generations end with finish_reason "cancelled", ``logits()`` raises CancelledError.
         Calls still waiting for their turn, and later ones, run normally. Never blocks."""
         self._cancel_epoch += 1
-        with contextlib.suppress(AttributeError):  # during __init__
-            self._turns.wake()
+        self._turns.wake()
 
     def reset(self) -> None:
         """Forgets the cached conversation (the next prompt is evaluated from scratch)."""
