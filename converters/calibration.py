@@ -126,7 +126,7 @@ def run_text(
         tokens = Tokenizer.from_metadata(gguf.metadata).tokenize(text)[:max_tokens]
         if len(tokens) < 2:
             raise errors.ConversionError("the calibration text is too short (fewer than 2 tokens)")
-        engine = StatsEngine(gguf, cfg, n_ctx, kv_type="f32")
+        engine = StatsEngine(gguf, cfg, n_ctx, cache_type_k="f32", cache_type_v="f32")
         for start in range(0, len(tokens), n_ctx):
             if progress:
                 progress("calibrate", start, len(tokens))

@@ -30,11 +30,11 @@ from edgeinfer.engines import ENGINES
 from edgeinfer.engines.base import Batch, SequenceEngine
 from edgeinfer.gguf import GGUFFile, TensorInfo
 from edgeinfer.gguf.constants import GGMLType
-from edgeinfer.kv_cache import CACHE_TYPES, CacheLayout, CacheType, cache_type
+from edgeinfer.kv_cache import CACHE_TYPES, CacheLayout, CacheType, cache_type, layer_positions
 from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 4
+API_VERSION = 5
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = (
@@ -84,7 +84,7 @@ class EngineParams(ctypes.Structure):
     _fields_ = [
         (n, c_int32)
         for n in ("n_ctx", "n_threads", "n_seq_max", "n_batch", "kv_type_k", "kv_type_v",
-                  "kv_layout", "isa")
+                  "kv_layout", "isa", "ring")
     ]  # fmt: skip
 
 
@@ -92,10 +92,14 @@ class EngineParams(ctypes.Structure):
 _STRUCTS: tuple[type[ctypes.Structure], ...] = (Tensor, LayerDesc, ModelDesc, EngineParams)
 
 # cache element types the native attention reads and writes, as rows (CacheLayout.ROWS)
-_NATIVE_CACHE_TYPES = frozenset({GGMLType.F16, GGMLType.F32})
+_NATIVE_CACHE_TYPES = frozenset({GGMLType.F16, GGMLType.F32, GGMLType.Q8_0, GGMLType.Q4_0})
 
 
 _P = ctypes.POINTER
+# ei_kernel_attn: isa, head dims, runs, types, row strides, scale, softcap, q, k, v, out
+_ATTN_ARGS = (
+    [c_int] * 4 + [c_void_p] + [c_int] * 2 + [c_size_t] * 2 + [c_float] * 2 + [c_void_p] * 4
+)
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_api_version": (c_int, []),
     "ei_last_error": (c_char_p, []),
@@ -112,6 +116,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         [c_void_p, c_int32, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p],
     ),
     "ei_engine_seq_clear": (c_int, [c_void_p, c_int32]),
+    "ei_engine_seq_discard": (c_int, [c_void_p, c_int32, c_int32, c_int32, c_int32]),
     "ei_engine_isa": (c_int, [c_void_p]),
     "ei_engine_memory": (c_size_t, [c_void_p]),
     "ei_engine_weight_copies": (c_size_t, [c_void_p]),
@@ -122,26 +127,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_kernel_rms_norm": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p, c_float]),
     "ei_kernel_rope": (c_int, [c_int, c_int, c_void_p, c_void_p, c_int]),
     "ei_kernel_glu": (c_int, [c_int, c_int, c_int, c_void_p, c_void_p, c_void_p]),
-    "ei_kernel_attn": (
-        c_int,
-        [
-            c_int,
-            c_int,
-            c_int,
-            c_int,
-            c_int,
-            c_int,
-            c_int,
-            c_size_t,
-            c_size_t,
-            c_float,
-            c_float,
-            c_void_p,
-            c_void_p,
-            c_void_p,
-            c_void_p,
-        ],
-    ),
+    "ei_kernel_attn": (c_int, _ATTN_ARGS),
     "ei_partner_type_of": (c_int, [c_int]),
 }
 
@@ -249,11 +235,11 @@ def _native_cache_ok(t: CacheType) -> bool:
     return t.layout == CacheLayout.ROWS and t.ggml_type in _NATIVE_CACHE_TYPES
 
 
-def _native_cache_type(kv_type: str | CacheType) -> CacheType:
+def _native_cache_type(kv_type: str | CacheType, what: str = "kv_type") -> CacheType:
     t = cache_type(kv_type)
     if not _native_cache_ok(t):
         raise errors.InvalidOptionError(
-            f"kv_type {t.name} is not supported by the native engine "
+            f"{what} {t.name} is not supported by the native engine "
             f"(one of {', '.join(native_cache_types())})"
         )
     return t
@@ -320,14 +306,15 @@ class NativeEngine(SequenceEngine):
 
     def __init__(
         self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, *, n_threads: int,
-        kv_type: str | CacheType = "f16", isa: str | None = None, n_batch: int = 512,
-        n_seq_max: int = 1,
+        cache_type_k: str | CacheType = "f16", cache_type_v: str | CacheType = "f16",
+        isa: str | None = None, n_batch: int = 512, n_seq_max: int = 1, swa_full: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(n_ctx, cfg.n_vocab, n_seq_max)
         self._handle: ctypes.c_void_p | None = None
         self._map: np.ndarray | None = None
         lib = library()
-        kv = _native_cache_type(kv_type)  # keys and values alike
+        kt = _native_cache_type(cache_type_k, "cache_type_k")
+        vt = _native_cache_type(cache_type_v, "cache_type_v")
         self.cfg = cfg
         self._map = np.frombuffer(gguf.buffer(), dtype=np.uint8)  # keeps the map alive
         base = _ptr(self._map)
@@ -359,14 +346,21 @@ class NativeEngine(SequenceEngine):
         )  # fmt: skip
         params = EngineParams(
             n_ctx=n_ctx, n_threads=n_threads, n_seq_max=n_seq_max, n_batch=n_batch,
-            kv_type_k=int(kv.ggml_type), kv_type_v=int(kv.ggml_type), kv_layout=int(kv.layout),
-            isa=resolve_isa(isa),
+            kv_type_k=int(kt.ggml_type), kv_type_v=int(vt.ggml_type), kv_layout=int(kt.layout),
+            isa=resolve_isa(isa), ring=int(not swa_full),
         )  # fmt: skip
         handle = c_void_p()
         check(lib.ei_engine_create(ctypes.byref(m), ctypes.byref(params), ctypes.byref(handle)))
         self._handle = handle
         self._isa = ISA_NAMES[lib.ei_engine_isa(handle)]
         self.n_batch = n_batch
+        rings = [  # the windows of the layers that keep a ring (engine.c, kv_cache.py)
+            w for w in map(cfg.layer_window, range(cfg.n_layer))
+            if layer_positions(n_ctx, w, n_batch, not swa_full) < n_ctx
+        ]  # fmt: skip
+        if rings:
+            self.ring_slack = n_batch  # a ring of window + n_batch positions
+            self.ring_window = max(rings)
 
     @property
     def isa(self) -> str:
@@ -403,6 +397,9 @@ class NativeEngine(SequenceEngine):
     def _clear(self, seq: int) -> None:
         self._check_open()
         check(library().ei_engine_seq_clear(self._handle, seq))
+
+    def _discard(self, seq: int, start: int, count: int, n_past: int) -> None:
+        check(library().ei_engine_seq_discard(self._handle, seq, start, count, n_past))
 
     def close(self) -> None:
         if self._handle:
@@ -473,18 +470,25 @@ class Kernels:
         q: np.ndarray,
         k: np.ndarray,
         v: np.ndarray,
-        t0: int,
-        t1: int,
+        runs: list[tuple[int, int]],
         scale: float,
         softcap: float = 0.0,
+        types: tuple[int, int] | None = None,
+        dims: tuple[int, int] | None = None,
     ) -> np.ndarray:
-        """q (head_dim,), k (T, head_dim), v (T, head_dim_v), each cache in float16 or float32
-        (rows of GGML F16 or F32; another dtype is passed as its type and refused natively)."""
+        """q (head_dim,) against the rows [start, start + length) of each run of k and v.
+
+        k and v are (T, head_dim) float16 or float32 arrays (rows of GGML F16 or F32; another
+        dtype is passed as its type and refused natively), or with ``types`` (GGML types of K
+        and V) and ``dims`` (head_dim, head_dim_v) (T, row bytes) uint8 rows of those types."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
-        out = np.zeros(v.shape[1], dtype=np.float32)
+        kt, vt = types if types else (_cache_type_of(k), _cache_type_of(v))
+        hd, hv = dims if dims else (k.shape[1], v.shape[1])
+        flat = np.ascontiguousarray(np.asarray(runs, dtype=np.int32).reshape(-1))
+        out = np.zeros(hv, dtype=np.float32)
         check(self.lib.ei_kernel_attn(
-            self.isa, k.shape[1], v.shape[1], t0, t1, _cache_type_of(k), _cache_type_of(v),
-            k.strides[0], v.strides[0], scale, softcap, _ptr(q), _ptr(k), _ptr(v), _ptr(out),
+            self.isa, hd, hv, len(flat) // 2, _ptr(flat), kt, vt, k.strides[0], v.strides[0],
+            scale, softcap, _ptr(q), _ptr(k), _ptr(v), _ptr(out),
         ))  # fmt: skip
         return out

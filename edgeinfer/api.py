@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,12 +21,13 @@ import numpy as np
 
 from edgeinfer import engines, errors
 from edgeinfer.chat import ChatTemplate, builtin_template
+from edgeinfer.context_policy import DEFAULT_N_SINK, ContextPolicy
 from edgeinfer.engines.base import MAX_N_BATCH, MAX_N_THREADS
 from edgeinfer.engines.onnxruntime import OnnxFolder
 from edgeinfer.generation import GenerationStats, Holder, KVSession, Turns, typed_memory_errors
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.reader import model_path
-from edgeinfer.kv_cache import cache_type
+from edgeinfer.kv_cache import DEFAULT_CACHE_TYPE, cache_type
 from edgeinfer.models import config_from_gguf
 from edgeinfer.sampling import Sampler, SamplingParams
 from edgeinfer.system import physical_cores
@@ -35,6 +37,8 @@ from edgeinfer.tokenizer import Tokenizer
 DEFAULT_N_CTX = 4096
 MAX_N_CTX = 1 << 20  # unless the model was trained for more
 _SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
+# contexts a conversation may span under a context policy (the template text cap grows by it)
+HISTORY_CONTEXTS = 64
 # a rendered chat prompt longer than this per token of n_ctx cannot fit the context: refused
 # before it is tokenized (the longest pieces of real vocabularies are far shorter)
 CHARS_PER_TOKEN = 32
@@ -71,8 +75,14 @@ class Model:
         n_ctx: int | None = None,
         n_batch: int = 512,
         engine: str = "auto",
-        kv_type: str = "f16",
+        kv_type: str | None = None,
         isa: str | None = None,
+        cache_type_k: str | None = None,
+        cache_type_v: str | None = None,
+        swa_full: bool = False,
+        context_policy: str = "error",
+        n_keep: int = 0,
+        n_sink: int = DEFAULT_N_SINK,
     ) -> None:
         t0 = time.perf_counter()
         self._engine: engines.Engine | None = None
@@ -80,6 +90,9 @@ class Model:
         if n_threads is not None:
             n_threads = _int_option("n_threads", n_threads, 1, MAX_N_THREADS)
         n_batch = _int_option("n_batch", n_batch, 1, MAX_N_BATCH)
+        _flags(swa_full=swa_full)
+        k_type, v_type = _cache_types(kv_type, cache_type_k, cache_type_v)
+        policy = ContextPolicy(context_policy, n_keep=n_keep, n_sink=n_sink)
         if n_ctx is not None:
             n_ctx = _int_option("n_ctx", n_ctx, 1)
         self.path = model_path(path)
@@ -110,7 +123,7 @@ class Model:
             self.n_threads = n_threads or physical_cores()
             options = engines.EngineOptions(
                 n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=n_batch,
-                kv_type=cache_type(kv_type).name, isa=isa,
+                cache_type_k=k_type, cache_type_v=v_type, isa=isa, swa_full=swa_full,
             )  # fmt: skip
             with typed_memory_errors():
                 self._engine = engines.create(spec, self.source, self.config, options)
@@ -118,7 +131,17 @@ class Model:
             self.source.close()
             raise
         self._engine_name = self._engine.name
-        self._session = KVSession(self._engine, n_batch)
+        try:
+            if policy.evicts and not self._engine.can_discard:
+                raise errors.InvalidOptionError(
+                    f"context_policy {policy.name} needs an engine that drops cached positions "
+                    f"(native or reference), not {self._engine.name}"
+                )
+            self._session = KVSession(self._engine, n_batch, policy)
+        except BaseException:
+            self._engine.close()
+            self.source.close()
+            raise
         self._turns = Turns()
         self._cancel_epoch = 0  # cancel() counts up; a call started before it stops
         self._template: ChatTemplate | None = None
@@ -188,6 +211,7 @@ class Model:
                 with typed_memory_errors():
                     out[start : start + len(chunk)] = self.backend.forward(chunk, all_logits=True)
                 self._session.tokens.extend(chunk)
+                self._session.history.extend(chunk)
             return out
 
     def _check_tokens(self, tokens: Sequence[int], allow_empty: bool = False) -> list[int]:
@@ -234,7 +258,8 @@ class Model:
         _flags(parse_special=parse_special, add_special=add_special)
         sampler = self._sampler(sampler, sampling)
         if isinstance(max_tokens, (int, np.integer)) and max_tokens == -1:
-            max_tokens = self.n_ctx
+            # until the context is full, or without end where a policy makes room
+            max_tokens = sys.maxsize if self._session.policy.evicts else self.n_ctx
         elif isinstance(max_tokens, (int, np.integer)) and max_tokens < 0:
             raise errors.InvalidOptionError(f"max_tokens must be >= 0 or -1, got {max_tokens}")
         max_tokens = _int_option("max_tokens", max_tokens, 0)
@@ -264,7 +289,7 @@ class Model:
             ids = self._check_tokens(prompt, allow_empty=True)
         if not ids:
             raise errors.InvalidOptionError("the prompt is empty: no tokens to start from")
-        if len(ids) >= self.n_ctx:
+        if len(ids) >= self.n_ctx and not self._session.policy.evicts:
             raise errors.ContextOverflowError(
                 f"the prompt has {len(ids)} tokens; the context holds {self.n_ctx} "
                 "(room is needed for at least one generated token)"
@@ -308,8 +333,15 @@ class Model:
         of the context (longer text cannot fit, and tokenizing it would cost seconds)."""
         return self.chat_template.render(
             messages, add_generation_prompt=add_generation_prompt,
-            max_chars=CHARS_PER_TOKEN * self.n_ctx,
+            max_chars=CHARS_PER_TOKEN * self.n_ctx * self._history_factor,
         )  # fmt: skip
+
+    @property
+    def _history_factor(self) -> int:
+        """How many contexts a conversation may span: one, or where a context policy drops
+        old tokens, HISTORY_CONTEXTS (the cap on the template's text guards against a
+        hostile template's output, which tokenizing would take seconds over)."""
+        return HISTORY_CONTEXTS if self._session.policy.evicts else 1
 
     def chat_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """The prompt tokens of a conversation: its template rendering, special tokens parsed."""
@@ -402,9 +434,14 @@ def load(
     """Opens a GGUF model file (memory-mapped) and returns a ready :class:`Model`.
 
     Further options: ``n_batch`` (prompt tokens per engine call), ``engine`` ("auto" or a name
-    in :data:`edgeinfer.engines.ENGINES`: "native", "reference", "onnxruntime"), ``kv_type``
-    (a name in :data:`edgeinfer.kv_cache.CACHE_TYPES`: "f16", "f32") and ``isa`` (force an
-    instruction-set variant of the native engine).
+    in :data:`edgeinfer.engines.ENGINES`: "native", "reference", "onnxruntime"),
+    ``cache_type_k`` and ``cache_type_v`` (the KV cache's types for keys and for values, names
+    in :data:`edgeinfer.kv_cache.CACHE_TYPES`: "f16" by default, "f32", "q8_0", "q4_0"),
+    ``kv_type`` (a shorthand setting both), ``swa_full`` (sliding-window layers keep the whole
+    context rather than a ring of window + n_batch positions), ``context_policy`` (what a
+    sequence does at the end of the context: "error", "shift" keeping ``n_keep`` tokens, or
+    "streaming" keeping ``n_sink`` attention sinks; see :mod:`edgeinfer.context_policy`) and
+    ``isa`` (force an instruction-set variant of the native engine).
     """
     unknown = set(options) - _LOAD_OPTIONS
     if unknown:
@@ -412,7 +449,25 @@ def load(
     return Model(path, n_threads=n_threads, n_ctx=n_ctx, **options)
 
 
-_LOAD_OPTIONS = frozenset({"n_batch", "engine", "kv_type", "isa"})
+_LOAD_OPTIONS = frozenset({
+    "n_batch", "engine", "kv_type", "isa", "cache_type_k", "cache_type_v", "swa_full",
+    "context_policy", "n_keep", "n_sink",
+})  # fmt: skip
+
+
+def _cache_types(kv_type: str | None, k_type: str | None, v_type: str | None) -> tuple[str, str]:
+    """The (keys, values) cache type names; ``kv_type`` sets both, and may not disagree with
+    one given on its own."""
+    both = cache_type(kv_type) if kv_type is not None else None
+    chosen = []
+    for name, given in (("cache_type_k", k_type), ("cache_type_v", v_type)):
+        one = cache_type(given, name) if given is not None else None
+        if both is not None and one is not None and one != both:
+            raise errors.InvalidOptionError(
+                f"kv_type {both.name} sets both cache types; {name} {one.name} disagrees"
+            )
+        chosen.append((one or both or cache_type(DEFAULT_CACHE_TYPE)).name)
+    return chosen[0], chosen[1]
 
 
 def _int_option(name: str, value: Any, lo: int, hi: int | None = None) -> int:

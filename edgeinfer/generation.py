@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgeinfer import errors
+from edgeinfer.context_policy import ContextPolicy
 from edgeinfer.engines.base import Engine
 from edgeinfer.sampling import Sampler
 
@@ -77,18 +78,31 @@ class KVSession:
 
     ``version`` counts the changes of the cache: a generation that finds it where it left it
     decodes its next token; one that finds it changed (another call ran in between)
-    re-evaluates its context first, reusing the prefix still cached."""
+    re-evaluates its context first, reusing the prefix still cached.
 
-    def __init__(self, engine: Engine, n_batch: int = 512) -> None:
+    Past the context, ``policy`` (:mod:`edgeinfer.context_policy`) drops cached positions.
+    ``history`` is then every token evaluated, the dropped ones included, and ``tokens`` what
+    the cache holds: a prompt that extends ``history`` (the next turn of a long chat) only
+    evaluates its new tokens."""
+
+    def __init__(
+        self, engine: Engine, n_batch: int = 512, policy: ContextPolicy | None = None
+    ) -> None:
         self.engine = engine
         self.n_batch = n_batch
+        self.policy = policy or ContextPolicy()
+        self.policy.check(engine.n_ctx)
         self.tokens: list[int] = []
+        self.history: list[int] = []
+        # the dropped run of history: history[hole : hole + dropped] is not in the cache
+        self._hole: int | None = None
+        self._dropped = 0
         self.version = 0
 
     def reset(self) -> None:
         self.version += 1
         self.engine.truncate(0)
-        self.tokens = []
+        self.tokens, self.history, self._hole, self._dropped = [], [], None, 0
 
     def prefill(
         self, prompt: list[int], cancelled: Callable[[], bool] = _never
@@ -96,7 +110,7 @@ class KVSession:
         """Evaluates what of ``prompt`` is not cached; returns the last logits and the reuse."""
         if not prompt:
             raise errors.InvalidOptionError("the prompt is empty (no tokens to evaluate)")
-        if len(prompt) >= self.engine.n_ctx:
+        if len(prompt) >= self.engine.n_ctx and not self.policy.evicts:
             raise errors.ContextOverflowError(
                 f"the prompt has {len(prompt)} tokens; the context holds {self.engine.n_ctx} "
                 "(room is needed for at least one generated token)"
@@ -106,34 +120,67 @@ class KVSession:
     def evaluate(
         self, tokens: list[int], cancelled: Callable[[], bool] = _never
     ) -> tuple[np.ndarray, int]:
-        """The logits after ``tokens`` (which fit the context), evaluating only what the cache
-        does not hold already; returns them and how many tokens were reused."""
+        """The logits after ``tokens``, evaluating only what the cache does not hold already;
+        returns them and how many tokens of ``history`` were reused.
+
+        The policies drop runs right after the kept tokens, so the cache holds
+        ``history[:hole]`` and then the history after the dropped run: a prompt that leaves
+        the history after that run keeps the cache up to there; one that leaves it before,
+        up to where it leaves, the dropped run being forgotten."""
         self.version += 1
         n_common = 0
-        for a, b in zip(self.tokens, tokens, strict=False):
+        for a, b in zip(self.history, tokens, strict=False):
             if a != b:
                 break
             n_common += 1
         n_common = min(n_common, len(tokens) - 1)  # evaluate one token at least, for logits
-        self.engine.truncate(n_common)
-        self.tokens = self.tokens[:n_common]
-        logits = None
-        for start in range(n_common, len(tokens), self.n_batch):
-            if cancelled():
-                raise errors.CancelledError("cancelled during the prompt")
-            chunk = tokens[start : start + self.n_batch]
-            with typed_memory_errors():
-                logits = self.engine.forward(chunk)
-            self.tokens.extend(chunk)
-        assert logits is not None
-        return logits, n_common
+        if self._hole is not None and n_common < self._hole + self._dropped:
+            n_common = min(n_common, self._hole)
+            self._hole, self._dropped = None, 0
+        keep = n_common - self._dropped  # the cache position of history[n_common]
+        self.engine.truncate(keep)
+        if self.engine.n_past < keep:  # a ring lost the window behind: from the start
+            self.engine.truncate(0)
+            keep = n_common = 0
+            self._hole, self._dropped = None, 0
+        self.tokens = self.tokens[:keep]
+        self.history = self.history[:n_common]
+        return self._append(tokens[n_common:], cancelled), n_common
 
     def decode(self, token: int) -> np.ndarray:
         self.version += 1
-        with typed_memory_errors():
-            logits = self.engine.forward([token])
-        self.tokens.append(token)
+        return self._append([token], _never)
+
+    def _append(self, new: list[int], cancelled: Callable[[], bool]) -> np.ndarray:
+        """Evaluates ``new`` after the cache in chunks, making room for each as the policy
+        says; the last token's logits."""
+        step = self.n_batch
+        if self.policy.evicts:  # a chunk leaves room for the kept tokens and a window
+            step = max(1, min(step, (self.engine.n_ctx - self.policy.kept) // 2))
+        logits = None
+        for start in range(0, len(new), step):
+            if cancelled():
+                raise errors.CancelledError("cancelled during the prompt")
+            chunk = new[start : start + step]
+            self._make_room(len(chunk))
+            with typed_memory_errors():
+                logits = self.engine.forward(chunk)
+            self.tokens.extend(chunk)
+            self.history.extend(chunk)
+        assert logits is not None
         return logits
+
+    def _make_room(self, n_new: int) -> None:
+        n_past, n_ctx = self.engine.n_past, self.engine.n_ctx
+        if n_past + n_new <= n_ctx:
+            return
+        start = min(self.policy.kept, n_past)
+        start, count = self.policy.discard(n_past, n_new, n_ctx, self.engine.discard_limit(start))
+        self.engine.discard(start, count)
+        del self.tokens[start : start + count]
+        # the policy's start is the same each time, so the dropped runs join into one
+        self._hole = start
+        self._dropped += count
 
 
 class Holder:
@@ -272,7 +319,7 @@ def generate_tokens(
         history.append(token)
         yield token
         stats.decode_s = time.perf_counter() - first
-        if len(history) > session.engine.n_ctx:
+        if len(history) > session.engine.n_ctx and not session.policy.evicts:
             stats.finish_reason = "length"  # the context is full
             return
         try:

@@ -3,7 +3,13 @@
 A :class:`CacheType` describes how one tensor of the cache (the keys or the values of one
 layer) is laid out in memory. Today every type stores *rows*: one row of ``head_dim`` values
 per (position, KV head), encoded as a GGML type, so every size and stride follows from that
-type's row size (``BLOCK_LAYOUTS``). Layouts that are not per-token rows (KIVI's keys,
+type's row size (``BLOCK_LAYOUTS``). The keys and the values choose their types separately
+(llama.cpp's ``-ctk`` / ``-ctv``): ``f32``, ``f16`` and GGML's ``q8_0`` and ``q4_0`` blocks
+along the head dimension, which the attention kernels read in place.
+
+A sliding-window layer keeps a ring of ``window + n_batch`` positions rather than the whole
+context (every query of a step finds its window in it), so the cache grows with the context
+only in the global layers. Layouts that are not per-token rows (KIVI's keys,
 quantized per channel over groups of ``group`` tokens with a full-precision residual of recent
 tokens) describe themselves through the same fields: a new type is added by listing it here,
 with its layout, and supplying its kernels, never by editing the call sites.
@@ -15,6 +21,7 @@ The engines, ``edgeinfer info`` and the converters' memory fitting all size the 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgeinfer import errors
@@ -49,24 +56,44 @@ class CacheType:
         """Bytes of one layer's cache tensor holding ``n_positions`` positions."""
         return n_positions * n_heads * self.row_bytes(head_dim)
 
+    @property
+    def bits_per_value(self) -> float:
+        """Bits one cached value costs, its block's scales counted (q8_0 8.5, q4_0 4.5)."""
+        block = BLOCK_LAYOUTS[self.ggml_type]
+        return 8 * block.type_size / block.block_size
+
 
 # name -> type; the order is the one options and errors list them in
 CACHE_TYPES: dict[str, CacheType] = {
-    t.name: t for t in (CacheType("f16", GGMLType.F16), CacheType("f32", GGMLType.F32))
-}
+    t.name: t
+    for t in (
+        CacheType("f16", GGMLType.F16), CacheType("f32", GGMLType.F32),
+        CacheType("q8_0", GGMLType.Q8_0), CacheType("q4_0", GGMLType.Q4_0),
+    )
+}  # fmt: skip
 DEFAULT_CACHE_TYPE = "f16"
 
 
-def cache_type(name: str | CacheType) -> CacheType:
-    """The cache type called ``name`` (a :class:`CacheType` is returned as it is)."""
+def cache_type(name: str | CacheType, what: str = "kv_type") -> CacheType:
+    """The cache type called ``name`` (a :class:`CacheType` is returned as it is); ``what``
+    names the option in the error."""
     if isinstance(name, CacheType):
         return name
     found = CACHE_TYPES.get(name) if isinstance(name, str) else None
     if found is None:
         raise errors.InvalidOptionError(
-            f"unknown kv_type {name!r} (one of {', '.join(CACHE_TYPES)})"
+            f"unknown {what} {name!r} (one of {', '.join(CACHE_TYPES)})"
         )
     return found
+
+
+def layer_positions(n_ctx: int, window: int, n_batch: int, ring: bool = True) -> int:
+    """Positions one layer keeps per sequence: a sliding-window layer's ring of
+    ``window + n_batch`` where that is shorter than the context (the native engine's rule,
+    simd/common/engine.c), else ``n_ctx``."""
+    if ring and window > 0 and window + n_batch < n_ctx:
+        return window + n_batch
+    return n_ctx
 
 
 def cache_bytes(
@@ -79,12 +106,18 @@ def cache_bytes(
     k_type: str | CacheType = DEFAULT_CACHE_TYPE,
     v_type: str | CacheType | None = None,
     n_seq: int = 1,
+    windows: Sequence[int] = (),
+    n_batch: int = 512,
+    ring: bool = True,
 ) -> int:
     """Bytes of the keys and values of every layer for ``n_ctx`` positions of ``n_seq``
-    sequences. Every layer keeps the whole context (sliding-window layers too)."""
+    sequences. ``windows`` holds each layer's sliding window (0: none; empty: no layer has
+    one); such a layer keeps a ring (:func:`layer_positions`) unless ``ring`` is false."""
     k = cache_type(k_type)
     v = cache_type(v_type) if v_type is not None else k
-    per_layer = k.tensor_bytes(n_ctx, n_head_kv, head_dim) + v.tensor_bytes(
-        n_ctx, n_head_kv, head_dim_v
-    )
-    return n_seq * n_layer * per_layer
+    per_position = k.tensor_bytes(1, n_head_kv, head_dim) + v.tensor_bytes(1, n_head_kv, head_dim_v)
+    layers = list(windows) or [0] * n_layer
+    if len(layers) != n_layer:
+        raise errors.InvalidOptionError(f"{len(layers)} windows given for {n_layer} layers")
+    positions = sum(layer_positions(n_ctx, w, n_batch, ring) for w in layers)
+    return n_seq * positions * per_position

@@ -41,12 +41,13 @@ ENGINES: dict[str, EngineSpec] = {
     spec.name: spec
     for spec in (
         EngineSpec(
-            "native", "SIMD kernels picked for this CPU (simd/)", ("gguf",), ("f16", "f32"),
+            "native", "SIMD kernels picked for this CPU (simd/)", ("gguf",),
+            ("f16", "f32", "q8_0", "q4_0"),
             max_sequences=64, module="edgeinfer.engines.native", probe=_probe_native,
         ),
         EngineSpec(
             "reference", "the numpy forward pass every engine is tested against", ("gguf",),
-            ("f16", "f32"), max_sequences=1, module="edgeinfer.engines.reference",
+            ("f16", "f32", "q8_0", "q4_0"), max_sequences=1, module="edgeinfer.engines.reference",
             probe=_probe_reference,
         ),
         EngineSpec(
@@ -123,11 +124,12 @@ def _auto(model_format: str) -> EngineSpec:
 
 def create(spec: EngineSpec, source: Any, config: Any, options: EngineOptions) -> Engine:
     """An engine of ``spec`` for an opened model (a GGUFFile or an OnnxFolder) and its config."""
-    if options.kv_type not in spec.kv_types and spec.kv_types:
-        raise errors.InvalidOptionError(
-            f"the {spec.name} engine keeps kv_type {', '.join(spec.kv_types)}, "
-            f"not {options.kv_type!r}"
-        )
+    wanted = {"cache_type_k": options.cache_type_k, "cache_type_v": options.cache_type_v}
+    for what, kind in wanted.items():
+        if kind not in spec.kv_types and spec.kv_types:
+            raise errors.InvalidOptionError(
+                f"the {spec.name} engine keeps {what} {', '.join(spec.kv_types)}, not {kind!r}"
+            )
     module = importlib.import_module(spec.module)
     engine: Engine = module.open_engine(source, config, options)
     return engine

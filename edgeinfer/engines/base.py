@@ -42,9 +42,11 @@ class EngineOptions:
     n_ctx: int
     n_threads: int
     n_batch: int = 512
-    kv_type: str = "f16"
+    cache_type_k: str = "f16"  # edgeinfer.kv_cache names, for the keys and for the values
+    cache_type_v: str = "f16"
     isa: str | None = None
     n_seq_max: int = 1
+    swa_full: bool = False  # sliding-window layers keep the whole context, not a ring
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,16 @@ class Engine(Protocol):
         """Forgets every position of ``seq`` and frees what its cache held."""
         ...
 
+    can_discard: ClassVar[bool]  # whether ``discard`` works (context policies need it)
+
+    def discard(self, start: int, count: int, seq: int = 0) -> None:
+        """Forgets positions [start, start + count) of ``seq``; the later ones move down."""
+        ...
+
+    def discard_limit(self, start: int, seq: int = 0) -> int:
+        """The most positions ``discard(start, ...)`` may drop from ``seq`` now."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -144,6 +156,12 @@ class SequenceEngine:
             )
         self.n_ctx, self.n_vocab = n_ctx, n_vocab
         self._lengths = [0] * n_seq_max
+        self._highs = [0] * n_seq_max  # the furthest each sequence reached since its clear
+        # None, or how far a sequence may rewind: an engine whose sliding-window layers keep a
+        # ring (window + slack positions) has overwritten the window behind a deeper rewind;
+        # ring_window is their largest window
+        self.ring_slack: int | None = None
+        self.ring_window = 0
 
     @property
     def name(self) -> str:
@@ -177,6 +195,7 @@ class SequenceEngine:
         logits = self._run(batch)
         for seq, end in ends.items():
             self._lengths[seq] = end
+            self._highs[seq] = max(self._highs[seq], end)
         return logits
 
     def forward(self, tokens: object, all_logits: bool = False) -> np.ndarray:
@@ -184,13 +203,43 @@ class SequenceEngine:
         return logits if all_logits else logits[0]
 
     def truncate(self, n_keep: int, seq: int = 0) -> None:
+        """Keeps the first ``n_keep`` positions, or none where the ring of a sliding-window
+        layer no longer holds the window behind them (see ``seq_length`` afterwards)."""
         self._check_seq(seq)
-        self._lengths[seq] = min(self._lengths[seq], max(0, n_keep))
+        keep = min(self._lengths[seq], max(0, n_keep))
+        if self.ring_slack is not None and self._highs[seq] - keep > self.ring_slack:
+            keep = 0
+        self._lengths[seq] = keep
+        if keep == 0:  # the memory stays reserved for the next tokens (seq_clear frees it)
+            self._highs[seq] = 0
 
     def seq_clear(self, seq: int) -> None:
         self._check_seq(seq)
-        self._lengths[seq] = 0
+        self._lengths[seq] = self._highs[seq] = 0
         self._clear(seq)
+
+    can_discard: ClassVar[bool] = True  # whether ``discard`` (context policies) works
+
+    def discard_limit(self, start: int, seq: int = 0) -> int:
+        """The most positions ``discard(start, ...)`` may drop from ``seq`` now: all after
+        ``start``, less, with rings, the window that must stay behind the kept tokens."""
+        n_past = self.seq_length(seq)
+        most = n_past - start
+        if self.ring_slack is not None:
+            most = min(most, n_past - start - self.ring_window + 1)
+        return max(most, 0)
+
+    def discard(self, start: int, count: int, seq: int = 0) -> None:
+        self._check_open()
+        n_past = self.seq_length(seq)
+        if start < 0 or count < 0 or start + count > n_past:
+            raise errors.InvalidOptionError(
+                f"cannot discard {count} positions from {start} of the {n_past} held"
+            )
+        if count == 0:
+            return
+        self._discard(seq, start, count, n_past)
+        self._lengths[seq] = self._highs[seq] = n_past - count
 
     def _check_batch(self, batch: Batch) -> dict[int, int]:
         """Refuses what the cache cannot take; returns each sequence's length afterwards."""
@@ -229,6 +278,11 @@ class SequenceEngine:
 
     def _run(self, batch: Batch) -> np.ndarray:
         raise NotImplementedError
+
+    def _discard(self, seq: int, start: int, count: int, n_past: int) -> None:
+        raise errors.InvalidOptionError(
+            f"the {self.spec.name} engine cannot drop cached positions (context policies)"
+        )
 
     def _clear(self, seq: int) -> None:
         """Frees what sequence ``seq`` held (nothing to do where the cache is preallocated)."""

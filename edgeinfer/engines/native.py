@@ -11,8 +11,9 @@ from edgeinfer.models.base import DecoderConfig
 
 def open_engine(gguf: GGUFFile, cfg: DecoderConfig, options: EngineOptions) -> NativeEngine:
     return NativeEngine(
-        gguf, cfg, options.n_ctx, n_threads=options.n_threads, kv_type=options.kv_type,
-        isa=options.isa, n_batch=options.n_batch, n_seq_max=options.n_seq_max,
+        gguf, cfg, options.n_ctx, n_threads=options.n_threads,
+        cache_type_k=options.cache_type_k, cache_type_v=options.cache_type_v, isa=options.isa,
+        n_batch=options.n_batch, n_seq_max=options.n_seq_max, swa_full=options.swa_full,
     )  # fmt: skip
 
 

@@ -135,6 +135,7 @@ class OnnxEngine(SequenceEngine):
     """One sequence on an onnxruntime session, its KV cache kept as numpy arrays."""
 
     spec = ENGINES["onnxruntime"]
+    can_discard = False  # the exported graph rotates keys inside; no context policy
 
     def __init__(self, model_file: Path, config: OnnxConfig, n_ctx: int, n_threads: int) -> None:
         super().__init__(n_ctx, config.n_vocab)

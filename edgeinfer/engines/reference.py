@@ -25,13 +25,17 @@ from edgeinfer import errors, quants
 from edgeinfer.engines import ENGINES
 from edgeinfer.engines.base import Batch, EngineOptions, SequenceEngine
 from edgeinfer.gguf import GGMLType, GGUFFile
-from edgeinfer.kv_cache import cache_type
+from edgeinfer.kv_cache import CacheType, cache_type
 from edgeinfer.models.base import DecoderConfig
 
 F32, F64 = np.float32, np.float64
 SQRT_2_OVER_PI = F32(0.7978845608028654)
 GELU_COEF_A = F32(0.044715)
-KV_DTYPES = {GGMLType.F16: np.float16, GGMLType.F32: np.float32}  # cache element -> numpy
+# cache element -> the numpy dtype holding it (a quantized type holds its exact values)
+KV_DTYPES = {
+    GGMLType.F16: np.float16, GGMLType.F32: np.float32,
+    GGMLType.Q8_0: np.float32, GGMLType.Q4_0: np.float32,
+}  # fmt: skip
 OUTPUT_CHUNK = 16384  # rows of the output matrix converted to float64 at a time
 
 # weight types whose dequantized value is a sum of two terms (scale x quant, block minimum):
@@ -68,6 +72,19 @@ def act_q8_0(x: np.ndarray) -> np.ndarray:
     return (q.astype(F64) * d).reshape(x.shape)
 
 
+def q4_0_values(x: np.ndarray) -> np.ndarray:
+    """x as GGML's q4_0 blocks (quantize_row_q4_0_ref) hold it, float32, blocks of 32 last;
+    a value that is not a number stores level 0 (simd/ref/quants.c)."""
+    b = x.reshape(x.shape[:-1] + (-1, 32)).astype(F32)
+    first = np.argmax(np.abs(b), axis=-1)[..., None]
+    d = (np.take_along_axis(b, first, axis=-1) / F32(-8.0)).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.where(d != 0, F32(1.0) / d, F32(0.0)).astype(F32)
+        f = (b * inv).astype(F32) + F32(8.5)
+        level = np.where(f >= 0, np.minimum(np.trunc(np.where(f >= 0, f, 0)), 15), 0)
+    return ((level.astype(F32) - F32(8.0)) * _round_f16(d)).astype(F32).reshape(x.shape)
+
+
 def act_q8_1_sums(x: np.ndarray) -> np.ndarray:
     """The ``s`` field of GGML's q8_1 blocks: float16(amax/127 * sum(q)), (..., n_blocks)."""
     q, _, amax = _q8_0_quants(x)
@@ -95,6 +112,13 @@ _PARTNER = {
     GGMLType.Q4_1: act_q8_0, GGMLType.Q5_1: act_q8_0,  # q8_1 holds q8_0's values, plus sums
     GGMLType.Q2_K: act_q8_K, GGMLType.Q3_K: act_q8_K, GGMLType.Q4_K: act_q8_K,
     GGMLType.Q5_K: act_q8_K, GGMLType.Q6_K: act_q8_K,
+}  # fmt: skip
+
+
+# what a cache of each type stores for float32 keys or values (the engine keeps the values)
+_CACHE_STORE = {
+    GGMLType.F16: lambda x: x.astype(np.float16), GGMLType.F32: lambda x: x,
+    GGMLType.Q8_0: lambda x: act_q8_0(x).astype(F32), GGMLType.Q4_0: q4_0_values,
 }  # fmt: skip
 
 
@@ -176,25 +200,39 @@ class ReferenceEngine(SequenceEngine):
     spec = ENGINES["reference"]
 
     def __init__(
-        self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, kv_type: str = "f16"
-    ) -> None:
+        self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, cache_type_k: str = "f16",
+        cache_type_v: str = "f16",
+    ) -> None:  # fmt: skip
         super().__init__(n_ctx, cfg.n_vocab)
         self.gguf, self.cfg = gguf, cfg
         self._weights: dict[str, object] = {}
-        ct = cache_type(kv_type)
-        dtype = KV_DTYPES.get(ct.ggml_type)
-        if dtype is None or ct.name not in self.spec.kv_types:
-            raise errors.InvalidOptionError(
-                f"kv_type must be one of {', '.join(self.spec.kv_types)} for the reference engine"
-            )
-        # queries and probabilities meet the cache in its own precision, as in GGML
-        self._to_kv = _round_f16 if dtype == np.float16 else lambda x: x
+        kt, vt = (self._cache_type(w, t) for w, t in (("k", cache_type_k), ("v", cache_type_v)))
+        # queries meet the keys as GGML prepares them for the key type (float16, or q8_0
+        # blocks for a quantized type); probabilities meet float16 values as float16
+        self._query_as = {GGMLType.F16: _round_f16, GGMLType.F32: lambda x: x}.get(
+            kt.ggml_type, act_q8_0
+        )
+        self._probs_as = _round_f16 if vt.ggml_type == GGMLType.F16 else (lambda x: x)
+        self._store_k, self._store_v = _CACHE_STORE[kt.ggml_type], _CACHE_STORE[vt.ggml_type]
         kv = (n_ctx, cfg.n_head_kv)
         # (n_layer) x (n_ctx, n_head_kv, head_dim)
-        self.k_cache = [np.zeros(kv + (cfg.head_dim,), dtype) for _ in range(cfg.n_layer)]
-        self.v_cache = [np.zeros(kv + (cfg.head_dim_v,), dtype) for _ in range(cfg.n_layer)]
+        self.k_cache = [
+            np.zeros(kv + (cfg.head_dim,), KV_DTYPES[kt.ggml_type]) for _ in range(cfg.n_layer)
+        ]
+        self.v_cache = [
+            np.zeros(kv + (cfg.head_dim_v,), KV_DTYPES[vt.ggml_type]) for _ in range(cfg.n_layer)
+        ]
         ff = cfg.rope_freqs_tensor
         self._freq_factors = self._dequantize(ff) if ff else None
+
+    def _cache_type(self, which: str, name: str) -> CacheType:
+        ct = cache_type(name)
+        if ct.name not in self.spec.kv_types:
+            raise errors.InvalidOptionError(
+                f"cache_type_{which} must be one of {', '.join(self.spec.kv_types)} for the "
+                "reference engine"
+            )
+        return ct
 
     @property
     def isa(self) -> str:
@@ -315,6 +353,21 @@ class ReferenceEngine(SequenceEngine):
             ffn = rms_norm(ffn, cfg.norm_eps) * self.vector(lt.ffn_post_norm)
         return x + ffn
 
+    def _discard(self, seq: int, start: int, count: int, n_past: int) -> None:
+        """As the native engine: later keys decoded, rotated back by ``count``, stored again."""
+        cfg = self.cfg
+        n = n_past - start - count
+        for il in range(cfg.n_layer):
+            cos, sin = rope_cos_sin(
+                np.full(n, -count), cfg.n_rot, cfg.layer_rope_base(il), cfg.layer_rope_scale(il),
+                self._freq_factors,
+            )  # fmt: skip
+            keys = self.k_cache[il][start + count : n_past].astype(F32)
+            self.k_cache[il][start : start + n] = self._store_k(
+                apply_rope(keys, cos, sin, cfg.n_rot, cfg.rope_neox)
+            )
+            self.v_cache[il][start : start + n] = self.v_cache[il][start + count : n_past]
+
     def _attention(self, il: int, h: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cfg, lt = self.cfg, self.cfg.layers[il]
         n, hd = len(pos), cfg.head_dim
@@ -330,14 +383,14 @@ class ReferenceEngine(SequenceEngine):
         q = apply_rope(q, cos, sin, cfg.n_rot, cfg.rope_neox)
         k = apply_rope(k, cos, sin, cfg.n_rot, cfg.rope_neox)
         p0, p1 = pos[0], pos[-1] + 1
-        self.k_cache[il][p0:p1] = k
-        self.v_cache[il][p0:p1] = v
+        self.k_cache[il][p0:p1] = self._store_k(k)
+        self.v_cache[il][p0:p1] = self._store_v(v)
         keys = self.k_cache[il][:p1].astype(F64)  # (T, n_head_kv, hd)
         vals = self.v_cache[il][:p1].astype(F64)
         if cfg.scale_q:
             q = q * F32(cfg.kq_scale)
         group = cfg.n_head // cfg.n_head_kv
-        qg = self._to_kv(q).astype(F64).reshape(n, cfg.n_head_kv, group, hd)
+        qg = self._query_as(q).astype(F64).reshape(n, cfg.n_head_kv, group, hd)
         scores = np.einsum("ngrd,tgd->grnt", qg, keys).astype(F32)
         if not cfg.scale_q:
             scores *= F32(cfg.kq_scale)
@@ -349,7 +402,7 @@ class ReferenceEngine(SequenceEngine):
         scores = np.where(masked, -np.inf, scores).astype(F32)
         weights = np.exp((scores - scores.max(axis=-1, keepdims=True)).astype(F64))
         probs = (weights / weights.sum(axis=-1, keepdims=True)).astype(F32)
-        out = np.einsum("grnt,tgd->ngrd", self._to_kv(probs).astype(F64), vals)
+        out = np.einsum("grnt,tgd->ngrd", self._probs_as(probs).astype(F64), vals)
         out = out.astype(F32)  # (n, n_head_kv, group, hd_v)
         return self.linear(out.reshape(n, cfg.n_head * cfg.head_dim_v), lt.wo)
 
@@ -360,4 +413,7 @@ def open_engine(gguf: GGUFFile, cfg: DecoderConfig, options: EngineOptions) -> R
         raise errors.InvalidOptionError(
             "isa selects native kernels; the reference engine runs numpy"
         )
-    return ReferenceEngine(gguf, cfg, options.n_ctx, kv_type=options.kv_type)
+    return ReferenceEngine(
+        gguf, cfg, options.n_ctx, cache_type_k=options.cache_type_k,
+        cache_type_v=options.cache_type_v,
+    )  # fmt: skip

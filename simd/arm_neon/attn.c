@@ -60,11 +60,10 @@ EI_INLINE void key_dots(float *out, const uint8_t *kr[8], int G, const float *q,
     EI_UNROLL for (int g = 0; g < G; g++) vst1q_f32(out + 4 * g, to_f32(a[g]));
 }
 
-/* scores[t] = dot(q, key t0 + t) * scale, soft-capped, for t < n */
-static void scores_of(const ei_attn_params *p, const float *q, const uint8_t *k, float *scores, int n) {
+/* scores[t] = dot(q, key t) * scale, soft-capped, for the n keys of one run */
+static void run_scores(const ei_attn_params *p, const float *q, const uint8_t *base, int n, float *scores) {
     const size_t row = p->k_row_bytes;
     const int f32 = p->k_type == EI_TYPE_F32;
-    const uint8_t *base = k + (size_t)p->t0 * row;
     for (int t = 0; t < n; t += 8) {
         const uint8_t *kr[8];
         EI_UNROLL for (int j = 0; j < 8; j++) kr[j] = base + (size_t)(t + j < n ? t + j : n - 1) * row;
@@ -75,45 +74,79 @@ static void scores_of(const ei_attn_params *p, const float *q, const uint8_t *k,
     }
 }
 
-/* out[d0 .. d0 + 4W) = sum_t pr[t] * v[t][d], t in order; W vectors of four dimensions */
-EI_INLINE void weighted_sum(const ei_attn_params *p, const float *pr, const uint8_t *v, int n, int d0, int W,
-                            float *out) {
-    const size_t row = p->v_row_bytes;
-    const int f32 = p->v_type == EI_TYPE_F32;
-    const uint8_t *r = v + (size_t)p->t0 * row;
-    float64x2_t acc[4][2];
-    EI_UNROLL for (int w = 0; w < W; w++) acc[w][0] = acc[w][1] = vdupq_n_f64(0.0);
-    for (int t = 0; t < n; t++, r += row)
-        EI_UNROLL for (int w = 0; w < W; w++) acc_keys(acc[w], kv4(r, d0 + 4 * w, f32), pr[t], f32);
-    EI_UNROLL for (int w = 0; w < W; w++) vst1q_f32(out + d0 + 4 * w, to_f32(acc[w]));
-}
-
-static void neon_attn(const ei_attn_params *p, const float *q, const void *k, const void *v, float *out,
-                      double *scratch) {
-    const int n = p->t1 - p->t0, hd = p->head_dim, hdv = p->head_dim_v;
-    const int v_f32 = p->v_type == EI_TYPE_F32;
+static void scores_of(const ei_attn_params *p, const float *q, float *scores) {
+    if (ei_attn_quantized(p->k_type)) {
+        ei_attn_quant_scores(p, q, scores);
+        return;
+    }
+    const int hd = p->head_dim;
     float qr[EI_MAX_HEAD_DIM]; /* the query as the key type sees it */
     int d = 0;
     for (; d + 4 <= hd && p->k_type == EI_TYPE_F16; d += 4)
         vst1q_f32(qr + d, vcvt_f32_f16(vcvt_f16_f32(vld1q_f32(q + d))));
     for (; d < hd; d++) qr[d] = ei_attn_round_to(q[d], p->k_type);
+    for (int r = 0; r < p->n_runs; r++) {
+        run_scores(p, qr, (const uint8_t *)p->runs[r].k, p->runs[r].n, scores);
+        scores += p->runs[r].n;
+    }
+}
+
+/* acc[d0 .. d0 + 4W) += sum_t pr[t] * v[t][d], t in order; W vectors of four dimensions of n
+ * rows row bytes apart, of f32 values or (f32 == 0) fp16 ones */
+EI_INLINE void weighted_sum(const float *pr, const uint8_t *r, size_t row, int f32, int n, int d0, int W,
+                            double *out) {
+    float64x2_t acc[4][2];
+    EI_UNROLL for (int w = 0; w < W; w++) {
+        acc[w][0] = vld1q_f64(out + d0 + 4 * w);
+        acc[w][1] = vld1q_f64(out + d0 + 4 * w + 2);
+    }
+    for (int t = 0; t < n; t++, r += row)
+        EI_UNROLL for (int w = 0; w < W; w++) acc_keys(acc[w], kv4(r, d0 + 4 * w, f32), pr[t], f32);
+    EI_UNROLL for (int w = 0; w < W; w++) {
+        vst1q_f64(out + d0 + 4 * w, acc[w][0]);
+        vst1q_f64(out + d0 + 4 * w + 2, acc[w][1]);
+    }
+}
+
+static void rows_sum(const float *pr, const uint8_t *v, size_t row, int f32, int n, int hdv, double *acc) {
+    int d = 0;
+    for (; d + 16 <= hdv; d += 16) weighted_sum(pr, v, row, f32, n, d, 4, acc);
+    for (; d + 4 <= hdv; d += 4) weighted_sum(pr, v, row, f32, n, d, 1, acc);
+    for (; d < hdv; d++)
+        for (int t = 0; t < n; t++) acc[d] += (double)pr[t] * kv1(v + (size_t)t * row, d, f32);
+}
+
+/* acc += the weighted values of one run */
+static void accumulate(const ei_attn_params *p, const ei_attn_run *run, const float *pr, double *acc) {
+    const int hdv = p->head_dim_v;
+    if (!ei_attn_quantized(p->v_type)) {
+        rows_sum(pr, run->v, p->v_row_bytes, p->v_type == EI_TYPE_F32, run->n, hdv, acc);
+        return;
+    }
+    float buf[EI_ATTN_CHUNK * EI_MAX_HEAD_DIM];
+    for (int t = 0; t < run->n; t += EI_ATTN_CHUNK) {
+        const int m = run->n - t < EI_ATTN_CHUNK ? run->n - t : EI_ATTN_CHUNK;
+        ei_attn_decode_values(p, run, t, m, buf);
+        rows_sum(pr + t, (const uint8_t *)buf, (size_t)hdv * 4, 1, m, hdv, acc);
+    }
+}
+
+static void neon_attn(const ei_attn_params *p, const float *q, float *out, double *scratch) {
+    const int n = ei_attn_keys(p), hdv = p->head_dim_v;
     float *scores = (float *)(scratch + n); /* (n) floats after the (n) double weights */
-    scores_of(p, qr, k, scores, n);
+    scores_of(p, q, scores);
     const double sum = ei_attn_softmax(scores, n, scratch);
     float *pr = scores; /* the probabilities replace the scores */
     for (int t = 0; t < n; t++) pr[t] = ei_attn_prob(scratch[t], sum, p->v_type);
-    d = 0;
-    for (; d + 16 <= hdv; d += 16) weighted_sum(p, pr, v, n, d, 4, out);
-    for (; d + 4 <= hdv; d += 4) weighted_sum(p, pr, v, n, d, 1, out);
-    for (; d < hdv; d++) {
-        const size_t row = p->v_row_bytes;
-        double acc = 0.0;
-        for (int t = 0; t < n; t++) acc += (double)pr[t] * kv1((const uint8_t *)v + (size_t)(p->t0 + t) * row, d, v_f32);
-        out[d] = (float)acc;
-    }
+    double acc[EI_MAX_HEAD_DIM];
+    for (int d = 0; d < hdv; d++) acc[d] = 0.0;
+    for (int r = 0, at = 0; r < p->n_runs; at += p->runs[r++].n) accumulate(p, &p->runs[r], pr + at, acc);
+    int d = 0;
+    for (; d + 4 <= hdv; d += 4) vst1q_f32(out + d, vcvt_high_f32_f64(vcvt_f32_f64(vld1q_f64(acc + d)), vld1q_f64(acc + d + 2)));
+    for (; d < hdv; d++) out[d] = (float)acc[d];
 }
 
 void EI_NEON_FN(ei_neon_attn)(ei_kernels *k) {
     k->attn = neon_attn;
-    k->attn_types = EI_ATTN_F16_F32;
+    k->attn_types = EI_ATTN_ALL;
 }

@@ -112,24 +112,37 @@ ei_status ei_kernel_glu(int isa, int gelu, int n, float *y, const float *g, cons
     return EI_OK;
 }
 
-ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int t0, int t1, int k_type, int v_type,
-                         size_t k_row_bytes, size_t v_row_bytes, float scale, float softcap,
+ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int n_runs, const int32_t *runs, int k_type,
+                         int v_type, size_t k_row_bytes, size_t v_row_bytes, float scale, float softcap,
                          const float *q, const void *kc, const void *vc, float *out) {
     ei_status st;
     const ei_kernels *k = kernels(isa, &st);
     if (!k) return st;
     if (head_dim <= 0 || head_dim > EI_MAX_HEAD_DIM || head_dim_v <= 0 || head_dim_v > EI_MAX_HEAD_DIM ||
-        t0 < 0 || t1 <= t0)
+        n_runs <= 0 || n_runs > EI_ATTN_MAX_RUNS || !runs)
         return ei_fail(EI_ERR_INVALID, "bad attention shape");
     if (!ei_attn_reads(k, k_type) || !ei_attn_reads(k, v_type))
         return ei_fail(EI_ERR_UNSUPPORTED, "%s attention reads no cache of types %d (K) and %d (V)",
                        k->name, k_type, v_type);
+    if (!ei_row_size(k_type, head_dim) || !ei_row_size(v_type, head_dim_v))
+        return ei_fail(EI_ERR_INVALID, "a head of %d (K) or %d (V) values is not a whole number of blocks",
+                       head_dim, head_dim_v);
     if (k_row_bytes < ei_row_size(k_type, head_dim) || v_row_bytes < ei_row_size(v_type, head_dim_v))
         return ei_fail(EI_ERR_INVALID, "cache rows overlap: their strides are shorter than a head");
-    double *scratch = malloc(sizeof(double) * 2 * (size_t)(t1 - t0));
+    ei_attn_run r[EI_ATTN_MAX_RUNS];
+    int64_t n = 0;
+    for (int i = 0; i < n_runs; i++) {
+        if (runs[2 * i] < 0 || runs[2 * i + 1] <= 0) return ei_fail(EI_ERR_INVALID, "run %d is empty or starts before row 0", i);
+        r[i] = (ei_attn_run){(const uint8_t *)kc + (size_t)runs[2 * i] * k_row_bytes,
+                             (const uint8_t *)vc + (size_t)runs[2 * i] * v_row_bytes, runs[2 * i + 1]};
+        n += runs[2 * i + 1];
+    }
+    if (n > INT32_MAX / 2) return ei_fail(EI_ERR_INVALID, "too many keys");
+    double *scratch = malloc(sizeof(double) * 2 * (size_t)n);
     if (!scratch) return ei_fail(EI_ERR_NOMEM, "out of memory");
-    ei_attn_params p = {head_dim, head_dim_v, t0, t1, k_type, v_type, k_row_bytes, v_row_bytes, scale, softcap};
-    k->attn(&p, q, kc, vc, out, scratch);
+    const ei_attn_params p = {head_dim, head_dim_v, n_runs, r, k_type, v_type, k_row_bytes, v_row_bytes,
+                              scale, softcap, k};
+    k->attn(&p, q, out, scratch);
     free(scratch);
     return EI_OK;
 }

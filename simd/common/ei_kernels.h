@@ -38,7 +38,8 @@ typedef void (*ei_gemm_fn)(int n, int nr, int nc, float *s, size_t s_stride, con
 typedef void (*ei_gemm_x16_fn)(int n, int nc, float *s, size_t s_stride, const void *x, const void *y,
                                size_t y_stride);
 
-/* y = n activations x converted to a partner type (q8_0, q8_1, q8_K, f16, bf16 blocks) */
+/* y = n activations x converted to a partner type (q8_0, q8_1, q8_K, f16, bf16 blocks), or
+ * keys and values to a cache type (q4_0 is one only for the cache) */
 typedef void (*ei_from_float_fn)(const float *x, void *y, int64_t n);
 /* y = n floats decoded from a row of blocks x */
 typedef void (*ei_to_float_fn)(const void *x, float *y, int64_t n);
@@ -52,32 +53,49 @@ typedef void (*ei_to_float_fn)(const void *x, float *y, int64_t n);
 #endif
 
 /* One query head against the cache of one KV head, as llama.cpp's unfused attention rounds:
- * the query is rounded to the key type; scores[t] = dot(q, k[t]) for t in [t0, t1) (in
- * double, rounded to float), times scale, optionally soft-capped; softmax weights
- * exp(s - max) / sum in double, rounded to float and then to the value type;
- * out = sum_t p[t] * v[t] in double, rounded to float. K rows are of k_type, V rows of v_type
- * (GGML types; ei_kernels.attn_types says which the kernel reads); row t of K starts at
- * k + t * k_row_bytes bytes. scratch holds 1.5 * (t1 - t0) doubles. */
+ * the query is rounded to the key type (float16 for an f16 cache, q8_0 blocks for the
+ * quantized ones, as GGML quantizes activations for a product with q8_0 or q4_0 weights);
+ * scores[t] = dot(q, k[t]) over the keys this query sees (in double, rounded to float; for a
+ * quantized cache exactly as vec_dot computes a weight row's dot), times scale, optionally
+ * soft-capped; softmax weights exp(s - max) / sum in double, rounded to float and then to the
+ * value type (f16 only); out = sum_t p[t] * v[t] in double, rounded to float, a quantized
+ * value row entering decoded (exactly, by to_float).
+ *
+ * The keys seen are runs of consecutive cache rows, oldest first: one run for a plain cache,
+ * two where a ring buffer wraps, one per block of a paged cache. Row t of a run starts at
+ * k + t * k_row_bytes bytes (v + t * v_row_bytes). scratch holds 1.5 * n doubles, n the
+ * number of keys of all runs together. */
+typedef struct {
+    const void *k, *v; /* the run's first key row and value row */
+    int n;             /* its rows */
+} ei_attn_run;
+
+#define EI_ATTN_MAX_RUNS 64 /* runs of one query: ring wraps and paged blocks stay far below */
+
+typedef struct ei_kernels ei_kernels;
+
 typedef struct {
     int head_dim, head_dim_v;
-    int t0, t1;                     /* the keys this query sees */
-    int k_type, v_type;             /* cache element types (EI_TYPE_F16, EI_TYPE_F32) */
-    size_t k_row_bytes, v_row_bytes; /* bytes between consecutive positions */
-    float scale;                    /* applied to the scores (1 when the queries are pre-scaled) */
-    float softcap;                  /* 0: none; else scores = softcap * tanh(scores / softcap) */
+    int n_runs;
+    const ei_attn_run *runs;         /* the keys this query sees, in position order */
+    int k_type, v_type;              /* cache element types (GGML types; see attn_types) */
+    size_t k_row_bytes, v_row_bytes; /* bytes between consecutive positions of a run */
+    float scale;                     /* applied to the scores (1 when the queries are pre-scaled) */
+    float softcap;                   /* 0: none; else scores = softcap * tanh(scores / softcap) */
+    const ei_kernels *kt;            /* the attention's own table: the quantizer, dots and
+                                        decoders a quantized cache is read with */
 } ei_attn_params;
 
-typedef void (*ei_attn_fn)(const ei_attn_params *p, const float *q, const void *k, const void *v,
-                           float *out, double *scratch);
+typedef void (*ei_attn_fn)(const ei_attn_params *p, const float *q, float *out, double *scratch);
 /* nq query heads of one KV head that see the same keys (a grouped-query group at one
  * position): query i at q + i * q_stride, its output at out + i * out_stride, each exactly as
- * attn computes it. scratch holds nq * 1.5 * (t1 - t0) doubles. */
-typedef void (*ei_attn_group_fn)(const ei_attn_params *p, int nq, const float *q, size_t q_stride, const void *k,
-                                 const void *v, float *out, size_t out_stride, double *scratch);
+ * attn computes it. scratch holds nq * 1.5 * n doubles (n keys in all). */
+typedef void (*ei_attn_group_fn)(const ei_attn_params *p, int nq, const float *q, size_t q_stride, float *out,
+                                 size_t out_stride, double *scratch);
 
-typedef struct ei_kernels {
+struct ei_kernels {
     const char *name;
-    ei_from_float_fn from_float[EI_TYPE_COUNT]; /* indexed by partner type */
+    ei_from_float_fn from_float[EI_TYPE_COUNT]; /* indexed by partner or cache type */
     ei_vec_dot_fn vec_dot[EI_TYPE_COUNT];       /* indexed by weight type */
     ei_gemm_fn gemm[EI_TYPE_COUNT];             /* indexed by weight type; NULL: loop vec_dot */
     ei_gemm_x16_fn gemm_x16[EI_TYPE_COUNT];     /* by weight type; NULL: rows used as stored */
@@ -99,13 +117,16 @@ typedef struct ei_kernels {
     ei_attn_fn attn;
     ei_attn_group_fn attn_group; /* NULL: attn per query */
     uint32_t attn_types;         /* bit t set: attn and attn_group read cache rows of type t */
-} ei_kernels;
+};
 
 /* whether the kernels' attention reads cache rows of a type */
 static inline int ei_attn_reads(const ei_kernels *k, int type) {
     return type >= 0 && type < EI_TYPE_COUNT && type < 32 && (k->attn_types >> type & 1u);
 }
 #define EI_ATTN_F16_F32 ((1u << EI_TYPE_F16) | (1u << EI_TYPE_F32))
+/* the block-quantized cache types: read through vec_dot (keys) and to_float (values) */
+#define EI_ATTN_QUANT ((1u << EI_TYPE_Q8_0) | (1u << EI_TYPE_Q4_0))
+#define EI_ATTN_ALL (EI_ATTN_F16_F32 | EI_ATTN_QUANT)
 
 /* the partner (vec-dot activation) type of each weight type, as in GGML's CPU backend */
 int ei_partner_type(int weight_type);

@@ -25,8 +25,13 @@ struct ei_engine {
     /* cache strides in bytes, all from ei_row_size of the cache types (p.kv_type_k, _v) */
     size_t k_head_bytes, v_head_bytes;   /* one head of one position: head_dim(_v) values */
     size_t k_row_bytes, v_row_bytes;     /* one position: n_head_kv heads */
-    size_t k_layer_bytes, v_layer_bytes; /* one layer of one sequence: n_ctx positions */
-    void **k_cache, **v_cache; /* (n_seq_max) x (n_layer, n_ctx, n_head_kv, head_dim(_v)), lazily */
+    /* rows each layer keeps per sequence: n_ctx, or for a sliding-window layer a ring of
+     * window + n_batch rows (position p in row p % cap), which every query of a step finds
+     * whole: a step writes at most n_batch positions of a sequence before its queries read
+     * the window behind them */
+    int *cap;                 /* (n_layer) */
+    size_t *k_off, *v_off;    /* (n_layer + 1) byte offset of each layer in a sequence's cache */
+    void **k_cache, **v_cache; /* (n_seq_max) x k_off[n_layer] (v_off[n_layer]) bytes, lazily */
     int q_dim, kv_dim, v_dim, att_dim, max_cols;
     float *x;        /* (n_batch, n_embd) residual stream */
     float *h;        /* (n_batch, max(n_embd, n_ff)) normalised input of a matmul group */
@@ -172,6 +177,16 @@ static ei_status check_cache(const ei_engine_params *p, const ei_model_desc *m, 
     return EI_OK;
 }
 
+/* the rows of every layer's cache and where each layer starts */
+static void plan_cache(ei_engine *e) {
+    for (int il = 0; il < e->m.n_layer; il++) {
+        const int64_t ring = (int64_t)e->layers[il].window + e->p.n_batch;
+        e->cap[il] = e->p.ring && e->layers[il].window > 0 && ring < e->p.n_ctx ? (int)ring : e->p.n_ctx;
+        e->k_off[il + 1] = e->k_off[il] + (size_t)e->cap[il] * e->k_row_bytes;
+        e->v_off[il + 1] = e->v_off[il] + (size_t)e->cap[il] * e->v_row_bytes;
+    }
+}
+
 ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *params, ei_engine **out) {
     *out = NULL;
     if (!m || !params) return ei_fail(EI_ERR_INVALID, "no model or parameters");
@@ -211,8 +226,6 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     e->v_head_bytes = ei_row_size(p.kv_type_v, m->head_dim_v);
     e->k_row_bytes = e->k_head_bytes * (size_t)m->n_head_kv;
     e->v_row_bytes = e->v_head_bytes * (size_t)m->n_head_kv;
-    e->k_layer_bytes = (size_t)p.n_ctx * e->k_row_bytes;
-    e->v_layer_bytes = (size_t)p.n_ctx * e->v_row_bytes;
 
     const size_t nb = (size_t)p.n_batch;
     e->x = alloc(e, nb * m->n_embd * 4);
@@ -231,9 +244,14 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     e->layer_base = alloc(e, sizeof(int) * (size_t)m->n_layer);
     e->k_cache = alloc(e, sizeof(void *) * (size_t)p.n_seq_max);
     e->v_cache = alloc(e, sizeof(void *) * (size_t)p.n_seq_max);
+    e->cap = alloc(e, sizeof(int) * (size_t)m->n_layer);
+    e->k_off = alloc(e, sizeof(size_t) * (size_t)(m->n_layer + 1));
+    e->v_off = alloc(e, sizeof(size_t) * (size_t)(m->n_layer + 1));
     if (!e->x || !e->h || !e->q || !e->kk || !e->vv || !e->att || !e->t || !e->gate || !e->up ||
-        !e->scratch || !e->rope || !e->gelu || !e->layer_base || !e->k_cache || !e->v_cache)
+        !e->scratch || !e->rope || !e->gelu || !e->layer_base || !e->k_cache || !e->v_cache ||
+        !e->cap || !e->k_off || !e->v_off)
         goto nomem;
+    plan_cache(e);
     ei_gelu_table(e->gelu);
 
     for (int il = 0; il < m->n_layer; il++) {
@@ -276,19 +294,20 @@ nomem: {
 static ei_status ensure_cache(ei_engine *e, int s) {
     if (e->k_cache[s] && e->v_cache[s]) return EI_OK;
     /* calloc'd pages cost memory only once written: the cache grows with the context used */
-    if (!e->k_cache[s]) e->k_cache[s] = alloc(e, e->k_layer_bytes * (size_t)e->m.n_layer);
-    if (!e->v_cache[s]) e->v_cache[s] = alloc(e, e->v_layer_bytes * (size_t)e->m.n_layer);
+    const size_t kb = e->k_off[e->m.n_layer], vb = e->v_off[e->m.n_layer];
+    if (!e->k_cache[s]) e->k_cache[s] = alloc(e, kb);
+    if (!e->v_cache[s]) e->v_cache[s] = alloc(e, vb);
     if (!e->k_cache[s] || !e->v_cache[s])
         return ei_fail(EI_ERR_NOMEM, "out of memory: %zu bytes wanted for the KV cache of sequence %d",
-                       (e->k_layer_bytes + e->v_layer_bytes) * (size_t)e->m.n_layer, s);
+                       kb + vb, s);
     return EI_OK;
 }
 
 ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
     /* freed rather than zeroed: a cleared sequence costs nothing until it is decoded again */
-    if (e->k_cache[seq]) e->bytes -= e->k_layer_bytes * (size_t)e->m.n_layer;
-    if (e->v_cache[seq]) e->bytes -= e->v_layer_bytes * (size_t)e->m.n_layer;
+    if (e->k_cache[seq]) e->bytes -= e->k_off[e->m.n_layer];
+    if (e->v_cache[seq]) e->bytes -= e->v_off[e->m.n_layer];
     free(e->k_cache[seq]);
     free(e->v_cache[seq]);
     e->k_cache[seq] = e->v_cache[seq] = NULL;
@@ -308,7 +327,7 @@ void ei_engine_free(ei_engine *e) {
     for (int t = 0; t < EI_TYPE_COUNT; t++) free(e->act[t]);
     free(e->x); free(e->h); free(e->q); free(e->kk); free(e->vv); free(e->att); free(e->t);
     free(e->gate); free(e->up); free(e->scratch); free(e->rope); free(e->gelu);
-    free(e->layer_base); free(e->layers);
+    free(e->layer_base); free(e->layers); free(e->cap); free(e->k_off); free(e->v_off);
     ei_repack_release(&e->repack);
     free(e);
 }
@@ -421,10 +440,12 @@ static void add_bias(const ei_tensor *b, float *x, int n) {
     for (int i = 0; i < n; i++) x[i] += v[i];
 }
 
-/* the row of position pos of layer il of sequence s: layer_bytes and row_bytes are the K or
- * V cache's strides */
-static uint8_t *cache_row(void **cache, size_t layer_bytes, size_t row_bytes, int s, int il, int pos) {
-    return (uint8_t *)cache[s] + (size_t)il * layer_bytes + (size_t)pos * row_bytes;
+/* the key (or value) row of position pos of layer il of sequence s */
+static uint8_t *k_row(const ei_engine *e, int s, int il, int pos) {
+    return (uint8_t *)e->k_cache[s] + e->k_off[il] + (size_t)(pos % e->cap[il]) * e->k_row_bytes;
+}
+static uint8_t *v_row(const ei_engine *e, int s, int il, int pos) {
+    return (uint8_t *)e->v_cache[s] + e->v_off[il] + (size_t)(pos % e->cap[il]) * e->v_row_bytes;
 }
 
 /* n floats encoded as a cache row of the given type (check_cache made sure it has an encoder) */
@@ -457,38 +478,50 @@ static void qkv_post(ei_engine *e, const step *st, int il, int ith, int nth) {
             if (l->k_norm.data) e->k->rms_norm(m->head_dim, kh, kh, l->k_norm.data, m->norm_eps);
             e->k->rope(m->n_rot, kh, cs, m->rope_neox);
         }
-        store_kv(e, e->p.kv_type_k, cache_row(e->k_cache, e->k_layer_bytes, e->k_row_bytes, st->seq[i], il, st->pos[i]),
-                 k, e->kv_dim);
-        store_kv(e, e->p.kv_type_v, cache_row(e->v_cache, e->v_layer_bytes, e->v_row_bytes, st->seq[i], il, st->pos[i]),
-                 v, e->v_dim);
+        store_kv(e, e->p.kv_type_k, k_row(e, st->seq[i], il, st->pos[i]), k, e->kv_dim);
+        store_kv(e, e->p.kv_type_v, v_row(e, st->seq[i], il, st->pos[i]), v, e->v_dim);
     }
     ei_pool_barrier(e->pool);
 }
 
+/* the runs of cache rows the query of token i sees, for KV head g: the keys [t0, pos] of its
+ * window, one run, or two where a ring wraps */
+static int query_runs(const ei_engine *e, const step *st, int il, int i, int g, ei_attn_run runs[2]) {
+    const int window = e->layers[il].window, pos = st->pos[i], s = st->seq[i], cap = e->cap[il];
+    const int t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    const int first = t0 % cap, n = pos + 1 - t0;
+    const int head = n < cap - first ? n : cap - first; /* rows before the ring's end */
+    const size_t kh = (size_t)g * e->k_head_bytes, vh = (size_t)g * e->v_head_bytes;
+    runs[0] = (ei_attn_run){k_row(e, s, il, t0) + kh, v_row(e, s, il, t0) + vh, head};
+    if (head == n) return 1;
+    const uint8_t *k0 = (const uint8_t *)e->k_cache[s] + e->k_off[il], *v0 = (const uint8_t *)e->v_cache[s] + e->v_off[il];
+    runs[1] = (ei_attn_run){k0 + kh, v0 + vh, n - head};
+    return 2;
+}
+
 static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     const ei_model_desc *m = &e->m;
-    const int window = e->layers[il].window, group = m->n_head / m->n_head_kv;
+    const int group = m->n_head / m->n_head_kv;
     double *scratch = e->scratch + (size_t)ith * 2 * e->group * e->p.n_ctx;
+    ei_attn_run runs[2];
     ei_attn_params ap = {0};
     ap.head_dim = m->head_dim;
     ap.head_dim_v = m->head_dim_v;
+    ap.runs = runs;
     ap.k_type = e->p.kv_type_k;
     ap.v_type = e->p.kv_type_v;
     ap.k_row_bytes = e->k_row_bytes;
     ap.v_row_bytes = e->v_row_bytes;
     ap.scale = m->scale_q ? 1.0f : m->kq_scale;
+    ap.kt = e->k;
     int a, b;
     if (e->k->attn_group && group > 1 && st->n >= nth) {
         /* one unit per (token, KV head): the group's query heads read each cache row once */
         split(st->n * m->n_head_kv, ith, nth, &a, &b);
         for (int w = a; w < b; w++) {
-            const int i = w / m->n_head_kv, g = w % m->n_head_kv, pos = st->pos[i];
-            ap.t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
-            ap.t1 = pos + 1;
-            const uint8_t *kbase = cache_row(e->k_cache, e->k_layer_bytes, e->k_row_bytes, st->seq[i], il, 0);
-            const uint8_t *vbase = cache_row(e->v_cache, e->v_layer_bytes, e->v_row_bytes, st->seq[i], il, 0);
+            const int i = w / m->n_head_kv, g = w % m->n_head_kv;
+            ap.n_runs = query_runs(e, st, il, i, g, runs);
             e->k->attn_group(&ap, group, e->q + (size_t)i * e->q_dim + (size_t)g * group * m->head_dim, (size_t)m->head_dim,
-                             kbase + (size_t)g * e->k_head_bytes, vbase + (size_t)g * e->v_head_bytes,
                              e->att + (size_t)i * e->att_dim + (size_t)g * group * m->head_dim_v, (size_t)m->head_dim_v, scratch);
         }
         ei_pool_barrier(e->pool);
@@ -496,13 +529,9 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     }
     split(st->n * m->n_head, ith, nth, &a, &b);
     for (int w = a; w < b; w++) {
-        const int i = w / m->n_head, h = w % m->n_head, g = h / group, pos = st->pos[i];
-        ap.t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
-        ap.t1 = pos + 1;
-        const uint8_t *kbase = cache_row(e->k_cache, e->k_layer_bytes, e->k_row_bytes, st->seq[i], il, 0);
-        const uint8_t *vbase = cache_row(e->v_cache, e->v_layer_bytes, e->v_row_bytes, st->seq[i], il, 0);
+        const int i = w / m->n_head, h = w % m->n_head;
+        ap.n_runs = query_runs(e, st, il, i, h / group, runs);
         e->k->attn(&ap, e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim,
-                   kbase + (size_t)g * e->k_head_bytes, vbase + (size_t)g * e->v_head_bytes,
                    e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v, scratch);
     }
     ei_pool_barrier(e->pool);
@@ -516,25 +545,28 @@ static void norm_rows(ei_engine *e, float *dst, int dst_stride, const float *src
         e->k->rms_norm(e->m.n_embd, dst + (size_t)i * dst_stride, src + (size_t)i * src_stride, w->data, e->m.norm_eps);
 }
 
+/* the (cos, sin) pairs of rope base bi at position pos (negative: a rotation backwards) */
+static void rope_row(const ei_engine *e, int bi, int pos, float *cs) {
+    const int half = e->m.n_rot / 2;
+    /* powf(base, -2/n_rot), correctly rounded (the numpy engine computes the same) */
+    const float theta_scale = (float)pow((double)e->bases[bi], (double)(-2.0f / (float)e->m.n_rot));
+    float theta = (float)pos; /* GGML's float recurrence: p, p*s, (p*s)*s, ... */
+    for (int j = 0; j < half; j++) {
+        float th = theta;
+        if (e->freq_factors) th = th / e->freq_factors[j];
+        th = e->scales[bi] * th;
+        cs[2 * j] = (float)cos((double)th);
+        cs[2 * j + 1] = (float)sin((double)th);
+        theta *= theta_scale;
+    }
+}
+
 static void rope_tables(ei_engine *e, const step *st, int ith, int nth) {
-    const ei_model_desc *m = &e->m;
-    const int half = m->n_rot / 2;
     int a, b;
     split(st->n * e->n_bases, ith, nth, &a, &b);
     for (int w = a; w < b; w++) {
         const int bi = w / st->n, i = w % st->n;
-        float *cs = e->rope + ((size_t)bi * e->p.n_batch + i) * m->n_rot;
-        /* powf(base, -2/n_rot), correctly rounded (the numpy engine computes the same) */
-        const float theta_scale = (float)pow((double)e->bases[bi], (double)(-2.0f / (float)m->n_rot));
-        float theta = (float)st->pos[i]; /* GGML's float recurrence: p, p*s, (p*s)*s, ... */
-        for (int j = 0; j < half; j++) {
-            float th = theta;
-            if (e->freq_factors) th = th / e->freq_factors[j];
-            th = e->scales[bi] * th;
-            cs[2 * j] = (float)cos((double)th);
-            cs[2 * j + 1] = (float)sin((double)th);
-            theta *= theta_scale;
-        }
+        rope_row(e, bi, st->pos[i], e->rope + ((size_t)bi * e->p.n_batch + i) * e->m.n_rot);
     }
 }
 
@@ -649,5 +681,77 @@ ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const
         ei_pool_run(e->pool, forward_task, &st);
         out += (size_t)st.n_out * e->m.n_vocab;
     }
+    return EI_OK;
+}
+
+/* ---- discarding positions (context shift, attention sinks) ----------------------------- */
+
+/* the key row src, of position p, stored at dst as the key of position p + delta: decoded,
+ * each head rotated by delta (cs), encoded again */
+static void move_key(ei_engine *e, uint8_t *dst, const uint8_t *src, const float *cs, float *buf) {
+    const ei_model_desc *m = &e->m;
+    if (e->p.kv_type_k == EI_TYPE_F32) memcpy(buf, src, (size_t)e->kv_dim * 4);
+    else e->k->to_float[e->p.kv_type_k](src, buf, e->kv_dim);
+    for (int h = 0; h < m->n_head_kv; h++) e->k->rope(m->n_rot, buf + (size_t)h * m->head_dim, cs, m->rope_neox);
+    store_kv(e, e->p.kv_type_k, dst, buf, e->kv_dim);
+}
+
+/* layer il of sequence s: rows of positions [from, n_past) to from - count; a ring's rows go
+ * through tmp first, as their new rows may be ones still to be read */
+static void discard_layer(ei_engine *e, int s, int il, int from, int count, int n_past, const float *cs,
+                          float *buf, uint8_t *tmp) {
+    const int ring = e->cap[il] < e->p.n_ctx, n = n_past - from;
+    const size_t kr = e->k_row_bytes, vr = e->v_row_bytes;
+    for (int p = from; p < n_past; p++) {
+        const uint8_t *ks = k_row(e, s, il, p), *vs = v_row(e, s, il, p);
+        if (ring) {
+            memcpy(tmp + (size_t)(p - from) * (kr + vr), ks, kr);
+            memcpy(tmp + (size_t)(p - from) * (kr + vr) + kr, vs, vr);
+            continue;
+        }
+        move_key(e, k_row(e, s, il, p - count), ks, cs, buf);
+        memmove(v_row(e, s, il, p - count), vs, vr);
+    }
+    if (!ring) return;
+    for (int t = 0; t < n; t++) {
+        const uint8_t *row = tmp + (size_t)t * (kr + vr);
+        move_key(e, k_row(e, s, il, from + t - count), row, cs, buf);
+        memcpy(v_row(e, s, il, from + t - count), row + kr, vr);
+    }
+}
+
+ei_status ei_engine_seq_discard(ei_engine *e, int32_t seq, int32_t start, int32_t count, int32_t n_past) {
+    if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
+    if (start < 0 || count < 0 || n_past > e->p.n_ctx || start > n_past - count)
+        return ei_fail(EI_ERR_INVALID, "cannot discard %d positions from %d of the %d held", count, start, n_past);
+    if (count == 0 || !e->k_cache[seq]) return EI_OK;
+    const int kept = n_past - count;
+    int max_cap = 0;
+    for (int il = 0; il < e->m.n_layer; il++) {
+        const int cap = e->cap[il], window = e->layers[il].window;
+        if (cap > max_cap && cap < e->p.n_ctx) max_cap = cap;
+        /* a ring no longer holds the kept prefix: the next window must not reach into it */
+        const int oldest = n_past - cap, reach = kept - window + 1;
+        if (cap < e->p.n_ctx && start > 0 && reach < start && (reach < 0 ? 0 : reach) < oldest)
+            return ei_fail(EI_ERR_UNSUPPORTED,
+                           "layer %d keeps a ring of %d positions: after discarding %d of %d, its window would "
+                           "reach positions it no longer holds (discard fewer, or keep the whole context)",
+                           il, cap, count, n_past);
+    }
+    float *cs = malloc(sizeof(float) * (size_t)e->n_bases * (size_t)e->m.n_rot);
+    float *buf = malloc(sizeof(float) * (size_t)e->kv_dim);
+    uint8_t *tmp = malloc((size_t)(max_cap ? max_cap : 1) * (e->k_row_bytes + e->v_row_bytes));
+    if (!cs || !buf || !tmp) {
+        free(cs); free(buf); free(tmp);
+        return ei_fail(EI_ERR_NOMEM, "out of memory for discarding positions");
+    }
+    for (int b = 0; b < e->n_bases; b++) rope_row(e, b, -count, cs + (size_t)b * e->m.n_rot);
+    for (int il = 0; il < e->m.n_layer; il++) {
+        const int cap = e->cap[il], oldest = n_past - cap > 0 ? n_past - cap : 0;
+        const int from = start + count > oldest ? start + count : oldest; /* rows still held */
+        if (from < n_past)
+            discard_layer(e, seq, il, from, count, n_past, cs + (size_t)e->layer_base[il] * e->m.n_rot, buf, tmp);
+    }
+    free(cs); free(buf); free(tmp);
     return EI_OK;
 }

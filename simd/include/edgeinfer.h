@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 4
+#define EI_API_VERSION 5
 
 /* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
 #define EI_MAX_THREADS 512
@@ -90,10 +90,13 @@ typedef struct {
     int32_t n_threads; /* worker threads including the caller's */
     int32_t n_seq_max; /* sequences that may hold cache at once */
     int32_t n_batch;   /* most tokens per internal step; longer calls are split */
-    int32_t kv_type_k; /* GGML type of a key cache element (EI_TYPE_F16, EI_TYPE_F32) */
+    int32_t kv_type_k; /* GGML type of a key cache element (F16, F32, Q8_0, Q4_0) */
     int32_t kv_type_v; /* of a value cache element */
     int32_t kv_layout; /* EI_KV_ROWS: one row per (position, KV head) */
     int32_t isa;       /* EI_ISA_* to use, or -1 for the best supported */
+    int32_t ring;      /* 1: a sliding-window layer keeps a ring of window + n_batch positions per
+                        * sequence, so a sequence rewinds by at most n_batch positions (further,
+                        * it is cleared and evaluated again); 0: every layer keeps n_ctx */
 } ei_engine_params;
 
 /* how a cache tensor's elements are grouped (edgeinfer/kv_cache.py: CacheLayout) */
@@ -128,6 +131,11 @@ EI_EXPORT ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tok
                                      const int32_t *seq, const int8_t *out_mask, float *logits);
 /* forgets sequence seq: its cache is freed, so its next token starts an empty context */
 EI_EXPORT ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq);
+/* forgets positions [start, start + count) of sequence seq, which holds n_past: the later ones
+ * move down by count, their keys rotated back by count so that RoPE sees their new positions
+ * (llama.cpp's context shift; StreamingLLM's eviction behind the attention sinks) */
+EI_EXPORT ei_status ei_engine_seq_discard(ei_engine *e, int32_t seq, int32_t start, int32_t count,
+                                          int32_t n_past);
 EI_EXPORT int ei_engine_isa(const ei_engine *e);
 EI_EXPORT size_t ei_engine_memory(const ei_engine *e); /* bytes this engine allocated */
 /* of those, the interleaved copies of weights (reserved at load, written by the first step
@@ -142,11 +150,12 @@ EI_EXPORT ei_status ei_kernel_vec_dot(int isa, int weight_type, int n, const voi
 EI_EXPORT ei_status ei_kernel_rms_norm(int isa, int n, float *y, const float *x, const float *w, float eps);
 EI_EXPORT ei_status ei_kernel_rope(int isa, int n_rot, float *x, const float *cs, int neox);
 EI_EXPORT ei_status ei_kernel_glu(int isa, int gelu, int n, float *y, const float *g, const float *u);
-/* K and V are rows of k_type / v_type (GGML types), k_row_bytes / v_row_bytes apart */
-EI_EXPORT ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int t0, int t1, int k_type,
-                                   int v_type, size_t k_row_bytes, size_t v_row_bytes, float scale,
-                                   float softcap, const float *q, const void *k, const void *v,
-                                   float *out);
+/* K and V are rows of k_type / v_type (GGML types), k_row_bytes / v_row_bytes apart; the query
+ * sees n_runs runs of them, oldest first: rows [runs[2i], runs[2i] + runs[2i + 1]) */
+EI_EXPORT ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int n_runs, const int32_t *runs,
+                                   int k_type, int v_type, size_t k_row_bytes, size_t v_row_bytes,
+                                   float scale, float softcap, const float *q, const void *k,
+                                   const void *v, float *out);
 EI_EXPORT int ei_partner_type_of(int weight_type);
 
 #endif

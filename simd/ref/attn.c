@@ -6,36 +6,65 @@
 #include "../common/attn_softmax.h"
 #include "../common/ei_kernels.h"
 
-/* element i of a cache row of the given type */
+/* element i of a cache row of an unquantized type */
 static inline float kv_at(const void *row, int type, int i) {
     if (type == EI_TYPE_F32) return ((const float *)row)[i];
     return ei_fp16_to_fp32(((const ei_f16 *)row)[i]);
 }
 
-static void ref_attn(const ei_attn_params *p, const float *q, const void *k, const void *v,
-                     float *out, double *scratch) {
-    const int n = p->t1 - p->t0, hd = p->head_dim;
+static void ref_scores(const ei_attn_params *p, const float *q, float *scores) {
+    if (ei_attn_quantized(p->k_type)) {
+        ei_attn_quant_scores(p, q, scores);
+        return;
+    }
+    const int hd = p->head_dim;
     float qr[EI_MAX_HEAD_DIM]; /* the query as the key type sees it */
     for (int d = 0; d < hd; d++) qr[d] = ei_attn_round_to(q[d], p->k_type);
-    float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
-    for (int t = 0; t < n; t++) {
-        const uint8_t *row = (const uint8_t *)k + (size_t)(p->t0 + t) * p->k_row_bytes;
-        double dot = 0.0;
-        for (int d = 0; d < hd; d++) dot += (double)qr[d] * kv_at(row, p->k_type, d);
-        scores[t] = ei_attn_score((float)dot, p);
+    int at = 0;
+    for (int r = 0; r < p->n_runs; r++)
+        for (int t = 0; t < p->runs[r].n; t++) {
+            const uint8_t *row = (const uint8_t *)p->runs[r].k + (size_t)t * p->k_row_bytes;
+            double dot = 0.0;
+            for (int d = 0; d < hd; d++) dot += (double)qr[d] * kv_at(row, p->k_type, d);
+            scores[at++] = ei_attn_score((float)dot, p);
+        }
+}
+
+/* acc[d] += pr[t] * v[t][d] over the rows of one run, in order of t */
+static void ref_accumulate(const ei_attn_params *p, const ei_attn_run *run, const double *pr, double *acc) {
+    const int hv = p->head_dim_v;
+    float buf[EI_ATTN_CHUNK * EI_MAX_HEAD_DIM];
+    const int quant = ei_attn_quantized(p->v_type);
+    for (int t0 = 0; t0 < run->n; t0 += EI_ATTN_CHUNK) {
+        const int m = run->n - t0 < EI_ATTN_CHUNK ? run->n - t0 : EI_ATTN_CHUNK;
+        if (quant) ei_attn_decode_values(p, run, t0, m, buf);
+        for (int j = 0; j < m; j++) {
+            const uint8_t *row = (const uint8_t *)run->v + (size_t)(t0 + j) * p->v_row_bytes;
+            for (int d = 0; d < hv; d++) {
+                const float v = quant ? buf[(size_t)j * hv + d] : kv_at(row, p->v_type, d);
+                acc[d] += pr[t0 + j] * v;
+            }
+        }
     }
+}
+
+static void ref_attn(const ei_attn_params *p, const float *q, float *out, double *scratch) {
+    const int n = ei_attn_keys(p);
+    float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
+    ref_scores(p, q, scores);
     const double sum = ei_attn_softmax(scores, n, scratch);
+    for (int t = 0; t < n; t++) scratch[t] = ei_attn_prob(scratch[t], sum, p->v_type);
     double acc[EI_MAX_HEAD_DIM];
     for (int d = 0; d < p->head_dim_v; d++) acc[d] = 0.0;
-    for (int t = 0; t < n; t++) {
-        const float pr = ei_attn_prob(scratch[t], sum, p->v_type);
-        const uint8_t *row = (const uint8_t *)v + (size_t)(p->t0 + t) * p->v_row_bytes;
-        for (int d = 0; d < p->head_dim_v; d++) acc[d] += (double)pr * kv_at(row, p->v_type, d);
+    int at = 0;
+    for (int r = 0; r < p->n_runs; r++) {
+        ref_accumulate(p, &p->runs[r], scratch + at, acc);
+        at += p->runs[r].n;
     }
     for (int d = 0; d < p->head_dim_v; d++) out[d] = (float)acc[d];
 }
 
 void ei_ref_attn_kernels(ei_kernels *k) {
     k->attn = ref_attn;
-    k->attn_types = EI_ATTN_F16_F32;
+    k->attn_types = EI_ATTN_ALL;
 }

@@ -27,6 +27,29 @@ static void ref_from_float_q8_0(const float *x, void *vy, int64_t n) {
     }
 }
 
+/* GGML's q4_0 quantizer (quantize_row_q4_0_ref, which its CPU backend uses too): the signed
+ * extreme maps to -8; a value that is not a number stores level 0 rather than reaching an
+ * undefined conversion */
+static int q4_0_level(float x) {
+    const float f = x + 8.5f;
+    if (!(f >= 0.0f)) return 0;
+    return f >= 15.0f ? 15 : (int)f;
+}
+
+static void ref_from_float_q4_0(const float *x, void *vy, int64_t n) {
+    block_q4_0 *y = vy;
+    for (int64_t i = 0; i < n / QK4_0; i++, x += QK4_0) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK4_0; j++)
+            if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+        const float d = max / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = ei_fp32_to_fp16(d);
+        for (int j = 0; j < QK4_0 / 2; j++)
+            y[i].qs[j] = (uint8_t)(q4_0_level(x[j] * id) | q4_0_level(x[QK4_0 / 2 + j] * id) << 4);
+    }
+}
+
 static void ref_from_float_q8_1(const float *x, void *vy, int64_t n) {
     block_q8_1 *y = vy;
     for (int64_t i = 0; i < n / QK8_1; i++, x += QK8_1) {
@@ -407,6 +430,7 @@ static void ref_to_float_f32(const void *vx, float *y, int64_t n) { memcpy(y, vx
 
 void ei_ref_quant_kernels(ei_kernels *k) {
     k->from_float[EI_TYPE_Q8_0] = ref_from_float_q8_0;
+    k->from_float[EI_TYPE_Q4_0] = ref_from_float_q4_0; /* for the KV cache: no weight's partner */
     k->from_float[EI_TYPE_Q8_1] = ref_from_float_q8_1;
     k->from_float[EI_TYPE_Q8_K] = ref_from_float_q8_K;
     k->from_float[EI_TYPE_F16] = ref_from_float_f16;

@@ -82,7 +82,8 @@ static double dot_f32_key(const float *q, const float *k, int hd) {
 static void weighted_sum_f16(const double *p, const uint8_t *v, size_t row_bytes, int n, int hv, double *acc) {
     int d = 0;
     for (; d + 16 <= hv; d += 16) {
-        __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+        __m256d a0 = _mm256_loadu_pd(acc + d), a1 = _mm256_loadu_pd(acc + d + 4);
+        __m256d a2 = _mm256_loadu_pd(acc + d + 8), a3 = _mm256_loadu_pd(acc + d + 12);
         const uint8_t *row = v + 2 * (size_t)d;
         for (int t = 0; t < n; t++, row += row_bytes) {
             const __m256d w = _mm256_set1_pd(p[t]);
@@ -97,7 +98,7 @@ static void weighted_sum_f16(const double *p, const uint8_t *v, size_t row_bytes
         _mm256_storeu_pd(acc + d + 8, a2); _mm256_storeu_pd(acc + d + 12, a3);
     }
     for (; d < hv; d++) {
-        double a = 0.0;
+        double a = acc[d];
         for (int t = 0; t < n; t++) a += p[t] * ei_fp16_to_fp32(((const ei_f16 *)(v + (size_t)t * row_bytes))[d]);
         acc[d] = a;
     }
@@ -106,7 +107,8 @@ static void weighted_sum_f16(const double *p, const uint8_t *v, size_t row_bytes
 static void weighted_sum_f32(const double *p, const uint8_t *v, size_t row_bytes, int n, int hv, double *acc) {
     int d = 0;
     for (; d + 16 <= hv; d += 16) {
-        __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+        __m256d a0 = _mm256_loadu_pd(acc + d), a1 = _mm256_loadu_pd(acc + d + 4);
+        __m256d a2 = _mm256_loadu_pd(acc + d + 8), a3 = _mm256_loadu_pd(acc + d + 12);
         const uint8_t *row = v + 4 * (size_t)d;
         for (int t = 0; t < n; t++, row += row_bytes) {
             const __m256d w = _mm256_set1_pd(p[t]);
@@ -120,56 +122,82 @@ static void weighted_sum_f32(const double *p, const uint8_t *v, size_t row_bytes
         _mm256_storeu_pd(acc + d + 8, a2); _mm256_storeu_pd(acc + d + 12, a3);
     }
     for (; d < hv; d++) {
-        double a = 0.0;
+        double a = acc[d];
         for (int t = 0; t < n; t++) a += p[t] * ((const float *)(v + (size_t)t * row_bytes))[d];
         acc[d] = a;
     }
 }
 
-static void avx2_attn(const ei_attn_params *p, const float *q, const void *k, const void *v, float *out,
-                      double *scratch) {
-    const int n = p->t1 - p->t0, hd = p->head_dim, hv = p->head_dim_v;
-    const int k_f32 = p->k_type == EI_TYPE_F32, v_f32 = p->v_type == EI_TYPE_F32;
+/* scores[t] for the keys of every run */
+static void avx2_scores(const ei_attn_params *p, const float *q, float *scores) {
+    if (ei_attn_quantized(p->k_type)) {
+        ei_attn_quant_scores(p, q, scores);
+        return;
+    }
+    const int hd = p->head_dim, k_f32 = p->k_type == EI_TYPE_F32;
     float qr[EI_MAX_HEAD_DIM]; /* the query as the key type sees it */
     int d = 0;
     if (!k_f32)
         for (; d + 8 <= hd; d += 8)
             _mm256_storeu_ps(qr + d, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(q + d), _MM_FROUND_TO_NEAREST_INT)));
     for (; d < hd; d++) qr[d] = ei_attn_round_to(q[d], p->k_type);
-
-    float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
-    const uint8_t *kbase = (const uint8_t *)k + (size_t)p->t0 * p->k_row_bytes;
-    for (int t = 0; t < n; t += 8) {
-        const int m = n - t < 8 ? n - t : 8;
-        const uint8_t *rows = kbase + (size_t)t * p->k_row_bytes;
-        double dot[8];
-        if (k_f32)
-            for (int j = 0; j < m; j++)
-                dot[j] = dot_f32_key(qr, (const float *)(rows + (size_t)j * p->k_row_bytes), hd);
-        else
-            dots_f16(qr, rows, p->k_row_bytes, hd, m, dot);
-        for (int j = 0; j < m; j++) scores[t + j] = ei_attn_score((float)dot[j], p);
+    for (int r = 0; r < p->n_runs; r++) {
+        const int n = p->runs[r].n;
+        const uint8_t *kbase = (const uint8_t *)p->runs[r].k;
+        for (int t = 0; t < n; t += 8) {
+            const int m = n - t < 8 ? n - t : 8;
+            const uint8_t *rows = kbase + (size_t)t * p->k_row_bytes;
+            double dot[8];
+            if (k_f32)
+                for (int j = 0; j < m; j++)
+                    dot[j] = dot_f32_key(qr, (const float *)(rows + (size_t)j * p->k_row_bytes), hd);
+            else
+                dots_f16(qr, rows, p->k_row_bytes, hd, m, dot);
+            for (int j = 0; j < m; j++) scores[t + j] = ei_attn_score((float)dot[j], p);
+        }
+        scores += n;
     }
+}
+
+/* acc += the weighted values of one run (weights p, already rounded as the value type) */
+static void avx2_accumulate(const ei_attn_params *p, const ei_attn_run *run, const double *w, double *acc) {
+    const int hv = p->head_dim_v;
+    if (p->v_type == EI_TYPE_F32) weighted_sum_f32(w, run->v, p->v_row_bytes, run->n, hv, acc);
+    else if (p->v_type == EI_TYPE_F16) weighted_sum_f16(w, run->v, p->v_row_bytes, run->n, hv, acc);
+    else {
+        float buf[EI_ATTN_CHUNK * EI_MAX_HEAD_DIM];
+        for (int t = 0; t < run->n; t += EI_ATTN_CHUNK) {
+            const int m = run->n - t < EI_ATTN_CHUNK ? run->n - t : EI_ATTN_CHUNK;
+            ei_attn_decode_values(p, run, t, m, buf);
+            weighted_sum_f32(w + t, (const uint8_t *)buf, (size_t)hv * 4, m, hv, acc);
+        }
+    }
+}
+
+static void avx2_attn(const ei_attn_params *p, const float *q, float *out, double *scratch) {
+    const int n = ei_attn_keys(p), hv = p->head_dim_v;
+    float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
+    avx2_scores(p, q, scores);
     const double sum = ei_attn_softmax(scores, n, scratch);
     /* the weights as the value type rounds them, back in scratch: (float)(e / sum), then fp16 */
+    const int v_f16 = p->v_type == EI_TYPE_F16;
     int t = 0;
     const __m256d vsum = _mm256_set1_pd(sum);
     for (; t + 4 <= n; t += 4) {
         __m128 pr = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_loadu_pd(scratch + t), vsum));
-        if (!v_f32) pr = _mm_cvtph_ps(_mm_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT));
+        if (v_f16) pr = _mm_cvtph_ps(_mm_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT));
         _mm256_storeu_pd(scratch + t, _mm256_cvtps_pd(pr));
     }
     for (; t < n; t++) scratch[t] = ei_attn_prob(scratch[t], sum, p->v_type);
     double acc[EI_MAX_HEAD_DIM];
-    const uint8_t *vbase = (const uint8_t *)v + (size_t)p->t0 * p->v_row_bytes;
-    if (v_f32) weighted_sum_f32(scratch, vbase, p->v_row_bytes, n, hv, acc);
-    else weighted_sum_f16(scratch, vbase, p->v_row_bytes, n, hv, acc);
-    d = 0;
+    for (int d = 0; d < hv; d++) acc[d] = 0.0;
+    for (int r = 0, at = 0; r < p->n_runs; at += p->runs[r++].n) avx2_accumulate(p, &p->runs[r], scratch + at, acc);
+    int d = 0;
     for (; d + 4 <= hv; d += 4) _mm_storeu_ps(out + d, _mm256_cvtpd_ps(_mm256_loadu_pd(acc + d)));
     for (; d < hv; d++) out[d] = (float)acc[d];
 }
 
 void ei_avx2_attn_kernels(ei_kernels *k) {
     k->attn = avx2_attn;
-    k->attn_types = EI_ATTN_F16_F32;
+    k->attn_types = EI_ATTN_ALL;
 }

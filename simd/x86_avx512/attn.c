@@ -86,12 +86,12 @@ EI_INLINE void v_row16(const uint8_t *row, int f32, int d0, __m512d *lo, __m512d
     }
 }
 
-/* acc[d0 + j] = sum over t in order of p[t] * v_t[d0 + j] for j < 16 * G, one double lane per
+/* acc[d0 + j] += sum over t in order of p[t] * v_t[d0 + j] for j < 16 * G, one double lane per
  * dimension; every product is exact */
 #define WEIGHTED_SUM(G)                                                                              \
     static void weighted_sum##G(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int d0, double *acc) { \
         __m512d a[2 * G];                                                                            \
-        EI_UNROLL for (int i = 0; i < 2 * G; i++) a[i] = _mm512_setzero_pd();                         \
+        EI_UNROLL for (int i = 0; i < 2 * G; i++) a[i] = _mm512_loadu_pd(acc + d0 + 8 * i);           \
         for (int t = 0; t < n; t++) {                                                                \
             const __m512d pt = _mm512_set1_pd(p[t]);                                                 \
             EI_UNROLL for (int i = 0; i < G; i++) {                                                  \
@@ -112,7 +112,7 @@ static void weighted_sum(const double *p, const uint8_t *v, int f32, size_t row_
     for (; d + 128 <= hv; d += 128) weighted_sum8(p, v, f32, row_bytes, n, d, acc);
     for (; d + 16 <= hv; d += 16) weighted_sum1(p, v, f32, row_bytes, n, d, acc);
     for (; d < hv; d++) {
-        double s = 0.0;
+        double s = acc[d];
         for (int t = 0; t < n; t++) {
             const uint8_t *row = v + (size_t)t * row_bytes;
             s += p[t] * (f32 ? ((const float *)row)[d] : ei_fp16_to_fp32(((const ei_f16 *)row)[d]));
@@ -121,9 +121,13 @@ static void weighted_sum(const double *p, const uint8_t *v, int f32, size_t row_
     }
 }
 
-static void attn(const ei_attn_params *p, const float *q, const void *k, const void *v, float *out, double *scratch) {
-    const int n = p->t1 - p->t0, hd = p->head_dim, hv = p->head_dim_v;
-    const int k_f32 = p->k_type == EI_TYPE_F32, v_f32 = p->v_type == EI_TYPE_F32;
+/* scores[t] for the keys of every run */
+static void scores_of(const ei_attn_params *p, const float *q, float *scores) {
+    if (ei_attn_quantized(p->k_type)) {
+        ei_attn_quant_scores(p, q, scores);
+        return;
+    }
+    const int hd = p->head_dim, k_f32 = p->k_type == EI_TYPE_F32;
     float qr[EI_MAX_HEAD_DIM];  /* the query as the key type sees it */
     double qd[EI_MAX_HEAD_DIM]; /* the same, in double */
     int d = 0;
@@ -134,32 +138,58 @@ static void attn(const ei_attn_params *p, const float *q, const void *k, const v
     }
     for (; d < hd; d++) qr[d] = ei_attn_round_to(q[d], p->k_type);
     for (d = 0; d < hd; d++) qd[d] = qr[d];
-
-    float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
-    const uint8_t *kbase = (const uint8_t *)k + (size_t)p->t0 * p->k_row_bytes;
-    for (int t = 0; t < n; t += 16) {
-        const int m = n - t < 16 ? n - t : 16;
-        const uint8_t *rows = kbase + (size_t)t * p->k_row_bytes;
-        double dot[16];
-        if (k_f32)
-            for (int j = 0; j < m; j++) dot[j] = key_dot_f32(qr, (const float *)(rows + (size_t)j * p->k_row_bytes), hd);
-        else
-            key_dots16_f16(qd, rows, p->k_row_bytes, hd, m, dot);
-        for (int j = 0; j < m; j++) scores[t + j] = ei_attn_score((float)dot[j], p);
+    for (int r = 0; r < p->n_runs; r++) {
+        const int n = p->runs[r].n;
+        const uint8_t *kbase = (const uint8_t *)p->runs[r].k;
+        for (int t = 0; t < n; t += 16) {
+            const int m = n - t < 16 ? n - t : 16;
+            const uint8_t *rows = kbase + (size_t)t * p->k_row_bytes;
+            double dot[16];
+            if (k_f32)
+                for (int j = 0; j < m; j++) dot[j] = key_dot_f32(qr, (const float *)(rows + (size_t)j * p->k_row_bytes), hd);
+            else
+                key_dots16_f16(qd, rows, p->k_row_bytes, hd, m, dot);
+            for (int j = 0; j < m; j++) scores[t + j] = ei_attn_score((float)dot[j], p);
+        }
+        scores += n;
     }
-    const double sum = ei_attn_softmax(scores, n, scratch);
-    /* the weights as the value type rounds them, back in scratch */
+}
+
+/* acc += the weighted values of one run (weights w, already rounded as the value type) */
+static void accumulate(const ei_attn_params *p, const ei_attn_run *run, const double *w, double *acc) {
+    const int hv = p->head_dim_v;
+    if (!ei_attn_quantized(p->v_type)) {
+        weighted_sum(w, run->v, p->v_type == EI_TYPE_F32, p->v_row_bytes, run->n, hv, acc);
+        return;
+    }
+    float buf[EI_ATTN_CHUNK * EI_MAX_HEAD_DIM];
+    for (int t = 0; t < run->n; t += EI_ATTN_CHUNK) {
+        const int m = run->n - t < EI_ATTN_CHUNK ? run->n - t : EI_ATTN_CHUNK;
+        ei_attn_decode_values(p, run, t, m, buf);
+        weighted_sum(w + t, (const uint8_t *)buf, 1, (size_t)hv * 4, m, hv, acc);
+    }
+}
+
+/* the softmax weights as the value type rounds them, in place: (float)(w / sum), then fp16 */
+static void round_weights(double *w, int n, double sum, int v_type) {
     int t = 0;
     for (; t + 8 <= n; t += 8) {
-        __m256 pr = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_loadu_pd(scratch + t), _mm512_set1_pd(sum)));
-        if (!v_f32) pr = _mm256_cvtph_ps(_mm256_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        _mm512_storeu_pd(scratch + t, _mm512_cvtps_pd(pr));
+        __m256 pr = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_loadu_pd(w + t), _mm512_set1_pd(sum)));
+        if (v_type == EI_TYPE_F16) pr = _mm256_cvtph_ps(_mm256_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_storeu_pd(w + t, _mm512_cvtps_pd(pr));
     }
-    for (; t < n; t++) scratch[t] = ei_attn_prob(scratch[t], sum, p->v_type);
+    for (; t < n; t++) w[t] = ei_attn_prob(w[t], sum, v_type);
+}
+
+static void attn(const ei_attn_params *p, const float *q, float *out, double *scratch) {
+    const int n = ei_attn_keys(p), hv = p->head_dim_v;
+    float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
+    scores_of(p, q, scores);
+    round_weights(scratch, n, ei_attn_softmax(scores, n, scratch), p->v_type);
     double acc[EI_MAX_HEAD_DIM];
-    const uint8_t *vbase = (const uint8_t *)v + (size_t)p->t0 * p->v_row_bytes;
-    weighted_sum(scratch, vbase, v_f32, p->v_row_bytes, n, hv, acc);
-    d = 0;
+    for (int d = 0; d < hv; d++) acc[d] = 0.0;
+    for (int r = 0, at = 0; r < p->n_runs; at += p->runs[r++].n) accumulate(p, &p->runs[r], scratch + at, acc);
+    int d = 0;
     for (; d + 8 <= hv; d += 8) _mm256_storeu_ps(out + d, _mm512_cvtpd_ps(_mm512_loadu_pd(acc + d)));
     for (; d < hv; d++) out[d] = (float)acc[d];
 }
@@ -191,18 +221,20 @@ static void group_scores8(const double (*qT)[8], const uint8_t *k, size_t row_by
     EI_UNROLL for (int j = 0; j < 8; j++) _mm512_storeu_pd(out[j], acc[j]);
 }
 
-/* acc[i][d0 + c] = sum over t in order of w[i][t] * v_t[d0 + c], c < 16 G, for NQ queries */
+/* out[i][d0 + c] += sum over t in order of w[i][t] * v_t[d0 + c], c < 16 G, for NQ queries
+ * whose weights are n_w apart */
 #define GROUP_SUM(NQ, G)                                                                             \
-    static void group_sum_##NQ##_##G(const double *w, int n, const uint8_t *v, size_t row_bytes, int d0, double *out, size_t os) { \
+    static void group_sum_##NQ##_##G(const double *w, int n, size_t n_w, const uint8_t *v, size_t row_bytes, int d0, \
+                                     double *out, size_t os) {                                       \
         __m512d acc[NQ][2 * G];                                                                      \
         EI_UNROLL for (int i = 0; i < NQ; i++)                                                       \
-            EI_UNROLL for (int c = 0; c < 2 * G; c++) acc[i][c] = _mm512_setzero_pd();               \
+            EI_UNROLL for (int c = 0; c < 2 * G; c++) acc[i][c] = _mm512_loadu_pd(out + i * os + d0 + 8 * c); \
         for (int t = 0; t < n; t++) {                                                                \
             __m512d vd[2 * G];                                                                       \
             EI_UNROLL for (int c = 0; c < G; c++)                                                    \
                 f16x16_pd(_mm256_loadu_si256((const __m256i *)((const ei_f16 *)(v + (size_t)t * row_bytes) + d0 + 16 * c)), &vd[2 * c], &vd[2 * c + 1]); \
             EI_UNROLL for (int i = 0; i < NQ; i++) {                                                 \
-                const __m512d wt = _mm512_set1_pd(w[(size_t)i * n + t]);                             \
+                const __m512d wt = _mm512_set1_pd(w[(size_t)i * n_w + t]);                           \
                 EI_UNROLL for (int c = 0; c < 2 * G; c++) acc[i][c] = _mm512_fmadd_pd(vd[c], wt, acc[i][c]); \
             }                                                                                        \
         }                                                                                            \
@@ -211,13 +243,48 @@ static void group_scores8(const double (*qT)[8], const uint8_t *k, size_t row_by
     }
 GROUP_SUM(4, 2)
 GROUP_SUM(2, 4)
-GROUP_SUM(1, 8)
 
-static void attn_group(const ei_attn_params *p, int nq, const float *q, size_t qs, const void *k, const void *v,
-                       float *out, size_t os, double *scratch) {
-    const int n = p->t1 - p->t0, hd = p->head_dim, hv = p->head_dim_v;
+/* sc[i * n + t] for the nb queries of qT and the keys of every run */
+static void group_scores(const ei_attn_params *p, const double (*qT)[8], int nb, int n, float *sc) {
+    int at = 0;
+    for (int r = 0; r < p->n_runs; r++) {
+        const int nr = p->runs[r].n;
+        const uint8_t *kb = (const uint8_t *)p->runs[r].k;
+        for (int t = 0; t < nr; t += 8) {
+            const int m = nr - t < 8 ? nr - t : 8;
+            double dot[8][8];
+            group_scores8(qT, kb + (size_t)t * p->k_row_bytes, p->k_row_bytes, p->head_dim, m, dot);
+            for (int j = 0; j < m; j++)
+                for (int i = 0; i < nb; i++) sc[(size_t)i * n + at + t + j] = ei_attn_score((float)dot[j][i], p);
+        }
+        at += nr;
+    }
+}
+
+/* acc[i] (hv apart) += the weighted values of every run for nb queries whose weights are n apart */
+static void group_values(const ei_attn_params *p, const double *w, int nb, int n, double *acc) {
+    const int hv = p->head_dim_v;
+    for (int x = 0; x < nb * hv; x++) acc[x] = 0.0;
+    int at = 0;
+    for (int r = 0; r < p->n_runs; r++) {
+        const int nr = p->runs[r].n;
+        const uint8_t *vb = (const uint8_t *)p->runs[r].v;
+        const size_t rb = p->v_row_bytes, hs = (size_t)hv;
+        int i = 0;
+        for (; i + 4 <= nb; i += 4)
+            for (int d = 0; d < hv; d += 32) group_sum_4_2(w + (size_t)i * n + at, nr, (size_t)n, vb, rb, d, acc + i * hs, hs);
+        for (; i + 2 <= nb; i += 2)
+            for (int d = 0; d < hv; d += 64) group_sum_2_4(w + (size_t)i * n + at, nr, (size_t)n, vb, rb, d, acc + i * hs, hs);
+        for (; i < nb; i++) weighted_sum(w + (size_t)i * n + at, vb, 0, rb, nr, hv, acc + i * hs);
+        at += nr;
+    }
+}
+
+static void attn_group(const ei_attn_params *p, int nq, const float *q, size_t qs, float *out, size_t os,
+                       double *scratch) {
+    const int n = ei_attn_keys(p), hd = p->head_dim, hv = p->head_dim_v;
     if (p->k_type != EI_TYPE_F16 || p->v_type != EI_TYPE_F16 || hd % 16 || hv % 64) {
-        for (int i = 0; i < nq; i++) attn(p, q + (size_t)i * qs, k, v, out + (size_t)i * os, scratch);
+        for (int i = 0; i < nq; i++) attn(p, q + (size_t)i * qs, out + (size_t)i * os, scratch);
         return;
     }
     for (int i0 = 0; i0 < nq; i0 += 8) { /* eight queries at a time */
@@ -234,33 +301,13 @@ static void attn_group(const ei_attn_params *p, int nq, const float *q, size_t q
                 for (int e = 0; e < 16; e++) qT[d + e][i] = f[e];
             }
         }
-        const uint8_t *kb = (const uint8_t *)k + (size_t)p->t0 * p->k_row_bytes;
-        for (int t = 0; t < n; t += 8) {
-            const int m = n - t < 8 ? n - t : 8;
-            double dot[8][8];
-            group_scores8((const double (*)[8])qT, kb + (size_t)t * p->k_row_bytes, p->k_row_bytes, hd, m, dot);
-            for (int j = 0; j < m; j++)
-                for (int i = 0; i < nb; i++) sc[(size_t)i * n + t + j] = ei_attn_score((float)dot[j][i], p);
-        }
+        group_scores(p, (const double (*)[8])qT, nb, n, sc);
         for (int i = 0; i < nb; i++) {
             double *wi = w + (size_t)i * n;
-            const double sum = ei_attn_softmax(sc + (size_t)i * n, n, wi);
-            int t = 0;
-            for (; t + 8 <= n; t += 8) {
-                const __m256 pr = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_loadu_pd(wi + t), _mm512_set1_pd(sum)));
-                _mm512_storeu_pd(wi + t, _mm512_cvtps_pd(_mm256_cvtph_ps(_mm256_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))));
-            }
-            for (; t < n; t++) wi[t] = ei_attn_prob(wi[t], sum, EI_TYPE_F16);
+            round_weights(wi, n, ei_attn_softmax(sc + (size_t)i * n, n, wi), EI_TYPE_F16);
         }
-        /* the outputs, summed in double */
         static EI_THREAD_LOCAL double acc[8 * EI_MAX_HEAD_DIM]; /* (nb, hv) */
-        const uint8_t *vb = (const uint8_t *)v + (size_t)p->t0 * p->v_row_bytes;
-        int i = 0;
-        for (; i + 4 <= nb; i += 4)
-            for (int d = 0; d < hv; d += 32) group_sum_4_2(w + (size_t)i * n, n, vb, p->v_row_bytes, d, acc + (size_t)i * hv, (size_t)hv);
-        for (; i + 2 <= nb; i += 2)
-            for (int d = 0; d < hv; d += 64) group_sum_2_4(w + (size_t)i * n, n, vb, p->v_row_bytes, d, acc + (size_t)i * hv, (size_t)hv);
-        for (; i < nb; i++) weighted_sum(w + (size_t)i * n, vb, 0, p->v_row_bytes, n, hv, acc + (size_t)i * hv);
+        group_values(p, w, nb, n, acc);
         for (int ii = 0; ii < nb; ii++)
             for (int d = 0; d < hv; d += 8)
                 _mm256_storeu_ps(out + (size_t)(i0 + ii) * os + d, _mm512_cvtpd_ps(_mm512_loadu_pd(acc + (size_t)ii * hv + d)));
@@ -270,5 +317,5 @@ static void attn_group(const ei_attn_params *p, int nq, const float *q, size_t q
 void ei_avx512_attn_kernels(ei_kernels *k) {
     k->attn = attn;
     k->attn_group = attn_group;
-    k->attn_types = EI_ATTN_F16_F32;
+    k->attn_types = EI_ATTN_ALL;
 }

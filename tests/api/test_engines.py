@@ -137,22 +137,24 @@ def test_auto_says_once_on_stderr_why_it_runs_numpy(fixture_models, tmp_path):
 
 
 @needs_native
-@pytest.mark.parametrize("kv_type", ["f16", "f32"])
-def test_the_native_cache_takes_what_cache_bytes_says(fixture_models, kv_type):
+@pytest.mark.parametrize(
+    "k_type,v_type", [("f16", "f16"), ("f32", "f32"), ("q8_0", "q4_0"), ("q4_0", "f16")]
+)
+def test_the_native_cache_takes_what_cache_bytes_says(fixture_models, k_type, v_type):
     """The engine and the estimates (edgeinfer info, the converters' fitting) size the KV cache
     with one function: a sequence's first step allocates exactly cache_bytes of it."""
     from edgeinfer.kv_cache import cache_bytes
 
     with GGUFFile(fixture_models["gemma3"]) as gguf:
         cfg = config_from_gguf(gguf)
-        options = EngineOptions(n_ctx=96, n_threads=1, kv_type=kv_type)
+        options = EngineOptions(n_ctx=96, n_threads=1, cache_type_k=k_type, cache_type_v=v_type)
         engine = engines.create(ENGINES["native"], gguf, cfg, options)
         try:
             before = engine.memory_bytes
             engine.forward([1, 2])
             expected = cache_bytes(
                 n_layer=cfg.n_layer, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim,
-                head_dim_v=cfg.head_dim_v, n_ctx=96, k_type=kv_type,
+                head_dim_v=cfg.head_dim_v, n_ctx=96, k_type=k_type, v_type=v_type,
             )  # fmt: skip
             assert engine.memory_bytes - before == expected
         finally:

@@ -55,8 +55,9 @@ def run_capped(gemma_path, options: dict) -> dict:
 
 
 def test_kv_cache_out_of_memory_twice_is_typed_and_leaves_the_model_usable(gemma_path):
-    """The report: n_ctx=200000 under 4 GB; the second generate used to segfault."""
-    out = run_capped(gemma_path, {"n_ctx": 200000})
+    """The report: n_ctx=200000 under 4 GB, every layer keeping the whole context (as all did
+    then); the second generate used to segfault."""
+    out = run_capped(gemma_path, {"n_ctx": 200000, "swa_full": True})
     assert "ok" in out["load"], out
     for call in ("first", "second"):
         assert out[call].get("typed_oom"), out
@@ -64,8 +65,20 @@ def test_kv_cache_out_of_memory_twice_is_typed_and_leaves_the_model_usable(gemma
     assert "ok" in out["tokenize"] and "ok" in out["close"], out
 
 
+def test_the_rings_fit_that_context(gemma_path):
+    """With the sliding-window layers' rings the same context needs 3 layers of 200000
+    positions, not 18: it runs under the limit."""
+    out = run_capped(gemma_path, {"n_ctx": 200000})
+    assert "ok" in out["first"] and "ok" in out["second"], out
+
+
 @pytest.mark.parametrize(
-    "options", [{"n_ctx": 1 << 20}, {"n_threads": 512}, {"n_ctx": 200000, "engine": "reference"}]
+    "options",
+    [
+        {"n_ctx": 1 << 20, "swa_full": True},
+        {"n_threads": 512},
+        {"n_ctx": 200000, "engine": "reference"},
+    ],
 )
 def test_other_out_of_memory_paths_are_typed(gemma_path, options):
     out = run_capped(gemma_path, options)

@@ -114,7 +114,10 @@ def test_close_from_another_thread_while_streaming(fixture_model):
         dict(n_threads=2.5),
         dict(n_batch=0),
         dict(engine="gpu"),
-        dict(kv_type="q8_0"),
+        dict(kv_type="q5_1"),
+        dict(cache_type_v="q9"),
+        dict(kv_type="f16", cache_type_k="q4_0"),  # the shorthand disagrees with an explicit one
+        dict(swa_full="no"),
         dict(flash_attention=True),
     ],
 )

@@ -95,11 +95,12 @@ def test_an_empty_folder_gives_a_clear_reason(reload, tmp_path):
 def test_attention_on_a_cache_type_it_cannot_read_is_a_status():
     lib = _native.library()
     q = np.ones(32, np.float32)
-    rows = np.zeros((4, 34), np.uint8)  # a Q8_0 row of 32 values is 34 bytes
+    rows = np.zeros((4, 64), np.uint8)  # wider than a Q5_0 or F16 row of 32 values
     out = np.zeros(32, np.float32)
-    for k_type, v_type in ((GGMLType.Q8_0, GGMLType.F16), (GGMLType.F16, GGMLType.Q8_0)):
+    runs = np.array([0, 4], np.int32)  # rows [0, 4)
+    for k_type, v_type in ((GGMLType.Q5_0, GGMLType.F16), (GGMLType.F16, GGMLType.Q5_0)):
         status = lib.ei_kernel_attn(
-            0, 32, 32, 0, 4, int(k_type), int(v_type), 64, 64, 1.0, 0.0,
+            0, 32, 32, 1, runs.ctypes.data, int(k_type), int(v_type), 64, 64, 1.0, 0.0,
             q.ctypes.data, rows.ctypes.data, rows.ctypes.data, out.ctypes.data,
         )  # fmt: skip
         assert status == UNSUPPORTED
@@ -107,15 +108,15 @@ def test_attention_on_a_cache_type_it_cannot_read_is_a_status():
 
 
 def test_a_cache_type_the_engine_lacks_is_an_option_error(fixture_models):
-    q8 = CacheType("q8_0", GGMLType.Q8_0)
-    with pytest.raises(errors.InvalidOptionError, match=r"keeps kv_type f16, f32, not 'q8_0'"):
-        edgeinfer.load(fixture_models["llama"], engine="native", kv_type=q8)
-    why = r"q8_0 is not supported by the native engine \(one of f16, f32\)"
+    q5 = CacheType("q5_0", GGMLType.Q5_0)  # a GGML type, not a cache type of the engine
+    with pytest.raises(errors.InvalidOptionError, match=r"unknown kv_type 'q5_0'"):
+        edgeinfer.load(fixture_models["llama"], engine="native", kv_type="q5_0")
+    why = r"cache_type_v q5_0 is not supported by the native engine \(one of f16, f32, q8_0, q4_0\)"
     with (
         GGUFFile(fixture_models["llama"]) as gguf,
         pytest.raises(errors.InvalidOptionError, match=why),
     ):
-        _native.NativeEngine(gguf, config_from_gguf(gguf), 16, n_threads=1, kv_type=q8)
+        _native.NativeEngine(gguf, config_from_gguf(gguf), 16, n_threads=1, cache_type_v=q5)
 
 
 def _run(lib, handle, tokens: list[int], n_vocab: int, seq: int = 0) -> np.ndarray:

@@ -29,13 +29,28 @@ def _assert_same(ref: np.ndarray, ours: np.ndarray) -> None:
     np.testing.assert_array_equal(ours, ref)
 
 
+# (keys, values) cache types: each type for both, and mixed pairs
+CACHE_PAIRS = [("f16", "f16"), ("f32", "f32"), ("q8_0", "q8_0"), ("q4_0", "q4_0"),
+               ("q8_0", "f16"), ("f16", "q4_0"), ("q4_0", "f32")]  # fmt: skip
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("kv_type", ["f16", "f32"])
-def test_fixture_logits_equal_reference(fixture_models, arch, kv_type):
+@pytest.mark.parametrize("types", CACHE_PAIRS, ids="/".join)
+def test_fixture_logits_equal_reference(fixture_models, arch, types):
     path = fixture_models[arch]
-    with edgeinfer.load(path, engine="reference", kv_type=kv_type) as ref, \
-            edgeinfer.load(path, engine="native", kv_type=kv_type) as nat:  # fmt: skip
+    kv = {"cache_type_k": types[0], "cache_type_v": types[1]}
+    with edgeinfer.load(path, engine="reference", **kv) as ref, \
+            edgeinfer.load(path, engine="native", **kv) as nat:  # fmt: skip
         tokens = ref.tokenize(PROMPTS[0])
+        _assert_same(ref.logits(tokens), nat.logits(tokens))
+
+
+@pytest.mark.parametrize("types", [("q8_0", "q8_0"), ("q4_0", "q4_0")], ids="/".join)
+def test_gemma_quantized_cache_logits_equal_reference(gemma_path, types):
+    kv = {"cache_type_k": types[0], "cache_type_v": types[1]}
+    with edgeinfer.load(gemma_path, engine="reference", n_ctx=256, **kv) as ref, \
+            edgeinfer.load(gemma_path, engine="native", n_ctx=256, **kv) as nat:  # fmt: skip
+        tokens = ref.tokenize(PROMPTS[1])[:64]
         _assert_same(ref.logits(tokens), nat.logits(tokens))
 
 

@@ -175,7 +175,8 @@ static void check_float_ops(const ei_kernels *ref, const ei_kernels *var) {
     }
 }
 
-/* odd head dimensions, a different value dimension, strided rows, windows, soft-capping */
+/* odd head dimensions, a different value dimension, strided rows, windows, soft-capping, and
+ * the same span cut into two runs */
 static void check_attn(const ei_kernels *ref, const ei_kernels *var) {
     char what[160];
     enum { T = 40, STRIDE = 140 };
@@ -192,20 +193,62 @@ static void check_attn(const ei_kernels *ref, const ei_kernels *var) {
         for (int kv = 0; kv < 4; kv++) /* every pair of key and value types */
             for (int t0 = 0; t0 <= 6; t0 += 3)
                 for (int t1 = t0 + 1; t1 <= T; t1 += 1 + t1 / 4)
-                    for (int cap = 0; cap < 2; cap++) {
-                        const int k_f32 = kv & 1, v_f32 = kv >> 1;
+                    for (int cap = 0; cap < 4; cap++) {
+                        const int k_f32 = kv & 1, v_f32 = kv >> 1, cut = cap >> 1;
                         const int kt = k_f32 ? EI_TYPE_F32 : EI_TYPE_F16, vt = v_f32 ? EI_TYPE_F32 : EI_TYPE_F16;
-                        ei_attn_params p = {dims[di][0], dims[di][1], t0, t1, kt, vt,
-                                            ei_row_size(kt, STRIDE), ei_row_size(vt, STRIDE), 0.125f,
-                                            cap ? 5.0f : 0.0f};
-                        const void *k = k_f32 ? (const void *)k32 : (const void *)k16;
-                        const void *v = v_f32 ? (const void *)v32 : (const void *)v16;
-                        ref->attn(&p, q, k, v, oa, scratch);
-                        var->attn(&p, q, k, v, ob, scratch);
-                        snprintf(what, sizeof(what), "attn hd %d hdv %d k_f32 %d v_f32 %d t %d..%d softcap %d",
-                                 dims[di][0], dims[di][1], k_f32, v_f32, t0, t1, cap);
+                        const size_t kr = ei_row_size(kt, STRIDE), vr = ei_row_size(vt, STRIDE);
+                        const uint8_t *k = k_f32 ? (const uint8_t *)k32 : (const uint8_t *)k16;
+                        const uint8_t *v = v_f32 ? (const uint8_t *)v32 : (const uint8_t *)v16;
+                        const int mid = cut && t1 - t0 > 1 ? t0 + (t1 - t0) / 3 + 1 : t1;
+                        const ei_attn_run runs[2] = {{k + t0 * kr, v + t0 * vr, mid - t0},
+                                                     {k + mid * kr, v + mid * vr, t1 - mid}};
+                        ei_attn_params p = {dims[di][0], dims[di][1], mid < t1 ? 2 : 1, runs, kt, vt, kr, vr,
+                                            0.125f, cap & 1 ? 5.0f : 0.0f, ref};
+                        ref->attn(&p, q, oa, scratch);
+                        p.kt = var;
+                        var->attn(&p, q, ob, scratch);
+                        snprintf(what, sizeof(what), "attn hd %d hdv %d k_f32 %d v_f32 %d t %d..%d softcap %d runs %d",
+                                 dims[di][0], dims[di][1], k_f32, v_f32, t0, t1, cap & 1, p.n_runs);
                         check(what, same_floats(oa, ob, dims[di][1]));
                     }
+}
+
+/* quantized caches: heads of whole blocks, rows wider than a head, short and long spans */
+static void check_attn_quantized(const ei_kernels *ref, const ei_kernels *var) {
+    char what[160];
+    enum { T = 40, ROW = 160 };
+    static const int types[4] = {EI_TYPE_F32, EI_TYPE_F16, EI_TYPE_Q8_0, EI_TYPE_Q4_0};
+    static uint8_t kc[4][T * ROW * 4], vc[4][T * ROW * 4];
+    static float x[T * ROW], y[T * ROW], q[ROW], oa[ROW], ob[ROW];
+    static double scratch[2 * T];
+    for (int i = 0; i < T * ROW; i++) { x[i] = uniform() * 2.0f; y[i] = uniform(); }
+    for (int i = 0; i < ROW; i++) q[i] = uniform() * 3.0f;
+    for (int ti = 0; ti < 4; ti++)
+        for (int t = 0; t < T; t++) {
+            const size_t rb = ei_row_size(types[ti], ROW);
+            ref->from_float[types[ti]](x + t * ROW, kc[ti] + t * rb, ROW);
+            ref->from_float[types[ti]](y + t * ROW, vc[ti] + t * rb, ROW);
+        }
+    const int dims[][2] = {{32, 32}, {64, 96}, {128, 64}, {160, 160}};
+    for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
+        for (int kv = 0; kv < 16; kv++) {
+            if (kv % 4 < 2 && kv / 4 < 2) continue; /* check_attn covers f16 and f32 alone */
+            const int kt = types[kv % 4], vt = types[kv / 4];
+            const size_t kr = ei_row_size(kt, ROW), vr = ei_row_size(vt, ROW);
+            for (int t1 = 1; t1 <= T; t1 += 1 + t1 / 3) {
+                const int mid = t1 / 2;
+                const ei_attn_run runs[2] = {{kc[kv % 4], vc[kv / 4], mid ? mid : t1},
+                                             {kc[kv % 4] + mid * kr, vc[kv / 4] + mid * vr, t1 - mid}};
+                ei_attn_params p = {dims[di][0], dims[di][1], mid ? 2 : 1, runs, kt, vt, kr, vr, 0.125f,
+                                    t1 % 2 ? 5.0f : 0.0f, ref};
+                ref->attn(&p, q, oa, scratch);
+                p.kt = var;
+                var->attn(&p, q, ob, scratch);
+                snprintf(what, sizeof(what), "attn hd %d hdv %d k type %d v type %d keys %d", dims[di][0],
+                         dims[di][1], kt, vt, t1);
+                check(what, same_floats(oa, ob, dims[di][1]));
+            }
+        }
 }
 
 int main(void) {
@@ -217,6 +260,7 @@ int main(void) {
     check_quantizers(&ref, &var);
     check_float_ops(&ref, &var);
     check_attn(&ref, &var);
+    check_attn_quantized(&ref, &var);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

@@ -73,6 +73,53 @@ static void random_weights(int type, uint8_t *w, size_t bytes) {
     set_small_scales(type, w, bytes, 0.01f);
 }
 
+/* attention over every pair of cache types, a window, and a ring's two runs */
+static void check_attention(const ei_kernels *ref, const ei_kernels *var, const float *q1, const float *q9) {
+    enum { T = 64, HD = 256 };
+    static const int types[4] = {EI_TYPE_F32, EI_TYPE_F16, EI_TYPE_Q8_0, EI_TYPE_Q4_0};
+    static uint8_t kc[4][T * HD * 4], vc[4][T * HD * 4];
+    static float k32[T * HD], v32[T * HD], ya[HD], yb[HD], gout[9 * HD];
+    static double scratch[2 * T], gscratch[9 * 2 * T];
+    char what[160];
+    for (int i = 0; i < T * HD; i++) { k32[i] = gaussian(); v32[i] = gaussian(); }
+    for (int ti = 0; ti < 4; ti++) /* each type's rows, encoded as the engine stores them */
+        for (int t = 0; t < T; t++) {
+            const size_t rb = ei_row_size(types[ti], HD);
+            ref->from_float[types[ti]](k32 + t * HD, kc[ti] + t * rb, HD);
+            ref->from_float[types[ti]](v32 + t * HD, vc[ti] + t * rb, HD);
+        }
+    const int spans[3][4] = {{0, T, 0, 0}, {19, T - 19, 0, 0}, {40, 24, 0, 30}}; /* (start, n) pairs */
+    for (int kv = 0; kv < 16; kv++)
+        for (int sp = 0; sp < 3; sp++) {
+            const int kt = types[kv % 4], vt = types[kv / 4];
+            const size_t kr = ei_row_size(kt, HD), vr = ei_row_size(vt, HD);
+            ei_attn_run runs[2];
+            const int n_runs = spans[sp][3] ? 2 : 1;
+            for (int r = 0; r < n_runs; r++)
+                runs[r] = (ei_attn_run){kc[kv % 4] + (size_t)spans[sp][2 * r] * kr,
+                                        vc[kv / 4] + (size_t)spans[sp][2 * r] * vr, spans[sp][2 * r + 1]};
+            ei_attn_params ap = {HD, HD, n_runs, runs, kt, vt, kr, vr, 0.0625f, 0.0f, ref};
+            ref->attn(&ap, q1, ya, scratch);
+            ap.kt = var;
+            var->attn(&ap, q1, yb, scratch);
+            snprintf(what, sizeof(what), "attn k type %d v type %d span %d", kt, vt, sp);
+            check_floats(what, yb, ya, HD);
+            if (!var->attn_group) continue;
+            /* a grouped-query group: up to 9 query heads (more than one pass of 8) */
+            for (int nq = 1; nq <= 9; nq += 4) {
+                ap.kt = var;
+                var->attn_group(&ap, nq, q9, HD, gout, HD, gscratch);
+                ap.kt = ref;
+                for (int i = 0; i < nq; i++) {
+                    ref->attn(&ap, q9 + i * HD, ya, scratch);
+                    snprintf(what, sizeof(what), "attn_group nq %d query %d k type %d v type %d span %d", nq, i,
+                             kt, vt, sp);
+                    check_floats(what, gout + i * HD, ya, HD);
+                }
+            }
+        }
+}
+
 int main(void) {
     ei_kernels ref, var;
     ei_kernels_init_ref(&ref);
@@ -153,39 +200,7 @@ int main(void) {
         check_floats("add", yb, ya, N);
         ref.scale(N, ya, 0.3f); var.scale(N, yb, 0.3f);
         check_floats("scale", yb, ya, N);
-        /* attention over both cache types and a window */
-        static ei_f16 k16[64 * 256], v16[64 * 256];
-        static float k32[64 * 256], v32[64 * 256];
-        static double scratch[2 * 64];
-        for (int i = 0; i < 64 * 256; i++) {
-            k32[i] = gaussian(); v32[i] = gaussian();
-            k16[i] = ei_fp32_to_fp16(k32[i]); v16[i] = ei_fp32_to_fp16(v32[i]);
-        }
-        for (int kv = 0; kv < 4; kv++) /* every pair of key and value types */
-            for (int t0 = 0; t0 < 20; t0 += 19) {
-                const int k_f32 = kv & 1, v_f32 = kv >> 1;
-                const int kt = k_f32 ? EI_TYPE_F32 : EI_TYPE_F16, vt = v_f32 ? EI_TYPE_F32 : EI_TYPE_F16;
-                const void *kc = k_f32 ? (void *)k32 : (void *)k16, *vc = v_f32 ? (void *)v32 : (void *)v16;
-                ei_attn_params ap = {256, 256, t0, 64, kt, vt, ei_row_size(kt, 256), ei_row_size(vt, 256),
-                                     0.0625f, 0.0f};
-                ref.attn(&ap, x[2], kc, vc, ya, scratch);
-                var.attn(&ap, x[2], kc, vc, yb, scratch);
-                snprintf(what, sizeof(what), "attn k_f32 %d v_f32 %d t0 %d", k_f32, v_f32, t0);
-                check_floats(what, yb, ya, 256);
-                if (!var.attn_group) continue;
-                /* a grouped-query group: up to 9 query heads (more than one pass of 8) */
-                static double gscratch[9 * 2 * 64];
-                static float gout[9 * 256];
-                for (int nq = 1; nq <= 9; nq += 4) {
-                    var.attn_group(&ap, nq, x[3], 256, kc, vc, gout, 256, gscratch);
-                    for (int i = 0; i < nq; i++) {
-                        ref.attn(&ap, x[3] + i * 256, kc, vc, ya, scratch);
-                        snprintf(what, sizeof(what), "attn_group nq %d query %d k_f32 %d v_f32 %d t0 %d", nq, i,
-                                 k_f32, v_f32, t0);
-                        check_floats(what, gout + i * 256, ya, 256);
-                    }
-                }
-            }
+        check_attention(&ref, &var, x[2], x[3]);
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

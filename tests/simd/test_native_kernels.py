@@ -493,9 +493,64 @@ def test_attention(ref, var):
                 q = activations(hd, rng.choice(["gaussian", "outliers", "mixed"]), rng)
                 for t0 in sorted({0, t1 // 2, t1 - 1}):
                     for scale, softcap in ((1 / np.sqrt(hd), 0.0), (1.0, 50.0), (0.0625, 0.0)):
-                        got = var.attention(q, k, v, t0, t1, float(scale), softcap)
-                        want = ref.attention(q, k, v, t0, t1, float(scale), softcap)
+                        span = [(t0, t1 - t0)]
+                        got = var.attention(q, k, v, span, float(scale), softcap)
+                        want = ref.attention(q, k, v, span, float(scale), softcap)
                         assert_same_floats(got, want, f"hd={hd} t0={t0} t1={t1} {dtype.__name__}")
+
+
+CACHE_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0)
+
+
+def cache_rows(kern, t: GGMLType, x: np.ndarray) -> np.ndarray:
+    """Rows of x (T, d) as the engine stores them in a cache of type t (its from_float)."""
+    nb = row_bytes(t, x.shape[1])
+    return np.stack([kern.from_float(int(t), row, nb) for row in x])
+
+
+@pytest.mark.parametrize("kt", CACHE_TYPES, ids=lambda t: f"K{t.name}")
+def test_attention_on_every_cache_type_and_runs(ref, var, kt):
+    """Every value type with these keys, one run or a ring's two (the window wraps)."""
+    rng = np.random.default_rng(18)
+    for hd, hv in ((64, 64), (256, 256), (128, 96)):
+        t = 45
+        k = (rng.standard_normal((t, hd)) * rng.choice([0.1, 1, 20])).astype(np.float32)
+        v = rng.standard_normal((t, hv)).astype(np.float32)
+        q = activations(hd, "gaussian", rng)
+        for vt in CACHE_TYPES:
+            kr, vr = cache_rows(ref, kt, k), cache_rows(ref, vt, v)
+            for runs in ([(0, t)], [(7, 30)], [(30, 15), (0, 12)], [(44, 1), (0, 1)]):
+                for softcap in (0.0, 30.0):
+                    args = (q, kr, vr, runs, 0.125, softcap, (int(kt), int(vt)), (hd, hv))
+                    assert_same_floats(
+                        var.attention(*args), ref.attention(*args), f"{hd} {vt.name} {runs}"
+                    )
+
+
+@pytest.mark.parametrize("kt", CACHE_TYPES[2:], ids=lambda t: f"K{t.name}")
+def test_quantized_attention_against_numpy(ref, kt):
+    """The scalar reference on quantized rows against a float64 computation from GGML's block
+    values (edgeinfer.quants) and the q8_0 query (the numpy engine's act_q8_0)."""
+    rng = np.random.default_rng(19)
+    hd, t = 128, 50
+    k = rng.standard_normal((t, hd)).astype(np.float32)
+    v = rng.standard_normal((t, hd)).astype(np.float32)
+    q = rng.standard_normal(hd).astype(np.float32)
+    kr, vr = cache_rows(ref, kt, k), cache_rows(ref, kt, v)
+    kd = quants.dequantize(kr.reshape(-1), kt, (t, hd)).astype(np.float64)
+    vd = quants.dequantize(vr.reshape(-1), kt, (t, hd)).astype(np.float64)
+    # near the values (q4_0 clips the extreme opposite the block's maximum by up to a step)
+    assert np.abs(kd - k).max() < (0.02 if kt == GGMLType.Q8_0 else 0.5)
+    runs = [(20, 30), (0, 10)]
+    rows = np.r_[20:50, 0:10]
+    scores = (reference.act_q8_0(q).astype(np.float64) @ kd[rows].T).astype(
+        np.float32
+    ) * np.float32(0.1)
+    w = np.exp((scores - scores.max()).astype(np.float64))
+    p = (w / w.sum()).astype(np.float32).astype(np.float64)
+    want = (p @ vd[rows]).astype(np.float32)
+    got = ref.attention(q, kr, vr, runs, 0.1, 0.0, (int(kt), int(kt)), (hd, hd))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
 def cancelling(
@@ -524,8 +579,8 @@ def test_attention_sums_keep_the_reference_order(ref, var):
             v = np.stack([cancelling(hd, rng)[1] for _ in range(21)]).astype(dtype)
             for scale in (1e8, 1e9, 1e10):
                 got, want = (
-                    var.attention(q, k, v, 0, 21, scale),
-                    ref.attention(q, k, v, 0, 21, scale),
+                    var.attention(q, k, v, [(0, 21)], scale),
+                    ref.attention(q, k, v, [(0, 21)], scale),
                 )
                 assert_same_floats(got, want, f"hd={hd} {dtype.__name__} scale={scale}")
 
@@ -546,7 +601,9 @@ def test_attention_value_width_may_differ(ref, var):
     for hv in (1, 4, 16, 20, 96, 256):
         v = rng.standard_normal((40, hv)).astype(np.float16)
         assert_same_floats(
-            var.attention(q, k, v, 3, 40, 0.1), ref.attention(q, k, v, 3, 40, 0.1), f"hv={hv}"
+            var.attention(q, k, v, [(3, 37)], 0.1),
+            ref.attention(q, k, v, [(3, 37)], 0.1),
+            f"hv={hv}",
         )
 
 

@@ -1,0 +1,85 @@
+"""What happens when a sequence reaches the end of its context: the policies, one registry.
+
+* ``error``: a typed :class:`~edgeinfer.errors.ContextOverflowError` (the default).
+* ``shift``: llama.cpp's context shift. The first ``n_keep`` tokens stay; the oldest half of
+  the rest is dropped.
+* ``streaming``: StreamingLLM (Xiao et al., 2023). The first ``n_sink`` tokens stay as
+  attention sinks, and the most recent ones fill the rest of the context. To keep the cost of
+  an eviction (every later key is re-rotated) off each token, it drops an eighth of the
+  context at a time, so the recent window holds between 7/8 of the context and all of it.
+
+An eviction discards a run of cached positions; the later ones move down, their keys rotated
+back (RoPE sees positions within the cache, as both papers do), so nothing is evaluated
+again. The session (:class:`edgeinfer.generation.KVSession`) asks the policy for the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgeinfer import errors
+
+DEFAULT_N_SINK = 4
+STREAMING_STEP = 8  # streaming drops 1/STREAMING_STEP of the context at a time
+
+
+@dataclass(frozen=True)
+class ContextPolicy:
+    """A policy and its parameters (``n_keep`` for shift, ``n_sink`` for streaming)."""
+
+    name: str = "error"
+    n_keep: int = 0
+    n_sink: int = DEFAULT_N_SINK
+
+    def __post_init__(self) -> None:
+        if self.name not in CONTEXT_POLICIES:
+            raise errors.InvalidOptionError(
+                f"unknown context_policy {self.name!r} (one of {', '.join(CONTEXT_POLICIES)})"
+            )
+        for field in ("n_keep", "n_sink"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise errors.InvalidOptionError(f"{field} must be an integer >= 0, got {value!r}")
+
+    @property
+    def evicts(self) -> bool:
+        return self.name != "error"
+
+    @property
+    def kept(self) -> int:
+        """Tokens at the start of the sequence that are never dropped."""
+        return {"shift": self.n_keep, "streaming": self.n_sink}.get(self.name, 0)
+
+    def check(self, n_ctx: int) -> None:
+        """Refuses parameters that leave no room in a context of ``n_ctx``."""
+        if self.evicts and self.kept * 2 > n_ctx:
+            what = "n_keep" if self.name == "shift" else "n_sink"
+            raise errors.InvalidOptionError(
+                f"{what} {self.kept} leaves too little room in a context of {n_ctx} "
+                f"(at most {n_ctx // 2})"
+            )
+
+    def discard(
+        self, n_past: int, n_new: int, n_ctx: int, most: int | None = None
+    ) -> tuple[int, int]:
+        """(start, count): the cached positions to drop so that ``n_new`` more tokens fit
+        after ``n_past``. ``most`` caps the count (an engine's ring buffers need the window
+        behind the kept tokens); a context too small for the policy is ContextOverflowError."""
+        needed = n_past + n_new - n_ctx
+        start = min(self.kept, n_past)
+        if self.name == "shift":
+            count = max((n_past - start) // 2, needed)
+        elif self.name == "streaming":
+            count = max((n_ctx - start) // STREAMING_STEP, needed)
+        else:
+            count = needed
+        count = min(count, n_past - start, most if most is not None else n_past)
+        if not self.evicts or count < needed:
+            raise errors.ContextOverflowError(
+                f"{n_past} cached + {n_new} new tokens exceed the context of {n_ctx}"
+                + ("" if not self.evicts else f" and the {self.name} policy can drop only {count}")
+            )
+        return start, count
+
+
+CONTEXT_POLICIES = ("error", "shift", "streaming")
