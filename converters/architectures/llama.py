@@ -5,9 +5,12 @@ GGML's ``llama`` graph uses "normal" rotary embedding (adjacent values form a pa
 Hugging Face pairs the two halves of each head: the query and key rows are permuted back.
 Llama 3.1's rotary scaling becomes the ``rope_freqs.weight`` tensor of per-frequency divisors.
 
-Mistral 7B v0.1 declares a sliding window of 4096; like llama.cpp's converter, the GGUF
-``llama`` architecture has no window, so the file attends to the whole context (identical
-results up to the window's length).
+Mistral 7B v0.1 declares a sliding window of 4096: it is written as
+``llama.attention.sliding_window`` (GGUF's window key, in tokens with the current one, as
+Hugging Face counts them), and edgeinfer's runtime and ONNX export (GroupQueryAttention's
+``local_window_size``) attend through it on every layer. llama.cpp writes no window for this
+class and its ``llama`` loader reads none, so there the file attends to the whole context:
+the same results up to the window's length.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from edgeinfer.converters.architectures.base import (
     ConfigReader,
     HParams,
     MetadataItem,
+    OnnxFamily,
     SourceTensor,
     check_activation,
     check_rope,
@@ -87,12 +91,34 @@ class MistralConverter(LlamaConverter):
 
     def __init__(self, ckpt: HFCheckpoint) -> None:
         super().__init__(ckpt)
-        window = ckpt.config.get("sliding_window")
-        if isinstance(window, int) and 0 < window < self.hp.context_length:
+        self.sliding_window = self._sliding_window(ckpt)
+        if self.sliding_window:
             self.notes.append(
-                f"sliding_window {window} is not kept: the file attends to the whole context "
-                "(as llama.cpp's converter does); results match up to that many tokens"
+                f"sliding_window {self.sliding_window} is kept as {ARCH}.attention.sliding_window;"
+                " llama.cpp reads no window for this architecture and attends to the whole "
+                "context, so its results match up to that many tokens"
             )
+
+    def _sliding_window(self, ckpt: HFCheckpoint) -> int:
+        """Every layer's window; 0 when there is none (null) or it masks nothing (at least the
+        context length)."""
+        if ckpt.config.get("sliding_window") is None:
+            return 0
+        # a window of 0 would let a token attend to nothing, not even itself
+        window = ConfigReader(ckpt.config, self.where, self.defaults).int("sliding_window", lo=1)
+        return window if window < self.hp.context_length else 0
+
+    def metadata(self) -> list[MetadataItem]:
+        items = super().metadata()
+        if self.sliding_window:
+            key = f"{self.gguf_arch}.attention.sliding_window"
+            items.append(kv(key, ValueType.UINT32, self.sliding_window))
+        return items
+
+    def onnx_family(self) -> OnnxFamily:
+        window = self.sliding_window
+        every_layer = (True,) * self.hp.n_layer if window else ()
+        return OnnxFamily(self.genai_type, sliding_window=window, swa_layers=every_layer)
 
 
 # the Hugging Face classes written as GGUF ``llama``

@@ -68,6 +68,9 @@ class DecoderConfig:
     rope_base: float
     rope_freq_scale: float = 1.0
     rope_base_swa: float = 10000.0  # rope base of the sliding-window layers
+    # rope scaling of the sliding-window layers: none by default, as llama.cpp reads Gemma 3
+    # (the file's scaling is for its global layers)
+    rope_freq_scale_swa: float = 1.0
     sliding_window: int = 0  # 0: no sliding-window layers
     swa_layers: tuple[bool, ...] = ()  # per layer: uses the sliding window
     embed_scale: float = 1.0  # token embeddings are multiplied by this
@@ -90,8 +93,7 @@ class DecoderConfig:
         return self.rope_base_swa if self.is_swa(il) else self.rope_base
 
     def layer_rope_scale(self, il: int) -> float:
-        # as llama.cpp: the file's rope scaling applies to the global layers only
-        return 1.0 if self.is_swa(il) else self.rope_freq_scale
+        return self.rope_freq_scale_swa if self.is_swa(il) else self.rope_freq_scale
 
     def layer_window(self, il: int) -> int:
         return self.sliding_window if self.is_swa(il) else 0
