@@ -113,7 +113,8 @@ class _Header:
         return head + struct.pack("<I", zlib.crc32(head))
 
     def file_size(self) -> int:
-        block = self.n_scored * record_dtype(self.n_vocab).itemsize + 4
+        # arithmetic, not record_dtype(): a forged n_vocab must fail the size check, not numpy
+        block = self.n_scored * (RECORD_FIXED + 2 * self.n_vocab) + 4
         return HEADER_SIZE + self.n_windows * block
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -219,6 +220,11 @@ def test_truncated_or_padded_files_are_refused(baseline, text, tmp_path):
         assert "truncated" in message or "not an edgeinfer logits baseline" in message, size
     path.write_bytes(data + b"\0")
     assert "too long" in refused(model, text, path)
+    # a header with a valid checksum that announces an absurd vocabulary
+    head = ppl.HEADER.pack(ppl.MAGIC, ppl.VERSION, 2**32 - 1, N_CTX, 2**32 - 1, 2**32 - 1,
+                           bytes(32))  # fmt: skip
+    path.write_bytes(head + struct.pack("<I", zlib.crc32(head)) + data[64:])
+    assert "truncated" in refused(model, text, path)
 
 
 @pytest.mark.parametrize("where", ["magic", "version", "header", "nll", "codes", "crc"])
