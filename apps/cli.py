@@ -136,6 +136,17 @@ def _parser() -> argparse.ArgumentParser:
     ppl.add_argument("-t", "--threads", type=_THREADS, default=None)
     ppl.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
     ppl.add_argument("--json", action="store_true")
+    baseline = ppl.add_mutually_exclusive_group()
+    baseline.add_argument(
+        "--save-logits", metavar="BASE", default=None,
+        help="also save every scored token's distribution to BASE, for --kl-base "
+        "(2 bytes per vocabulary entry and token: 0.5 MiB per token for Gemma 3)",
+    )  # fmt: skip
+    baseline.add_argument(
+        "--kl-base", metavar="BASE", default=None,
+        help="compare with the baseline BASE (same text and -c): KL divergence, top-1 "
+        "agreement, RMS of the observed token's probability change",
+    )  # fmt: skip
 
     doctor = sub.add_parser("doctor", help="describe this machine and the backends found")
     doctor.add_argument("--json", action="store_true")
@@ -483,14 +494,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
     import edgeinfer
-    from edgeinfer.perplexity import perplexity
+    from edgeinfer.perplexity import kl_divergence, perplexity
 
     with open(args.file, "rb") as f:
         text = _utf8(f.read(), args.file)
     with edgeinfer.load(
         args.model, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine
     ) as model:
-        r = perplexity(model, text, n_ctx=args.ctx, max_windows=args.chunks)
+        if args.kl_base is not None:
+            kl = kl_divergence(model, text, args.kl_base, n_ctx=args.ctx, max_windows=args.chunks)
+            print(json.dumps(kl.as_dict(), indent=2) if args.json else "\n".join(_kl_lines(kl)))
+            return 0
+        r = perplexity(
+            model, text, n_ctx=args.ctx, max_windows=args.chunks, save_logits=args.save_logits
+        )
     if args.json:
         print(json.dumps(r.as_dict(), indent=2))
     else:
@@ -499,6 +516,18 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
             f"({r.windows} windows of {args.ctx})"
         )
     return 0
+
+
+def _kl_lines(r: Any) -> list[str]:
+    """A comparison with a baseline in llama.cpp's units: KL in nats, agreement and delta p in %."""
+    return [
+        f"perplexity {r.perplexity:.4f} (baseline {r.base_perplexity:.4f}) over "
+        f"{r.scored_tokens} tokens ({r.windows} windows)",
+        f"KL divergence mean {r.kl_mean:.6f} +/- {r.kl_stderr:.6f}, median {r.kl_median:.6f}, "
+        f"p99 {r.kl_p99:.6f}, max {r.kl_max:.6f}",
+        f"top-1 agreement {100 * r.top1_agreement:.2f} +/- {100 * r.top1_stderr:.2f} %",
+        f"RMS delta p {100 * r.rms_delta_p:.3f} %",
+    ]
 
 
 # --- doctor ----------------------------------------------------------------------------------
