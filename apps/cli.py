@@ -53,12 +53,62 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
                    help="compute engine (default: the native one where it runs)")  # fmt: skip
+    _add_cache_options(p)
+
+
+def _add_cache_options(p: argparse.ArgumentParser, policy: bool = True) -> None:
+    """The KV cache's types (llama.cpp's -ctk / -ctv) and, with ``policy``, what happens at
+    the end of the context."""
+    from edgeinfer.context_policy import CONTEXT_POLICIES, DEFAULT_N_SINK
+    from edgeinfer.kv_cache import CACHE_TYPES
+
+    g = p.add_argument_group("KV cache")
+    g.add_argument(
+        "-ctk",
+        "--cache-type-k",
+        choices=list(CACHE_TYPES),
+        default=None,
+        help="type of the cached keys (default: the file's recommendation, else f16)",
+    )
+    g.add_argument(
+        "-ctv",
+        "--cache-type-v",
+        choices=list(CACHE_TYPES),
+        default=None,
+        help="type of the cached values (default: as for the keys)",
+    )
+    g.add_argument("--swa-full", action="store_true",
+                   help="sliding-window layers keep the whole context, not a ring of their "
+                   "window + the batch")  # fmt: skip
+    if not policy:
+        return
+    g.add_argument("--context-policy", choices=CONTEXT_POLICIES, default="error",
+                   help="past the context: error; shift (keep --n-keep tokens, drop half of "
+                   "the rest, as llama.cpp); streaming (keep --n-sink attention sinks and the "
+                   "most recent tokens, as StreamingLLM)")  # fmt: skip
+    g.add_argument("--n-keep", type=_count(0), default=0, help="tokens shift never drops")
+    g.add_argument("--n-sink", type=_count(0), default=DEFAULT_N_SINK,
+                   help=f"attention sinks streaming keeps (default {DEFAULT_N_SINK})")  # fmt: skip
+
+
+def _cache_options(args: argparse.Namespace) -> dict[str, Any]:
+    """load()'s cache options from the parsed arguments (only those given)."""
+    out: dict[str, Any] = {"swa_full": args.swa_full}
+    if args.cache_type_k is not None:
+        out["cache_type_k"] = args.cache_type_k
+    if args.cache_type_v is not None:
+        out["cache_type_v"] = args.cache_type_v
+    if getattr(args, "context_policy", "error") != "error":
+        out.update(context_policy=args.context_policy, n_keep=args.n_keep, n_sink=args.n_sink)
+    return out
 
 
 def _load(args: argparse.Namespace, path: str) -> Any:
     import edgeinfer
 
-    return edgeinfer.load(path, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine)
+    return edgeinfer.load(
+        path, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine, **_cache_options(args)
+    )
 
 
 def _add_sampling_options(p: argparse.ArgumentParser, n_default: int) -> None:
@@ -113,6 +163,9 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument(
         "-c", "--ctx", type=_CTX, default=None, help="context size for the memory estimate"
     )
+    info.add_argument("-b", "--batch", type=_count(1, 4096), default=512,
+                      help="tokens per step, which sizes the sliding-window rings")  # fmt: skip
+    _add_cache_options(info, policy=False)
 
     bench = sub.add_parser("bench", help="measure prompt and generation speed (like llama-bench)")
     bench.add_argument("model")
@@ -123,6 +176,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
     bench.add_argument("--isa", default=None, help="force an instruction-set variant")
     bench.add_argument("--json", action="store_true")
+    bench.add_argument("-c", "--ctx", type=_CTX, default=None,
+                       help="context (default: prompt + generated tokens); smaller, the policy "
+                       "makes room")  # fmt: skip
+    _add_cache_options(bench)
 
     convert_cmd.add_parser(sub)
 
@@ -136,6 +193,7 @@ def _parser() -> argparse.ArgumentParser:
     ppl.add_argument("-t", "--threads", type=_THREADS, default=None)
     ppl.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
     ppl.add_argument("--json", action="store_true")
+    _add_cache_options(ppl)
     baseline = ppl.add_mutually_exclusive_group()
     baseline.add_argument(
         "--save-logits", metavar="BASE", default=None,
@@ -390,20 +448,27 @@ class _ChatSession:
 # --- info ------------------------------------------------------------------------------------
 
 
-def model_info(path: str, n_ctx: int | None) -> dict[str, Any]:
+def model_info(
+    path: str,
+    n_ctx: int | None,
+    cache_type_k: str | None = None,
+    cache_type_v: str | None = None,
+    n_batch: int = 512,
+    ring: bool = True,
+) -> dict[str, Any]:
     from edgeinfer.api import DEFAULT_N_CTX
     from edgeinfer.gguf import GGUFFile
-    from edgeinfer.kv_cache import DEFAULT_CACHE_TYPE, cache_bytes
+    from edgeinfer.kv_cache import DEFAULT_CACHE_TYPE, cache_summary
     from edgeinfer.models import config_from_gguf
 
     with GGUFFile(path) as f:
         cfg = config_from_gguf(f)
         ctx = n_ctx or min(cfg.n_ctx_train, DEFAULT_N_CTX)
         weights = sum(t.nbytes for t in f.tensors.values())
-        kv = cache_bytes(
-            n_layer=cfg.n_layer, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim,
-            head_dim_v=cfg.head_dim_v, n_ctx=ctx, k_type=DEFAULT_CACHE_TYPE,
-        )  # fmt: skip
+        k_type = cache_type_k or DEFAULT_CACHE_TYPE
+        cache = cache_summary(cfg, ctx, k_type, cache_type_v or k_type, n_batch, ring)
+        kv = cache["total_bytes"]
+        windows = sorted({cfg.layer_window(il) for il in range(cfg.n_layer)} - {0})
         types = Counter(t.ggml_type.name for t in f.tensors.values())
         return {
             "path": os.path.abspath(path),
@@ -422,9 +487,11 @@ def model_info(path: str, n_ctx: int | None) -> dict[str, Any]:
             "chat_template": bool(f.metadata.get("tokenizer.chat_template")),
             "tensor_types": dict(sorted(types.items())),
             "tensors": len(f.tensors),
+            "sliding_windows": windows,
+            "kv_cache": cache,
             "memory_estimate": {
                 "context": ctx,
-                "kv_cache_type": DEFAULT_CACHE_TYPE,
+                "kv_cache_type": cache["cache_type_k"],
                 "weights_bytes": weights,
                 "kv_cache_bytes": kv,
                 "total_bytes": weights + kv,
@@ -433,7 +500,9 @@ def model_info(path: str, n_ctx: int | None) -> dict[str, Any]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    info = model_info(args.model, args.ctx)
+    info = model_info(
+        args.model, args.ctx, args.cache_type_k, args.cache_type_v, args.batch, not args.swa_full
+    )
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -450,6 +519,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("vocabulary", f"{info['vocab_size']} ({info['tokenizer']})"),
         ("chat template", "yes" if info["chat_template"] else "no (built-in)"),
         ("tensor types", ", ".join(f"{k} x{v}" for k, v in info["tensor_types"].items())),
+        ("sliding window", ", ".join(map(str, info["sliding_windows"])) or "none"),
+        ("KV cache", _cache_line(info["kv_cache"])),
         ("memory estimate", f"{mem['total_bytes'] / 1e6:.0f} MB at context {mem['context']} "
          f"(weights {mem['weights_bytes'] / 1e6:.0f} MB, "
          f"KV cache {mem['kv_cache_bytes'] / 1e6:.0f} MB)"),
@@ -460,6 +531,16 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache_line(c: dict[str, Any]) -> str:
+    """K/V types, bits per value, bytes per token of context and the total."""
+    rings = ", sliding-window layers in rings" if c["rings"] else ""
+    return (
+        f"K {c['cache_type_k']} ({c['bits_per_value_k']:g} bits), V {c['cache_type_v']} "
+        f"({c['bits_per_value_v']:g} bits): {c['bytes_per_token'] / 1024:.1f} KiB per token"
+        f"{rings}, {c['total_bytes'] / 1e6:.1f} MB at context {c['context']}"
+    )
+
+
 # --- bench -----------------------------------------------------------------------------------
 
 
@@ -468,7 +549,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     r = run(
         args.model, n_prompt=args.n_prompt, n_gen=args.n_gen, n_threads=args.threads,
-        repetitions=args.repetitions, engine=args.engine, isa=args.isa,
+        repetitions=args.repetitions, engine=args.engine, isa=args.isa, n_ctx=args.ctx,
+        **_cache_options(args),
     )  # fmt: skip
     if args.json:
         print(json.dumps(r, indent=2))
@@ -486,6 +568,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"         of which {r['weight_copies_mb']:.1f} MB of weights copied into "
             "interleaved rows"
         )
+    if r["kv_cache"]:
+        print(f"KV cache {_cache_line(r['kv_cache'])}")
+    if r["dropped_tokens"]:
+        print(f"         {r['dropped_tokens']} tokens dropped past the context ({r['policy']})")
     return 0
 
 
@@ -498,8 +584,11 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
 
     with open(args.file, "rb") as f:
         text = _utf8(f.read(), args.file)
+    options = _cache_options(args)
+    if "context_policy" in options:
+        return _policy_perplexity(args, text, options)
     with edgeinfer.load(
-        args.model, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine
+        args.model, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine, **options
     ) as model:
         if args.kl_base is not None:
             kl = kl_divergence(model, text, args.kl_base, n_ctx=args.ctx, max_windows=args.chunks)
@@ -514,6 +603,28 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
         print(
             f"perplexity {r.perplexity:.4f} over {r.scored_tokens} tokens "
             f"({r.windows} windows of {args.ctx})"
+        )
+    return 0
+
+
+def _policy_perplexity(args: argparse.Namespace, text: str, options: dict[str, Any]) -> int:
+    """The text as one stream through a context of -c under the policy: every token scored
+    (the comparison StreamingLLM makes), rather than in independent windows."""
+    import edgeinfer
+    from edgeinfer.perplexity import stream_perplexity
+
+    if args.save_logits is not None or args.kl_base is not None:
+        raise errors.InvalidOptionError("--context-policy scores a stream; baselines are windows")
+    with edgeinfer.load(
+        args.model, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine, **options
+    ) as model:
+        r = stream_perplexity(model, text, max_tokens=args.chunks and args.chunks * args.ctx)
+    if args.json:
+        print(json.dumps(r.as_dict(), indent=2))
+    else:
+        print(
+            f"perplexity {r.perplexity:.4f} over {r.scored_tokens} tokens streamed through a "
+            f"context of {args.ctx} ({args.context_policy}, {r.tok_s:.1f} tok/s)"
         )
     return 0
 

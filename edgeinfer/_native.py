@@ -315,6 +315,7 @@ class NativeEngine(SequenceEngine):
         lib = library()
         kt = _native_cache_type(cache_type_k, "cache_type_k")
         vt = _native_cache_type(cache_type_v, "cache_type_v")
+        self.cache_type_k, self.cache_type_v = kt.name, vt.name
         self.cfg = cfg
         self._map = np.frombuffer(gguf.buffer(), dtype=np.uint8)  # keeps the map alive
         base = _ptr(self._map)

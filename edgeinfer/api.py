@@ -155,6 +155,11 @@ class Model:
         return self._engine_name
 
     @property
+    def context_policy(self) -> ContextPolicy:
+        """What a sequence does at the end of the context (load's ``context_policy``)."""
+        return self._session.policy
+
+    @property
     def backend(self) -> engines.Engine:
         """The engine object, for tools such as ``bench`` (its protocol: engines.Engine)."""
         self._check_open()

@@ -32,15 +32,32 @@ def run(
     engine: str = "auto",
     isa: str | None = None,
     seed: int = 0,
+    n_ctx: int | None = None,
+    **cache: Any,
 ) -> dict[str, Any]:
-    """Loads ``path`` and measures it; returns one dict of figures (means over repetitions)."""
+    """Loads ``path`` and measures it; returns one dict of figures (means over repetitions).
+    ``cache`` holds load()'s cache options (types, swa_full, context_policy, n_keep, n_sink);
+    with ``n_ctx`` below the prompt and generated tokens, the policy makes room during tg."""
     import edgeinfer
+    from edgeinfer.context_policy import ContextPolicy, make_room
+    from edgeinfer.kv_cache import cache_summary
 
     if n_prompt < 1 or n_gen < 1 or repetitions < 1:
         raise errors.InvalidOptionError("prompt, generation and repetition counts must be >= 1")
+    n_ctx = n_ctx or n_prompt + n_gen
+    if n_prompt > n_ctx:
+        raise errors.InvalidOptionError(f"the prompt of {n_prompt} tokens exceeds -c {n_ctx}")
+    policy = ContextPolicy(
+        cache.get("context_policy", "error"), cache.get("n_keep", 0), cache.get("n_sink", 4)
+    )
+    if not policy.evicts and n_prompt + n_gen > n_ctx:
+        raise errors.InvalidOptionError(
+            f"{n_prompt} + {n_gen} tokens exceed -c {n_ctx}: choose a context policy"
+        )
     t0 = time.perf_counter()
-    model = edgeinfer.load(path, n_threads=n_threads, n_ctx=n_prompt + n_gen,
-                           n_batch=min(512, n_prompt), engine=engine, isa=isa)  # fmt: skip
+    n_batch = min(512, n_prompt)
+    model = edgeinfer.load(path, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch,
+                           engine=engine, isa=isa, **cache)  # fmt: skip
     load_s = time.perf_counter() - t0
     try:
         rng = np.random.default_rng(seed)
@@ -62,8 +79,10 @@ def run(
             ttft.append(dt)
             eng.truncate(0)
             token = first
+            dropped = 0
             t = time.perf_counter()
             for _ in range(n_gen):
+                dropped += make_room(eng, policy, 1)
                 token = int(np.argmax(eng.forward([token])))
             tg.append(n_gen / (time.perf_counter() - t))
         return {
@@ -83,6 +102,18 @@ def run(
             "peak_rss_mb": peak_rss_mb(),
             "engine_memory_mb": eng.memory_bytes / (1 << 20),
             "weight_copies_mb": eng.weight_copy_bytes / (1 << 20),
+            "kv_cache": None
+            if eng.cache_type_k is None
+            else cache_summary(
+                model.config,
+                n_ctx,
+                eng.cache_type_k,
+                eng.cache_type_v,
+                n_batch,
+                eng.ring_slack is not None,
+            ),
+            "policy": policy.name,
+            "dropped_tokens": dropped,
         }
     finally:
         model.close()

@@ -16,8 +16,12 @@ again. The session (:class:`edgeinfer.generation.KVSession`) asks the policy for
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from edgeinfer import errors
+
+if TYPE_CHECKING:
+    from edgeinfer.engines.base import Engine
 
 DEFAULT_N_SINK = 4
 STREAMING_STEP = 8  # streaming drops 1/STREAMING_STEP of the context at a time
@@ -83,3 +87,15 @@ class ContextPolicy:
 
 
 CONTEXT_POLICIES = ("error", "shift", "streaming")
+
+
+def make_room(engine: Engine, policy: ContextPolicy, n_new: int, seq: int = 0) -> int:
+    """Drops what ``policy`` says from ``seq`` so that ``n_new`` more tokens fit; returns how
+    many positions it dropped (right after the kept tokens; 0 when they fit already)."""
+    n_past, n_ctx = engine.seq_length(seq), engine.n_ctx
+    if n_past + n_new <= n_ctx:
+        return 0
+    start = min(policy.kept, n_past)
+    start, count = policy.discard(n_past, n_new, n_ctx, engine.discard_limit(start, seq))
+    engine.discard(start, count, seq)
+    return count

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgeinfer import errors
-from edgeinfer.context_policy import ContextPolicy
+from edgeinfer.context_policy import ContextPolicy, make_room
 from edgeinfer.engines.base import Engine
 from edgeinfer.sampling import Sampler
 
@@ -171,16 +171,12 @@ class KVSession:
         return logits
 
     def _make_room(self, n_new: int) -> None:
-        n_past, n_ctx = self.engine.n_past, self.engine.n_ctx
-        if n_past + n_new <= n_ctx:
-            return
-        start = min(self.policy.kept, n_past)
-        start, count = self.policy.discard(n_past, n_new, n_ctx, self.engine.discard_limit(start))
-        self.engine.discard(start, count)
-        del self.tokens[start : start + count]
-        # the policy's start is the same each time, so the dropped runs join into one
-        self._hole = start
-        self._dropped += count
+        count = make_room(self.engine, self.policy, n_new)
+        if count:
+            start = self.policy.kept  # the same each time, so the dropped runs join into one
+            del self.tokens[start : start + count]
+            self._hole = start
+            self._dropped += count
 
 
 class Holder:

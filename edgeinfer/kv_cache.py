@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from edgeinfer import errors
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
@@ -121,3 +122,36 @@ def cache_bytes(
         raise errors.InvalidOptionError(f"{len(layers)} windows given for {n_layer} layers")
     positions = sum(layer_positions(n_ctx, w, n_batch, ring) for w in layers)
     return n_seq * positions * per_position
+
+
+def cache_summary(
+    cfg: Any,
+    n_ctx: int,
+    k_type: str | CacheType = DEFAULT_CACHE_TYPE,
+    v_type: str | CacheType | None = None,
+    n_batch: int = 512,
+    ring: bool = True,
+) -> dict[str, Any]:
+    """What ``edgeinfer info`` and ``bench`` report about the cache of one sequence of a model
+    (a DecoderConfig): its types and their bits per value, the bytes each further token of
+    context costs (the layers without a ring), and the total for ``n_ctx``."""
+    k = cache_type(k_type, "cache_type_k")
+    v = cache_type(v_type, "cache_type_v") if v_type is not None else k
+    windows = [cfg.layer_window(il) for il in range(cfg.n_layer)]
+    shape = {"n_layer": cfg.n_layer, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim,
+             "head_dim_v": cfg.head_dim_v, "k_type": k, "v_type": v, "n_batch": n_batch,
+             "ring": ring, "windows": windows}  # fmt: skip
+    growing = sum(1 for w in windows if layer_positions(n_ctx, w, n_batch, ring) == n_ctx)
+    per_layer = k.tensor_bytes(1, cfg.n_head_kv, cfg.head_dim) + v.tensor_bytes(
+        1, cfg.n_head_kv, cfg.head_dim_v
+    )
+    return {
+        "cache_type_k": k.name,
+        "cache_type_v": v.name,
+        "bits_per_value_k": k.bits_per_value,
+        "bits_per_value_v": v.bits_per_value,
+        "rings": ring and growing < cfg.n_layer,
+        "bytes_per_token": growing * per_layer,
+        "context": n_ctx,
+        "total_bytes": cache_bytes(n_ctx=n_ctx, **shape),
+    }

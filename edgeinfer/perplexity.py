@@ -218,6 +218,53 @@ def _tokens_sha256(windows: Sequence[Sequence[int]]) -> bytes:
     return hashlib.sha256(np.asarray(windows, dtype="<i4").tobytes()).digest()
 
 
+@dataclass
+class StreamPerplexityResult:
+    perplexity: float
+    nll: float  # mean negative log-likelihood per scored token (nats)
+    scored_tokens: int
+    dropped_tokens: int  # positions the context policy dropped on the way
+    tok_s: float  # tokens evaluated per second
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def stream_perplexity(model, text: str, max_tokens: int | None = None) -> StreamPerplexityResult:
+    """Scores ``text`` as one stream through the model's context, under the context policy
+    it was loaded with (``load(context_policy=...)``): every token after the first is
+    predicted from what the cache holds then. This is the evaluation StreamingLLM makes;
+    :func:`perplexity`'s independent windows are llama-perplexity's. The model's cached
+    conversation is forgotten."""
+    import time
+
+    from edgeinfer.context_policy import make_room
+
+    policy = model.context_policy
+    tokens = model.tokenize(text, add_special=True)[: max_tokens or None]
+    if len(tokens) < 2:
+        raise errors.InvalidOptionError(f"the text has {len(tokens)} tokens: nothing to score")
+    eng = model.backend
+    # a chunk is scored against the cache as it was before the chunk: an eighth of the room
+    step = max(1, min(512, (eng.n_ctx - policy.kept) // 8))
+    model.reset()
+    total, dropped, t0 = 0.0, 0, time.perf_counter()
+    try:
+        for start in range(0, len(tokens) - 1, step):
+            piece = tokens[start : start + step]
+            dropped += make_room(eng, policy, len(piece))
+            logits = eng.forward(piece, all_logits=True)
+            target = np.asarray(tokens[start + 1 : start + 1 + len(piece)])
+            pred = logits[: len(target)].astype(np.float64)
+            total += float(np.sum(_log_z(pred) - pred[np.arange(len(target)), target]))
+    finally:
+        model.reset()
+    n = len(tokens) - 1
+    return StreamPerplexityResult(
+        math.exp(total / n), total / n, n, dropped, len(tokens) / (time.perf_counter() - t0)
+    )
+
+
 def _scored_chunks(model, window: list[int], first: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The logits that predict the scored tokens (positions first..n_ctx-1) in float64, a few
     rows at a time so that no (n_ctx, n_vocab) float64 copy exists, and the tokens they

@@ -82,6 +82,10 @@ class Engine(Protocol):
 
     spec: ClassVar[EngineSpec]
     n_ctx: int  # positions per sequence
+    # the cache's types (edgeinfer.kv_cache names); None where the model file fixes them
+    cache_type_k: str | None
+    cache_type_v: str | None
+    ring_slack: int | None  # see SequenceEngine
 
     @property
     def name(self) -> str: ...
@@ -162,6 +166,8 @@ class SequenceEngine:
         # ring_window is their largest window
         self.ring_slack: int | None = None
         self.ring_window = 0
+        self.cache_type_k: str | None = None
+        self.cache_type_v: str | None = None
 
     @property
     def name(self) -> str:

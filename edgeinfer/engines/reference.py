@@ -207,6 +207,7 @@ class ReferenceEngine(SequenceEngine):
         self.gguf, self.cfg = gguf, cfg
         self._weights: dict[str, object] = {}
         kt, vt = (self._cache_type(w, t) for w, t in (("k", cache_type_k), ("v", cache_type_v)))
+        self.cache_type_k, self.cache_type_v = kt.name, vt.name
         # queries meet the keys as GGML prepares them for the key type (float16, or q8_0
         # blocks for a quantized type); probabilities meet float16 values as float16
         self._query_as = {GGMLType.F16: _round_f16, GGMLType.F32: lambda x: x}.get(
