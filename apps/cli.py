@@ -82,6 +82,9 @@ def _add_cache_options(p: argparse.ArgumentParser, policy: bool = True) -> None:
                    "window + the batch")  # fmt: skip
     if not policy:
         return
+    g.add_argument("--kv-budget", default=None, metavar="SIZE",
+                   help="memory for the pool of cache blocks, e.g. 512MiB (default: what the "
+                   "context needs)")  # fmt: skip
     g.add_argument("--context-policy", choices=CONTEXT_POLICIES, default="error",
                    help="past the context: error; shift (keep --n-keep tokens, drop half of "
                    "the rest, as llama.cpp); streaming (keep --n-sink attention sinks and the "
@@ -98,6 +101,8 @@ def _cache_options(args: argparse.Namespace) -> dict[str, Any]:
         out["cache_type_k"] = args.cache_type_k
     if args.cache_type_v is not None:
         out["cache_type_v"] = args.cache_type_v
+    if getattr(args, "kv_budget", None) is not None:
+        out["kv_budget"] = args.kv_budget
     if getattr(args, "context_policy", "error") != "error":
         out.update(context_policy=args.context_policy, n_keep=args.n_keep, n_sink=args.n_sink)
     return out

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import hashlib
 import importlib.machinery
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +32,18 @@ from edgeinfer.engines import ENGINES
 from edgeinfer.engines.base import Batch, SequenceEngine
 from edgeinfer.gguf import GGUFFile, TensorInfo
 from edgeinfer.gguf.constants import GGMLType
-from edgeinfer.kv_cache import CACHE_TYPES, CacheLayout, CacheType, cache_type, layer_positions
+from edgeinfer.kv_cache import (
+    BLOCK_SIZE,
+    CACHE_TYPES,
+    CacheLayout,
+    CacheType,
+    cache_type,
+    layer_positions,
+)
 from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 5
+API_VERSION = 6
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = (
@@ -82,9 +91,10 @@ class ModelDesc(ctypes.Structure):
 
 class EngineParams(ctypes.Structure):
     _fields_ = [
-        (n, c_int32)
-        for n in ("n_ctx", "n_threads", "n_seq_max", "n_batch", "kv_type_k", "kv_type_v",
-                  "kv_layout", "isa", "ring")
+        *[(n, c_int32)
+          for n in ("n_ctx", "n_threads", "n_seq_max", "n_batch", "kv_type_k", "kv_type_v",
+                    "kv_layout", "isa", "ring", "pad_")],
+        ("kv_budget", ctypes.c_int64),
     ]  # fmt: skip
 
 
@@ -117,6 +127,12 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     ),
     "ei_engine_seq_clear": (c_int, [c_void_p, c_int32]),
     "ei_engine_seq_discard": (c_int, [c_void_p, c_int32, c_int32, c_int32, c_int32]),
+    "ei_engine_seq_fork": (c_int, [c_void_p, c_int32, c_int32, c_int32]),
+    "ei_engine_seq_set_key": (c_int, [c_void_p, c_int32, c_int32, ctypes.c_uint64]),
+    "ei_engine_seq_publish": (c_int, [c_void_p, c_int32, c_int32]),
+    "ei_engine_seq_reuse": (c_int, [c_void_p, c_int32, c_int32, c_void_p, c_void_p]),
+    "ei_engine_block_size": (c_int32, []),
+    "ei_engine_pool_stats": (c_int32, [c_void_p, c_void_p, c_int32]),
     "ei_engine_isa": (c_int, [c_void_p]),
     "ei_engine_memory": (c_size_t, [c_void_p]),
     "ei_engine_weight_copies": (c_size_t, [c_void_p]),
@@ -161,6 +177,8 @@ def _mismatch(lib: ctypes.CDLL) -> str | None:
     version = lib.ei_api_version()
     if version != API_VERSION:
         return f"it has API version {version}, this edgeinfer needs {API_VERSION}"
+    if lib.ei_engine_block_size() != BLOCK_SIZE:
+        return f"its KV blocks hold {lib.ei_engine_block_size()} positions, not {BLOCK_SIZE}"
     for which, struct in enumerate(_STRUCTS):
         native, mirrored = lib.ei_struct_size(which), ctypes.sizeof(struct)
         if native != mirrored:
@@ -299,6 +317,23 @@ def _cache_type_of(rows: np.ndarray) -> int:
     )
 
 
+def block_key(parent: int, tokens: Sequence[int]) -> int:
+    """A full block's key: a hash of its parent block's key and its tokens (vLLM's automatic
+    prefix caching), so that equal keys mean equal prefixes; never 0 (the pool's "none")."""
+    h = hashlib.blake2b(digest_size=8, person=b"edgeinfer-kv")
+    h.update(parent.to_bytes(8, "little"))
+    h.update(np.asarray(tokens, dtype="<i4").tobytes())
+    return int.from_bytes(h.digest(), "little") or 1
+
+
+def block_keys(tokens: Sequence[int]) -> list[int]:
+    """The keys of the full blocks of ``tokens``, in order."""
+    keys: list[int] = []
+    for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
+        keys.append(block_key(keys[-1] if keys else 0, tokens[start : start + BLOCK_SIZE]))
+    return keys
+
+
 class NativeEngine(SequenceEngine):
     """The native engine (simd/): up to ``n_seq_max`` sequences, each with its KV cache."""
 
@@ -308,6 +343,7 @@ class NativeEngine(SequenceEngine):
         self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, *, n_threads: int,
         cache_type_k: str | CacheType = "f16", cache_type_v: str | CacheType = "f16",
         isa: str | None = None, n_batch: int = 512, n_seq_max: int = 1, swa_full: bool = False,
+        kv_budget: int = 0,
     ) -> None:  # fmt: skip
         super().__init__(n_ctx, cfg.n_vocab, n_seq_max)
         self._handle: ctypes.c_void_p | None = None
@@ -348,20 +384,24 @@ class NativeEngine(SequenceEngine):
         params = EngineParams(
             n_ctx=n_ctx, n_threads=n_threads, n_seq_max=n_seq_max, n_batch=n_batch,
             kv_type_k=int(kt.ggml_type), kv_type_v=int(vt.ggml_type), kv_layout=int(kt.layout),
-            isa=resolve_isa(isa), ring=int(not swa_full),
+            isa=resolve_isa(isa), ring=int(not swa_full), kv_budget=kv_budget,
         )  # fmt: skip
         handle = c_void_p()
         check(lib.ei_engine_create(ctypes.byref(m), ctypes.byref(params), ctypes.byref(handle)))
         self._handle = handle
         self._isa = ISA_NAMES[lib.ei_engine_isa(handle)]
         self.n_batch = n_batch
-        rings = [  # the windows of the layers that keep a ring (engine.c, kv_cache.py)
+        rings = [  # the windows of the layers that release blocks behind them (kv_pool.h)
             w for w in map(cfg.layer_window, range(cfg.n_layer))
             if layer_positions(n_ctx, w, n_batch, not swa_full) < n_ctx
         ]  # fmt: skip
         if rings:
-            self.ring_slack = n_batch  # a ring of window + n_batch positions
+            self.ring_slack = BLOCK_SIZE  # they keep EI_KV_SLACK positions behind the window
             self.ring_window = max(rings)
+        # per sequence: its tokens, the keys of its full blocks, and whether it may key more
+        self._tokens: list[list[int]] = [[] for _ in range(n_seq_max)]
+        self._keys: list[list[int]] = [[] for _ in range(n_seq_max)]
+        self._unkeyed: set[int] = set()
 
     @property
     def isa(self) -> str:
@@ -383,6 +423,16 @@ class NativeEngine(SequenceEngine):
         if not self._handle:
             raise errors.ModelClosedError("the engine is closed")
 
+    def truncate(self, n_keep: int, seq: int = 0) -> None:
+        super().truncate(n_keep, seq)
+        n = self._lengths[seq]
+        self._tokens[seq] = self._tokens[seq][:n]
+        if self._handle:
+            self._forget_keys(seq, n // BLOCK_SIZE, len(self._keys[seq]))
+        self._keys[seq] = self._keys[seq][: n // BLOCK_SIZE]
+        if n == 0:
+            self._unkeyed.discard(seq)
+
     def _run(self, batch: Batch) -> np.ndarray:
         tokens, pos, seq = (
             np.ascontiguousarray(a, dtype=np.int32)
@@ -390,17 +440,116 @@ class NativeEngine(SequenceEngine):
         )  # (n,) each
         mask = np.ascontiguousarray(batch.want, dtype=np.int8)
         logits = np.empty((int(mask.sum()), self.cfg.n_vocab), dtype=np.float32)
-        check(library().ei_engine_decode(
-            self._handle, len(tokens), _ptr(tokens), _ptr(pos), _ptr(seq), _ptr(mask), _ptr(logits)
-        ))  # fmt: skip
+        keys = self._new_keys(batch)
+        lib = library()
+        try:
+            check(lib.ei_engine_decode(
+                self._handle, len(tokens), _ptr(tokens), _ptr(pos), _ptr(seq), _ptr(mask),
+                _ptr(logits),
+            ))  # fmt: skip
+        except BaseException:
+            for s, k in keys.items():
+                self._forget_keys(s, len(self._keys[s]), len(k))
+            raise
+        for s, tok in zip(batch.seqs.tolist(), batch.tokens.tolist(), strict=True):
+            self._tokens[s].append(tok)
+        for s, k in keys.items():
+            self._keys[s] = k
+            check(lib.ei_engine_seq_publish(self._handle, s, len(k)))
         return logits
 
     def _clear(self, seq: int) -> None:
         self._check_open()
         check(library().ei_engine_seq_clear(self._handle, seq))
+        self._tokens[seq], self._keys[seq] = [], []
+        self._unkeyed.discard(seq)
 
     def _discard(self, seq: int, start: int, count: int, n_past: int) -> None:
         check(library().ei_engine_seq_discard(self._handle, seq, start, count, n_past))
+        # the moved blocks hold rotated keys, not what evaluating their tokens gives: no block
+        # of this sequence gets a key again until it is cleared
+        self._forget_keys(seq, start // BLOCK_SIZE, len(self._keys[seq]))
+        self._keys[seq] = self._keys[seq][: start // BLOCK_SIZE]
+        self._unkeyed.add(seq)
+
+    # --- the block pool: prefixes shared between sequences ---------------------------------
+
+    def fork(self, src: int, dst: int, n: int | None = None) -> None:
+        """Sequence ``dst`` (forgotten first) shares the first ``n`` positions of ``src``
+        (all by default): their blocks are held once and copied only where one writes."""
+        self._check_open()
+        n = self.seq_length(src) if n is None else n
+        self._check_seq(dst)
+        if dst == src or not 0 <= n <= self.seq_length(src):
+            raise errors.InvalidOptionError(
+                f"cannot fork {n} positions of sequence {src} (holding {self.seq_length(src)}) "
+                f"into sequence {dst}"
+            )
+        check(library().ei_engine_seq_fork(self._handle, src, dst, n))
+        self._lengths[dst] = self._highs[dst] = n
+        self._tokens[dst] = self._tokens[src][:n]
+        self._keys[dst] = self._keys[src][: n // BLOCK_SIZE]
+        self._unkeyed.discard(dst)
+
+    def reuse(self, seq: int, tokens: Sequence[int]) -> int:
+        """Sequence ``seq`` (forgotten first) takes the cached blocks of the longest prefix of
+        ``tokens`` the pool holds, leaving one token at least to evaluate; returns the positions
+        it holds then (a multiple of the block size)."""
+        self._check_open()
+        self._check_seq(seq)
+        ids = [int(t) for t in tokens]
+        keys = block_keys(ids[: (len(ids) - 1) // BLOCK_SIZE * BLOCK_SIZE])
+        arr = np.ascontiguousarray(keys, dtype=np.uint64)
+        got = ctypes.c_int32()
+        check(library().ei_engine_seq_reuse(
+            self._handle, seq, len(keys), _ptr(arr), ctypes.byref(got)
+        ))  # fmt: skip
+        n = got.value
+        self._lengths[seq] = self._highs[seq] = n
+        self._tokens[seq], self._keys[seq] = ids[:n], keys[: n // BLOCK_SIZE]
+        self._unkeyed.discard(seq)
+        return n
+
+    def pool_stats(self) -> dict[str, Any]:
+        """The block pool: per layer group (a window, 0 for full attention) its blocks, those
+        used by a sequence, cached (a prefix no sequence holds, kept for reuse) and free; and
+        the prefix lookups and hits (in blocks) since the engine was made."""
+        self._check_open()
+        out = np.zeros(3 + 6 * 4, dtype=np.int64)
+        library().ei_engine_pool_stats(self._handle, _ptr(out), len(out))
+        groups = [
+            dict(zip(("window", "blocks", "used", "cached", "free", "block_bytes"),
+                     map(int, out[3 + 6 * g : 9 + 6 * g]), strict=True))
+            for g in range(int(out[0]))
+        ]  # fmt: skip
+        lookups, hits = int(out[1]), int(out[2])
+        return {
+            "block_size": BLOCK_SIZE, "groups": groups, "lookups": lookups, "hits": hits,
+            "hit_rate": hits / lookups if lookups else 0.0,
+            "used": sum(g["used"] for g in groups), "cached": sum(g["cached"] for g in groups),
+            "free": sum(g["free"] for g in groups),
+        }  # fmt: skip
+
+    def _new_keys(self, batch: Batch) -> dict[int, list[int]]:
+        """The keys of the blocks ``batch`` fills, per sequence, given to the pool before the
+        step (a sliding-window layer may let a block go during the step itself)."""
+        lib, out = library(), {}
+        for seq in sorted(set(batch.seqs.tolist()) - self._unkeyed):
+            toks = self._tokens[seq] + batch.tokens[batch.seqs == seq].tolist()
+            keys = list(self._keys[seq])
+            for index in range(len(keys), len(toks) // BLOCK_SIZE):
+                keys.append(
+                    block_key(keys[-1] if keys else 0, toks[index * BLOCK_SIZE :][:BLOCK_SIZE])
+                )
+                check(lib.ei_engine_seq_set_key(self._handle, seq, index, keys[-1]))
+            out[seq] = keys
+        return out
+
+    def _forget_keys(self, seq: int, first: int, last: int) -> None:
+        """Blocks [first, last) of ``seq`` lose the keys given for them (their rows change)."""
+        lib = library()
+        for index in range(first, last):
+            check(lib.ei_engine_seq_set_key(self._handle, seq, index, 0))
 
     def close(self) -> None:
         if self._handle:

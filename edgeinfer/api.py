@@ -83,6 +83,7 @@ class Model:
         context_policy: str = "error",
         n_keep: int = 0,
         n_sink: int = DEFAULT_N_SINK,
+        kv_budget: int | str | None = None,
     ) -> None:
         t0 = time.perf_counter()
         self._engine: engines.Engine | None = None
@@ -93,6 +94,7 @@ class Model:
         _flags(swa_full=swa_full)
         k_type, v_type = _cache_types(kv_type, cache_type_k, cache_type_v)
         policy = ContextPolicy(context_policy, n_keep=n_keep, n_sink=n_sink)
+        budget = _kv_budget(kv_budget)
         if n_ctx is not None:
             n_ctx = _int_option("n_ctx", n_ctx, 1)
         self.path = model_path(path)
@@ -124,6 +126,7 @@ class Model:
             options = engines.EngineOptions(
                 n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=n_batch,
                 cache_type_k=k_type, cache_type_v=v_type, isa=isa, swa_full=swa_full,
+                kv_budget=budget,
             )  # fmt: skip
             with typed_memory_errors():
                 self._engine = engines.create(spec, self.source, self.config, options)
@@ -445,8 +448,10 @@ def load(
     ``kv_type`` (a shorthand setting both), ``swa_full`` (sliding-window layers keep the whole
     context rather than a ring of window + n_batch positions), ``context_policy`` (what a
     sequence does at the end of the context: "error", "shift" keeping ``n_keep`` tokens, or
-    "streaming" keeping ``n_sink`` attention sinks; see :mod:`edgeinfer.context_policy`) and
-    ``isa`` (force an instruction-set variant of the native engine).
+    "streaming" keeping ``n_sink`` attention sinks; see :mod:`edgeinfer.context_policy`),
+    ``kv_budget`` (bytes, or a size such as "512MiB", for the native engine's pool of cache
+    blocks, which its sequences share; by default what ``n_ctx`` positions need) and ``isa``
+    (force an instruction-set variant of the native engine).
     """
     unknown = set(options) - _LOAD_OPTIONS
     if unknown:
@@ -456,8 +461,19 @@ def load(
 
 _LOAD_OPTIONS = frozenset({
     "n_batch", "engine", "kv_type", "isa", "cache_type_k", "cache_type_v", "swa_full",
-    "context_policy", "n_keep", "n_sink",
+    "context_policy", "n_keep", "n_sink", "kv_budget",
 })  # fmt: skip
+
+
+def _kv_budget(value: int | str | None) -> int:
+    """Bytes from an int or a size such as "512MiB"; 0 (what n_ctx needs) for None."""
+    if value is None:
+        return 0
+    from edgeinfer.converters.profiles import parse_size
+
+    if isinstance(value, bool) or not isinstance(value, (int, str, np.integer)):
+        raise errors.InvalidOptionError(f"kv_budget must be bytes or a size, got {value!r}")
+    return parse_size(value if isinstance(value, str) else int(value))
 
 
 def _cache_types(kv_type: str | None, k_type: str | None, v_type: str | None) -> tuple[str, str]:

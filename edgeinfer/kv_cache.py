@@ -7,9 +7,12 @@ type's row size (``BLOCK_LAYOUTS``). The keys and the values choose their types 
 (llama.cpp's ``-ctk`` / ``-ctv``): ``f32``, ``f16`` and GGML's ``q8_0`` and ``q4_0`` blocks
 along the head dimension, which the attention kernels read in place.
 
-A sliding-window layer keeps a ring of ``window + n_batch`` positions rather than the whole
-context (every query of a step finds its window in it), so the cache grows with the context
-only in the global layers. Layouts that are not per-token rows (KIVI's keys,
+The native engine keeps the cache in a pool of blocks of BLOCK_SIZE positions (kv_pool.h). A
+sliding-window layer gives its blocks back once they lie WINDOW_SLACK positions behind its
+window, so it holds its window, the slack and one step rather than the whole context: the
+cache grows with the context only in the global layers.
+
+Layouts that are not per-token rows (KIVI's keys,
 quantized per channel over groups of ``group`` tokens with a full-precision residual of recent
 tokens) describe themselves through the same fields: a new type is added by listing it here,
 with its layout, and supplying its kernels, never by editing the call sites.
@@ -88,13 +91,19 @@ def cache_type(name: str | CacheType, what: str = "kv_type") -> CacheType:
     return found
 
 
+# the native engine's block pool (simd/common/kv_pool.h: EI_KV_BLOCK, EI_KV_SLACK)
+BLOCK_SIZE = 32  # positions per block
+WINDOW_SLACK = 32  # positions a sliding-window layer keeps behind its window
+
+
 def layer_positions(n_ctx: int, window: int, n_batch: int, ring: bool = True) -> int:
-    """Positions one layer keeps per sequence: a sliding-window layer's ring of
-    ``window + n_batch`` where that is shorter than the context (the native engine's rule,
-    simd/common/engine.c), else ``n_ctx``."""
-    if ring and window > 0 and window + n_batch < n_ctx:
-        return window + n_batch
-    return n_ctx
+    """Positions the pool reserves for one layer of one sequence (simd/common/kv_pool.c): all
+    of ``n_ctx`` in whole blocks, or for a sliding-window layer (``ring``) the blocks of its
+    window, the slack and a step of ``n_batch``, where that is less."""
+    blocks = -(-n_ctx // BLOCK_SIZE)
+    if ring and window > 0 and window + WINDOW_SLACK + n_batch < n_ctx:
+        blocks = min(blocks, -(-(window + WINDOW_SLACK + n_batch) // BLOCK_SIZE) + 2)
+    return blocks * BLOCK_SIZE
 
 
 def cache_bytes(
@@ -141,7 +150,8 @@ def cache_summary(
     shape = {"n_layer": cfg.n_layer, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim,
              "head_dim_v": cfg.head_dim_v, "k_type": k, "v_type": v, "n_batch": n_batch,
              "ring": ring, "windows": windows}  # fmt: skip
-    growing = sum(1 for w in windows if layer_positions(n_ctx, w, n_batch, ring) == n_ctx)
+    full = layer_positions(n_ctx, 0, n_batch)
+    growing = sum(1 for w in windows if layer_positions(n_ctx, w, n_batch, ring) == full)
     per_layer = k.tensor_bytes(1, cfg.n_head_kv, cfg.head_dim) + v.tensor_bytes(
         1, cfg.n_head_kv, cfg.head_dim_v
     )

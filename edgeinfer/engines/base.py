@@ -47,6 +47,7 @@ class EngineOptions:
     isa: str | None = None
     n_seq_max: int = 1
     swa_full: bool = False  # sliding-window layers keep the whole context, not a ring
+    kv_budget: int = 0  # bytes for the native engine's block pool; 0: n_seq_max x n_ctx
 
 
 @dataclass(frozen=True)
@@ -216,8 +217,9 @@ class SequenceEngine:
         if self.ring_slack is not None and self._highs[seq] - keep > self.ring_slack:
             keep = 0
         self._lengths[seq] = keep
-        if keep == 0:  # the memory stays reserved for the next tokens (seq_clear frees it)
+        if keep == 0:
             self._highs[seq] = 0
+            self._clear(seq)  # what it held goes back (the native pool keeps it for reuse)
 
     def seq_clear(self, seq: int) -> None:
         self._check_seq(seq)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ei_internal.h"
+#include "kv_pool.h"
 #include "repack.h"
 #include "threadpool.h"
 
@@ -25,13 +26,9 @@ struct ei_engine {
     /* cache strides in bytes, all from ei_row_size of the cache types (p.kv_type_k, _v) */
     size_t k_head_bytes, v_head_bytes;   /* one head of one position: head_dim(_v) values */
     size_t k_row_bytes, v_row_bytes;     /* one position: n_head_kv heads */
-    /* rows each layer keeps per sequence: n_ctx, or for a sliding-window layer a ring of
-     * window + n_batch rows (position p in row p % cap), which every query of a step finds
-     * whole: a step writes at most n_batch positions of a sequence before its queries read
-     * the window behind them */
-    int *cap;                 /* (n_layer) */
-    size_t *k_off, *v_off;    /* (n_layer + 1) byte offset of each layer in a sequence's cache */
-    void **k_cache, **v_cache; /* (n_seq_max) x k_off[n_layer] (v_off[n_layer]) bytes, lazily */
+    ei_kv_pool *kv;     /* every sequence's cache: tables of blocks from one pool (kv_pool.h) */
+    ei_attn_run *runs;  /* (n_threads, max runs) the runs of rows one query reads */
+    int max_runs;
     int q_dim, kv_dim, v_dim, att_dim, max_cols;
     float *x;        /* (n_batch, n_embd) residual stream */
     float *h;        /* (n_batch, max(n_embd, n_ff)) normalised input of a matmul group */
@@ -177,14 +174,18 @@ static ei_status check_cache(const ei_engine_params *p, const ei_model_desc *m, 
     return EI_OK;
 }
 
-/* the rows of every layer's cache and where each layer starts */
-static void plan_cache(ei_engine *e) {
-    for (int il = 0; il < e->m.n_layer; il++) {
-        const int64_t ring = (int64_t)e->layers[il].window + e->p.n_batch;
-        e->cap[il] = e->p.ring && e->layers[il].window > 0 && ring < e->p.n_ctx ? (int)ring : e->p.n_ctx;
-        e->k_off[il + 1] = e->k_off[il] + (size_t)e->cap[il] * e->k_row_bytes;
-        e->v_off[il + 1] = e->v_off[il] + (size_t)e->cap[il] * e->v_row_bytes;
-    }
+/* the block pool: layers grouped by window (none where the parameters keep every layer whole) */
+static ei_status create_pool(ei_engine *e) {
+    int32_t *windows = alloc(e, sizeof(int32_t) * (size_t)e->m.n_layer);
+    if (!windows) return ei_fail(EI_ERR_NOMEM, "out of memory");
+    for (int il = 0; il < e->m.n_layer; il++) windows[il] = e->p.ring ? e->layers[il].window : 0;
+    const ei_kv_pool_params kp = {e->m.n_layer, e->p.n_seq_max, e->p.n_ctx, e->p.n_batch, windows,
+                                  e->k_row_bytes, e->v_row_bytes, (size_t)e->p.kv_budget};
+    ei_status st;
+    e->kv = ei_kv_pool_create(&kp, &st);
+    free(windows);
+    e->bytes -= sizeof(int32_t) * (size_t)e->m.n_layer;
+    return st;
 }
 
 ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *params, ei_engine **out) {
@@ -195,6 +196,7 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     if (p.n_threads <= 0 || p.n_threads > EI_MAX_THREADS)
         return ei_fail(EI_ERR_INVALID, "n_threads must lie in [1, %d], got %d", EI_MAX_THREADS, p.n_threads);
     if (p.n_seq_max <= 0) return ei_fail(EI_ERR_INVALID, "n_seq_max must be >= 1, got %d", p.n_seq_max);
+    if (p.kv_budget < 0) return ei_fail(EI_ERR_INVALID, "kv_budget must be >= 0, got %lld", (long long)p.kv_budget);
     if (p.n_batch <= 0 || p.n_batch > MAX_BATCH)
         return ei_fail(EI_ERR_INVALID, "n_batch must lie in [1, %d], got %d", MAX_BATCH, p.n_batch);
     const int isa = p.isa < 0 ? ei_isa_best() : p.isa;
@@ -242,16 +244,16 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     e->rope = alloc(e, MAX_BASES * nb * m->n_rot * 4);
     e->gelu = alloc(e, 65536 * sizeof(ei_f16));
     e->layer_base = alloc(e, sizeof(int) * (size_t)m->n_layer);
-    e->k_cache = alloc(e, sizeof(void *) * (size_t)p.n_seq_max);
-    e->v_cache = alloc(e, sizeof(void *) * (size_t)p.n_seq_max);
-    e->cap = alloc(e, sizeof(int) * (size_t)m->n_layer);
-    e->k_off = alloc(e, sizeof(size_t) * (size_t)(m->n_layer + 1));
-    e->v_off = alloc(e, sizeof(size_t) * (size_t)(m->n_layer + 1));
     if (!e->x || !e->h || !e->q || !e->kk || !e->vv || !e->att || !e->t || !e->gate || !e->up ||
-        !e->scratch || !e->rope || !e->gelu || !e->layer_base || !e->k_cache || !e->v_cache ||
-        !e->cap || !e->k_off || !e->v_off)
+        !e->scratch || !e->rope || !e->gelu || !e->layer_base)
         goto nomem;
-    plan_cache(e);
+    st = create_pool(e);
+    if (st != EI_OK) {
+        ei_engine_free(e);
+        return st;
+    }
+    e->max_runs = ei_kv_pool_max_runs(e->kv);
+    if (!(e->runs = alloc(e, sizeof(ei_attn_run) * (size_t)e->max_runs * (size_t)p.n_threads))) goto nomem;
     ei_gelu_table(e->gelu);
 
     for (int il = 0; il < m->n_layer; il++) {
@@ -291,43 +293,25 @@ nomem: {
 }
 }
 
-static ei_status ensure_cache(ei_engine *e, int s) {
-    if (e->k_cache[s] && e->v_cache[s]) return EI_OK;
-    /* calloc'd pages cost memory only once written: the cache grows with the context used */
-    const size_t kb = e->k_off[e->m.n_layer], vb = e->v_off[e->m.n_layer];
-    if (!e->k_cache[s]) e->k_cache[s] = alloc(e, kb);
-    if (!e->v_cache[s]) e->v_cache[s] = alloc(e, vb);
-    if (!e->k_cache[s] || !e->v_cache[s])
-        return ei_fail(EI_ERR_NOMEM, "out of memory: %zu bytes wanted for the KV cache of sequence %d",
-                       kb + vb, s);
-    return EI_OK;
-}
-
 ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
-    /* freed rather than zeroed: a cleared sequence costs nothing until it is decoded again */
-    if (e->k_cache[seq]) e->bytes -= e->k_off[e->m.n_layer];
-    if (e->v_cache[seq]) e->bytes -= e->v_off[e->m.n_layer];
-    free(e->k_cache[seq]);
-    free(e->v_cache[seq]);
-    e->k_cache[seq] = e->v_cache[seq] = NULL;
+    ei_kv_pool_clear(e->kv, seq); /* its blocks go back to the pool (keyed ones stay cached) */
     return EI_OK;
 }
 
 int ei_engine_isa(const ei_engine *e) { return e ? e->isa : -1; }
-size_t ei_engine_memory(const ei_engine *e) { return e ? e->bytes : 0; }
+size_t ei_engine_memory(const ei_engine *e) { return e ? e->bytes + ei_kv_pool_bytes(e->kv) : 0; }
 size_t ei_engine_weight_copies(const ei_engine *e) { return e ? e->repack.bytes : 0; }
 
 void ei_engine_free(ei_engine *e) {
     if (!e) return;
     ei_pool_free(e->pool);
-    if (e->k_cache)
-        for (int s = 0; s < e->p.n_seq_max; s++) { free(e->k_cache[s]); free(e->v_cache[s]); }
-    free(e->k_cache); free(e->v_cache);
+    ei_kv_pool_free(e->kv);
+    free(e->runs);
     for (int t = 0; t < EI_TYPE_COUNT; t++) free(e->act[t]);
     free(e->x); free(e->h); free(e->q); free(e->kk); free(e->vv); free(e->att); free(e->t);
     free(e->gate); free(e->up); free(e->scratch); free(e->rope); free(e->gelu);
-    free(e->layer_base); free(e->layers); free(e->cap); free(e->k_off); free(e->v_off);
+    free(e->layer_base); free(e->layers);
     ei_repack_release(&e->repack);
     free(e);
 }
@@ -441,12 +425,8 @@ static void add_bias(const ei_tensor *b, float *x, int n) {
 }
 
 /* the key (or value) row of position pos of layer il of sequence s */
-static uint8_t *k_row(const ei_engine *e, int s, int il, int pos) {
-    return (uint8_t *)e->k_cache[s] + e->k_off[il] + (size_t)(pos % e->cap[il]) * e->k_row_bytes;
-}
-static uint8_t *v_row(const ei_engine *e, int s, int il, int pos) {
-    return (uint8_t *)e->v_cache[s] + e->v_off[il] + (size_t)(pos % e->cap[il]) * e->v_row_bytes;
-}
+static uint8_t *k_row(const ei_engine *e, int s, int il, int pos) { return ei_kv_pool_k(e->kv, s, il, pos); }
+static uint8_t *v_row(const ei_engine *e, int s, int il, int pos) { return ei_kv_pool_v(e->kv, s, il, pos); }
 
 /* n floats encoded as a cache row of the given type (check_cache made sure it has an encoder) */
 static void store_kv(ei_engine *e, int type, void *dst, const float *src, int n) {
@@ -484,26 +464,19 @@ static void qkv_post(ei_engine *e, const step *st, int il, int ith, int nth) {
     ei_pool_barrier(e->pool);
 }
 
-/* the runs of cache rows the query of token i sees, for KV head g: the keys [t0, pos] of its
- * window, one run, or two where a ring wraps */
-static int query_runs(const ei_engine *e, const step *st, int il, int i, int g, ei_attn_run runs[2]) {
-    const int window = e->layers[il].window, pos = st->pos[i], s = st->seq[i], cap = e->cap[il];
+/* the runs of cache rows the query of token i sees for KV head g, one per block of its window */
+static int query_runs(const ei_engine *e, const step *st, int il, int i, int g, ei_attn_run *runs) {
+    const int window = e->layers[il].window, pos = st->pos[i];
     const int t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
-    const int first = t0 % cap, n = pos + 1 - t0;
-    const int head = n < cap - first ? n : cap - first; /* rows before the ring's end */
-    const size_t kh = (size_t)g * e->k_head_bytes, vh = (size_t)g * e->v_head_bytes;
-    runs[0] = (ei_attn_run){k_row(e, s, il, t0) + kh, v_row(e, s, il, t0) + vh, head};
-    if (head == n) return 1;
-    const uint8_t *k0 = (const uint8_t *)e->k_cache[s] + e->k_off[il], *v0 = (const uint8_t *)e->v_cache[s] + e->v_off[il];
-    runs[1] = (ei_attn_run){k0 + kh, v0 + vh, n - head};
-    return 2;
+    return ei_kv_pool_runs(e->kv, st->seq[i], il, t0, pos + 1, (size_t)g * e->k_head_bytes,
+                           (size_t)g * e->v_head_bytes, runs);
 }
 
 static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     const ei_model_desc *m = &e->m;
     const int group = m->n_head / m->n_head_kv;
     double *scratch = e->scratch + (size_t)ith * 2 * e->group * e->p.n_ctx;
-    ei_attn_run runs[2];
+    ei_attn_run *runs = e->runs + (size_t)ith * e->max_runs;
     ei_attn_params ap = {0};
     ap.head_dim = m->head_dim;
     ap.head_dim_v = m->head_dim_v;
@@ -660,6 +633,24 @@ static void forward_task(void *raw, int ith, int nth) {
     }
 }
 
+/* the blocks a step writes, taken or copied; refuses a token whose window the pool no longer
+ * holds (a sequence rewound past what its sliding-window layers keep) */
+static ei_status prepare_step(ei_engine *e, const step *st) {
+    for (int i = 0; i < st->n; i++) /* first, so that no write lands below what is held */
+        for (int il = 0; il < e->m.n_layer; il++) {
+            const int w = e->layers[il].window, t0 = w && st->pos[i] - w + 1 > 0 ? st->pos[i] - w + 1 : 0;
+            if (t0 < ei_kv_pool_oldest(e->kv, st->seq[i], il))
+                return ei_fail(EI_ERR_INVALID, "sequence %d at position %d needs keys of layer %d from position %d, "
+                               "which its sliding-window cache no longer holds (it rewound too far)",
+                               st->seq[i], st->pos[i], il, t0);
+        }
+    for (int i = 0; i < st->n; i++) {
+        const ei_status s = ei_kv_pool_write(e->kv, st->seq[i], st->pos[i], st->pos[i] + 1);
+        if (s != EI_OK) return s;
+    }
+    return EI_OK;
+}
+
 ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const int32_t *pos,
                            const int32_t *seq, const int8_t *out_mask, float *logits) {
     if (!e || n < 0 || (n && (!tokens || !pos || !seq))) return ei_fail(EI_ERR_INVALID, "bad arguments");
@@ -667,8 +658,6 @@ ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const
         if (tokens[i] < 0 || tokens[i] >= e->m.n_vocab) return ei_fail(EI_ERR_INVALID, "token id %d is out of range", tokens[i]);
         if (seq[i] < 0 || seq[i] >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "sequence %d is out of range", seq[i]);
         if (pos[i] < 0 || pos[i] >= e->p.n_ctx) return ei_fail(EI_ERR_CONTEXT, "position %d is outside the context of %d", pos[i], e->p.n_ctx);
-        ei_status st = ensure_cache(e, seq[i]);
-        if (st != EI_OK) return st;
     }
     int32_t rows[MAX_BATCH];
     float *out = logits;
@@ -678,7 +667,10 @@ ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const
         for (int i = 0; i < len; i++)
             if (out_mask && out_mask[start + i]) rows[st.n_out++] = i;
         if (st.n_out > 0 && !logits) return ei_fail(EI_ERR_INVALID, "logits requested without an output buffer");
+        const ei_status ready = prepare_step(e, &st);
+        if (ready != EI_OK) return ready;
         ei_pool_run(e->pool, forward_task, &st);
+        for (int i = 0; i < len; i++) ei_kv_pool_trim(e->kv, st.seq[i], st.pos[i] + 1);
         out += (size_t)st.n_out * e->m.n_vocab;
     }
     return EI_OK;
@@ -696,62 +688,91 @@ static void move_key(ei_engine *e, uint8_t *dst, const uint8_t *src, const float
     store_kv(e, e->p.kv_type_k, dst, buf, e->kv_dim);
 }
 
-/* layer il of sequence s: rows of positions [from, n_past) to from - count; a ring's rows go
- * through tmp first, as their new rows may be ones still to be read */
+/* layer il of sequence s: rows of positions [from, n_past) to from - count, in order (each
+ * lands below the rows still to be read; ei_kv_pool_write made the destinations private) */
 static void discard_layer(ei_engine *e, int s, int il, int from, int count, int n_past, const float *cs,
-                          float *buf, uint8_t *tmp) {
-    const int ring = e->cap[il] < e->p.n_ctx, n = n_past - from;
-    const size_t kr = e->k_row_bytes, vr = e->v_row_bytes;
+                          float *buf) {
     for (int p = from; p < n_past; p++) {
-        const uint8_t *ks = k_row(e, s, il, p), *vs = v_row(e, s, il, p);
-        if (ring) {
-            memcpy(tmp + (size_t)(p - from) * (kr + vr), ks, kr);
-            memcpy(tmp + (size_t)(p - from) * (kr + vr) + kr, vs, vr);
-            continue;
-        }
-        move_key(e, k_row(e, s, il, p - count), ks, cs, buf);
-        memmove(v_row(e, s, il, p - count), vs, vr);
+        move_key(e, k_row(e, s, il, p - count), k_row(e, s, il, p), cs, buf);
+        memcpy(v_row(e, s, il, p - count), v_row(e, s, il, p), e->v_row_bytes);
     }
-    if (!ring) return;
-    for (int t = 0; t < n; t++) {
-        const uint8_t *row = tmp + (size_t)t * (kr + vr);
-        move_key(e, k_row(e, s, il, from + t - count), row, cs, buf);
-        memcpy(v_row(e, s, il, from + t - count), row + kr, vr);
+}
+
+/* the first position each layer's rows move from: the discarded run's end, or the oldest row a
+ * sliding-window layer still holds; refuses a discard after which a window would reach rows
+ * that layer no longer holds */
+static ei_status discard_sources(const ei_engine *e, int seq, int start, int count, int n_past, int *from) {
+    const int kept = n_past - count;
+    for (int il = 0; il < e->m.n_layer; il++) {
+        const int w = e->layers[il].window, oldest = ei_kv_pool_oldest(e->kv, seq, il);
+        const int need = w && kept - w + 1 > 0 ? kept - w + 1 : 0;
+        if (need < start && need < oldest)
+            return ei_fail(EI_ERR_UNSUPPORTED,
+                           "layer %d holds positions from %d only: after discarding %d of %d, its window would "
+                           "reach position %d (discard fewer, or keep the whole context)",
+                           il, oldest, count, n_past, need);
+        from[il] = start + count > oldest ? start + count : oldest;
     }
+    return EI_OK;
 }
 
 ei_status ei_engine_seq_discard(ei_engine *e, int32_t seq, int32_t start, int32_t count, int32_t n_past) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
     if (start < 0 || count < 0 || n_past > e->p.n_ctx || start > n_past - count)
         return ei_fail(EI_ERR_INVALID, "cannot discard %d positions from %d of the %d held", count, start, n_past);
-    if (count == 0 || !e->k_cache[seq]) return EI_OK;
-    const int kept = n_past - count;
-    int max_cap = 0;
-    for (int il = 0; il < e->m.n_layer; il++) {
-        const int cap = e->cap[il], window = e->layers[il].window;
-        if (cap > max_cap && cap < e->p.n_ctx) max_cap = cap;
-        /* a ring no longer holds the kept prefix: the next window must not reach into it */
-        const int oldest = n_past - cap, reach = kept - window + 1;
-        if (cap < e->p.n_ctx && start > 0 && reach < start && (reach < 0 ? 0 : reach) < oldest)
-            return ei_fail(EI_ERR_UNSUPPORTED,
-                           "layer %d keeps a ring of %d positions: after discarding %d of %d, its window would "
-                           "reach positions it no longer holds (discard fewer, or keep the whole context)",
-                           il, cap, count, n_past);
-    }
+    if (count == 0) return EI_OK;
+    int *from = malloc(sizeof(int) * (size_t)e->m.n_layer);
     float *cs = malloc(sizeof(float) * (size_t)e->n_bases * (size_t)e->m.n_rot);
     float *buf = malloc(sizeof(float) * (size_t)e->kv_dim);
-    uint8_t *tmp = malloc((size_t)(max_cap ? max_cap : 1) * (e->k_row_bytes + e->v_row_bytes));
-    if (!cs || !buf || !tmp) {
-        free(cs); free(buf); free(tmp);
-        return ei_fail(EI_ERR_NOMEM, "out of memory for discarding positions");
+    ei_status st = !from || !cs || !buf ? ei_fail(EI_ERR_NOMEM, "out of memory for discarding positions")
+                                        : discard_sources(e, seq, start, count, n_past, from);
+    int lowest = n_past;
+    for (int il = 0; st == EI_OK && il < e->m.n_layer; il++)
+        if (from[il] - count < lowest) lowest = from[il] - count;
+    if (st == EI_OK) st = ei_kv_pool_write(e->kv, seq, lowest, n_past - count);
+    if (st == EI_OK) {
+        for (int b = 0; b < e->n_bases; b++) rope_row(e, b, -count, cs + (size_t)b * e->m.n_rot);
+        for (int il = 0; il < e->m.n_layer; il++)
+            discard_layer(e, seq, il, from[il], count, n_past, cs + (size_t)e->layer_base[il] * e->m.n_rot, buf);
+        ei_kv_pool_trim(e->kv, seq, n_past - count);
     }
-    for (int b = 0; b < e->n_bases; b++) rope_row(e, b, -count, cs + (size_t)b * e->m.n_rot);
-    for (int il = 0; il < e->m.n_layer; il++) {
-        const int cap = e->cap[il], oldest = n_past - cap > 0 ? n_past - cap : 0;
-        const int from = start + count > oldest ? start + count : oldest; /* rows still held */
-        if (from < n_past)
-            discard_layer(e, seq, il, from, count, n_past, cs + (size_t)e->layer_base[il] * e->m.n_rot, buf, tmp);
-    }
-    free(cs); free(buf); free(tmp);
+    free(from); free(cs); free(buf);
+    return st;
+}
+
+/* ---- sharing blocks between sequences ------------------------------------------------ */
+
+ei_status ei_engine_seq_fork(ei_engine *e, int32_t src, int32_t dst, int32_t n) {
+    if (!e || src < 0 || src >= e->p.n_seq_max || dst < 0 || dst >= e->p.n_seq_max || src == dst)
+        return ei_fail(EI_ERR_INVALID, "cannot fork sequence %d into %d", src, dst);
+    if (n < 0 || n > e->p.n_ctx) return ei_fail(EI_ERR_INVALID, "cannot share %d positions", n);
+    ei_kv_pool_fork(e->kv, src, dst, n);
     return EI_OK;
+}
+
+ei_status ei_engine_seq_set_key(ei_engine *e, int32_t seq, int32_t block, uint64_t key) {
+    if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
+    if (block < 0 || (int64_t)block * EI_KV_BLOCK >= e->p.n_ctx)
+        return ei_fail(EI_ERR_INVALID, "no block %d to key", block);
+    ei_kv_pool_set_key(e->kv, seq, block, key);
+    return EI_OK;
+}
+
+ei_status ei_engine_seq_publish(ei_engine *e, int32_t seq, int32_t n_blocks) {
+    if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
+    ei_kv_pool_publish(e->kv, seq, n_blocks);
+    return EI_OK;
+}
+
+ei_status ei_engine_seq_reuse(ei_engine *e, int32_t seq, int32_t n, const uint64_t *keys, int32_t *positions) {
+    if (!e || seq < 0 || seq >= e->p.n_seq_max || n < 0 || (n && !keys) || !positions)
+        return ei_fail(EI_ERR_INVALID, "bad arguments");
+    *positions = ei_kv_pool_reuse(e->kv, seq, n, keys);
+    return EI_OK;
+}
+
+int32_t ei_engine_block_size(void) { return EI_KV_BLOCK; }
+
+int32_t ei_engine_pool_stats(const ei_engine *e, int64_t *out, int32_t n) {
+    return e && out ? ei_kv_pool_stats(e->kv, out, n) : 0;
 }

@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 5
+#define EI_API_VERSION 6
 
 /* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
 #define EI_MAX_THREADS 512
@@ -94,9 +94,12 @@ typedef struct {
     int32_t kv_type_v; /* of a value cache element */
     int32_t kv_layout; /* EI_KV_ROWS: one row per (position, KV head) */
     int32_t isa;       /* EI_ISA_* to use, or -1 for the best supported */
-    int32_t ring;      /* 1: a sliding-window layer keeps a ring of window + n_batch positions per
-                        * sequence, so a sequence rewinds by at most n_batch positions (further,
-                        * it is cleared and evaluated again); 0: every layer keeps n_ctx */
+    int32_t ring;      /* 1: a sliding-window layer releases the blocks behind its window (it
+                        * keeps window + EI_KV_SLACK positions and the step's), so a sequence
+                        * rewinds by at most ei_engine_block_size() positions (further, it is
+                        * cleared and evaluated again); 0: every layer keeps n_ctx */
+    int32_t pad_;      /* 0 */
+    int64_t kv_budget; /* bytes for the KV cache's block pool; 0: n_seq_max sequences of n_ctx */
 } ei_engine_params;
 
 /* how a cache tensor's elements are grouped (edgeinfer/kv_cache.py: CacheLayout) */
@@ -129,8 +132,25 @@ EI_EXPORT ei_status ei_engine_create(const ei_model_desc *model, const ei_engine
  * only when calls do not overlap. */
 EI_EXPORT ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const int32_t *pos,
                                      const int32_t *seq, const int8_t *out_mask, float *logits);
-/* forgets sequence seq: its cache is freed, so its next token starts an empty context */
+/* forgets sequence seq: its blocks go back to the pool (keyed ones stay as cached prefixes),
+ * so its next token starts an empty context */
 EI_EXPORT ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq);
+/* The cache is a pool of blocks of ei_engine_block_size() positions (simd/common/kv_pool.h).
+ * fork: dst (cleared first) shares the blocks of src's first n positions, copied on write.
+ * set_key: block `block` of seq will have this key once full (a hash of its tokens and all
+ * before them; 0: none), given before the step that fills it; the block keeps it when seq lets
+ * it go (a cached prefix, for reuse), or from publish on, which a successful step's caller
+ * calls for the blocks it filled (others may then share them while seq holds them). reuse: seq (cleared first) takes the cached
+ * blocks of keys[0..n) that every layer group has; *positions = the positions it holds then.
+ * pool_stats: out[0] layer groups, out[1] block lookups, out[2] hits, then per group window,
+ * blocks, used, cached, free, bytes per block; returns the values written (at most n). */
+EI_EXPORT ei_status ei_engine_seq_fork(ei_engine *e, int32_t src, int32_t dst, int32_t n);
+EI_EXPORT ei_status ei_engine_seq_set_key(ei_engine *e, int32_t seq, int32_t block, uint64_t key);
+EI_EXPORT ei_status ei_engine_seq_publish(ei_engine *e, int32_t seq, int32_t n_blocks);
+EI_EXPORT ei_status ei_engine_seq_reuse(ei_engine *e, int32_t seq, int32_t n, const uint64_t *keys,
+                                        int32_t *positions);
+EI_EXPORT int32_t ei_engine_block_size(void);
+EI_EXPORT int32_t ei_engine_pool_stats(const ei_engine *e, int64_t *out, int32_t n);
 /* forgets positions [start, start + count) of sequence seq, which holds n_past: the later ones
  * move down by count, their keys rotated back by count so that RoPE sees their new positions
  * (llama.cpp's context shift; StreamingLLM's eviction behind the attention sinks) */

@@ -142,7 +142,7 @@ def test_auto_says_once_on_stderr_why_it_runs_numpy(fixture_models, tmp_path):
 )
 def test_the_native_cache_takes_what_cache_bytes_says(fixture_models, k_type, v_type):
     """The engine and the estimates (edgeinfer info, the converters' fitting) size the KV cache
-    with one function: a sequence's first step allocates exactly cache_bytes of it."""
+    with one function: the pool holds cache_bytes, and filling the context takes all of it."""
     from edgeinfer.kv_cache import cache_bytes
 
     with GGUFFile(fixture_models["gemma3"]) as gguf:
@@ -151,11 +151,15 @@ def test_the_native_cache_takes_what_cache_bytes_says(fixture_models, k_type, v_
         engine = engines.create(ENGINES["native"], gguf, cfg, options)
         try:
             before = engine.memory_bytes
-            engine.forward([1, 2])
+            engine.forward(list(range(1, 97)))
             expected = cache_bytes(
                 n_layer=cfg.n_layer, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim,
                 head_dim_v=cfg.head_dim_v, n_ctx=96, k_type=k_type, v_type=v_type,
+                windows=[cfg.layer_window(il) for il in range(cfg.n_layer)],
             )  # fmt: skip
             assert engine.memory_bytes - before == expected
+            pool = engine.pool_stats()
+            assert sum(g["blocks"] * g["block_bytes"] for g in pool["groups"]) == expected
+            assert pool["free"] == 0
         finally:
             engine.close()

@@ -13,14 +13,15 @@ from tests.kv.texts import python_help_text
 
 
 def test_info_reports_the_cache_of_the_chosen_types(gemma_path):
-    """Bytes per token count the 3 global layers only (the 15 local ones keep rings):
+    """Bytes per token count the 3 global layers only (the 15 local ones keep their window,
+    a slack of 32 and a batch of 512, in blocks of 32, plus 2 at the edges: 35 blocks):
     Gemma 3 270M has 1 KV head of 256 values; q8_0 is 34 bytes per 32, q4_0 18."""
     out = json.loads(cli("info", gemma_path, "--json", "-c", "32768", "-ctk", "q8_0",
                          "-ctv", "q4_0").stdout)  # fmt: skip
     kv = out["kv_cache"]
     per_layer = 256 // 32 * 34 + 256 // 32 * 18
     assert kv["bytes_per_token"] == 3 * per_layer
-    assert kv["total_bytes"] == (3 * 32768 + 15 * (512 + 512)) * per_layer
+    assert kv["total_bytes"] == (3 * 32768 + 15 * 35 * 32) * per_layer
     assert (kv["bits_per_value_k"], kv["bits_per_value_v"]) == (8.5, 4.5)
     assert out["sliding_windows"] == [512]
     full = json.loads(cli("info", gemma_path, "--json", "-c", "32768", "--swa-full").stdout)

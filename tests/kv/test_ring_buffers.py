@@ -1,6 +1,6 @@
-"""Sliding-window layers keep a ring of window + n_batch positions: the same logits as the
-full-size cache, memory that grows only with the global layers, and rewinds that either keep
-the prefix (within the ring's slack) or start the sequence over."""
+"""Sliding-window layers give back the blocks behind their window (a ring of blocks): the same
+logits as the full-size cache, memory that grows only with the global layers, and rewinds that
+either keep the prefix (within the slack) or start the sequence over."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
-from edgeinfer.kv_cache import cache_bytes
+from edgeinfer.kv_cache import BLOCK_SIZE, cache_bytes
 from tests.kv.texts import python_help_text
 
 pytestmark = pytest.mark.slow
@@ -37,29 +37,42 @@ def test_ring_gives_the_full_cache_logits(gemma_path, long_tokens):
     with _gemma(gemma_path) as ring, _gemma(gemma_path, swa_full=True) as full:
         want = full.logits(long_tokens)
         got = ring.logits(long_tokens)
-        assert ring.backend.ring_slack == 128 and full.backend.ring_slack is None
+        assert ring.backend.ring_slack == BLOCK_SIZE and full.backend.ring_slack is None
     np.testing.assert_array_equal(got, want)
 
 
 def test_ring_memory_grows_with_the_global_layers_only(gemma_path, long_tokens):
-    cfg = None
-    used = {}
+    """The pool is sized as cache_bytes says; after 3x the window the local layers hold their
+    window's blocks only, while the global layers hold every position."""
+    used, budget, held = {}, {}, {}
     for swa_full in (False, True):
         with _gemma(gemma_path, swa_full=swa_full) as m:
-            cfg = m.config
-            before = m.backend.memory_bytes
-            m.logits(long_tokens[:8])  # the first token reserves the sequence's cache
+            cfg, before = m.config, m.backend.memory_bytes
+            m.backend.forward(long_tokens)
             used[swa_full] = m.backend.memory_bytes - before
-    assert cfg is not None
+            stats = m.backend.pool_stats()
+            budget[swa_full] = sum(g["blocks"] * g["block_bytes"] for g in stats["groups"])
+            held[swa_full] = {g["window"]: g["used"] for g in stats["groups"]}
     windows = [cfg.layer_window(il) for il in range(cfg.n_layer)]
     shape = {
         "n_layer": cfg.n_layer, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim,
         "head_dim_v": cfg.head_dim_v, "n_ctx": 2048, "windows": windows, "n_batch": 128,
     }  # fmt: skip
-    assert used[False] == cache_bytes(**shape)
-    assert used[True] == cache_bytes(**shape, ring=False)
-    # 3 global layers x 2048 + 15 rings x (512 + 128) positions, against 18 x 2048
-    assert used[False] / used[True] == pytest.approx((3 * 2048 + 15 * 640) / (18 * 2048))
+    assert budget[False] == cache_bytes(**shape)
+    assert budget[True] == cache_bytes(**shape, ring=False) == 18 * 2048 * 2 * 256 * 2
+    # the window, the slack and one step of 128, in blocks of 32, and 2 blocks at the edges
+    assert budget[False] == (3 * 2048 + 15 * (512 + 32 + 128 + 64)) * 2 * 256 * 2
+    # every position in every layer, against the global ones and the local window
+    assert held[True] == {0: 3 * WINDOW // BLOCK_SIZE}
+    # after the last step a local layer holds the blocks from 32 behind its window: 17
+    behind = (3 * WINDOW - WINDOW - 32) // BLOCK_SIZE
+    assert held[False] == {0: 3 * WINDOW // BLOCK_SIZE, WINDOW: 3 * WINDOW // BLOCK_SIZE - behind}
+    # memory comes in slabs of 16 blocks (1 KiB a position and layer): 18 layers x 1536
+    # positions in 3 slabs, against the global layers' 3 slabs and the local layers' 2 (at
+    # most 23 blocks live in a step: the window, the slack, the step of 128 and the edges)
+    slab = 16 * BLOCK_SIZE * 1024
+    assert used[True] == 3 * 18 * slab == 18 * 1536 * 1024
+    assert used[False] == 3 * 3 * slab + 2 * 15 * slab
 
 
 def test_rewinds_within_the_slack_keep_the_prefix(gemma_path, long_tokens):
@@ -67,10 +80,10 @@ def test_rewinds_within_the_slack_keep_the_prefix(gemma_path, long_tokens):
     with _gemma(gemma_path) as m:
         eng = m.backend
         want = eng.forward(tokens)
-        eng.truncate(1000)  # 100 back: the rings still hold the window behind position 1000
-        assert eng.n_past == 1000
-        np.testing.assert_array_equal(eng.forward(tokens[1000:]), want)
-        eng.truncate(900)  # 200 back: more than the slack of 128
+        eng.truncate(1080)  # 20 back: the local layers still hold the window behind 1080
+        assert eng.n_past == 1080
+        np.testing.assert_array_equal(eng.forward(tokens[1080:]), want)
+        eng.truncate(1000)  # 100 back: more than the slack of one block
         assert eng.n_past == 0
         np.testing.assert_array_equal(eng.forward(tokens), want)
 

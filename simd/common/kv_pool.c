@@ -1,0 +1,428 @@
+/* The block pool of the KV cache (kv_pool.h says what it is). Lookups scan the blocks: a pool
+ * has thousands of them and is asked once per block of a prompt, so a scan costs microseconds
+ * and needs no index to keep consistent. */
+#include "kv_pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ei_internal.h"
+
+typedef struct {
+    int window;          /* 0: full attention */
+    int n_layers;
+    size_t layer_bytes;  /* one layer's rows of a block: EI_KV_BLOCK keys, then EI_KV_BLOCK values */
+    size_t block_bytes;  /* n_layers * layer_bytes */
+    int n_blocks;
+    uint8_t **slabs;     /* (n_blocks / EI_KV_SLAB, rounded up), allocated on first use */
+    int32_t *ref;        /* (n_blocks) sequences holding each block */
+    uint64_t *key;       /* (n_blocks) a full block's key; 0: none */
+    uint64_t *used;      /* (n_blocks) when it was last released or taken, for the LRU order */
+    int32_t *table;      /* (n_seq_max, max_blocks) block of each index, -1: none */
+    int32_t *lo;         /* (n_seq_max) the lowest index a sequence may hold (sliding windows) */
+} kv_group;
+
+struct ei_kv_pool {
+    int n_layer, n_seq_max, n_ctx, max_blocks, n_groups;
+    size_t k_row, v_row;
+    int *layer_group, *layer_slot; /* (n_layer) */
+    kv_group g[EI_KV_MAX_GROUPS];
+    /* (n_seq_max, max_blocks) the key each full block of a sequence has, given by the caller
+     * before the step that fills it: a block gets it when the sequence lets it go (a sliding
+     * window moved past it, the sequence was cleared) or is published */
+    uint64_t *seq_keys;
+    uint64_t clock;
+    int64_t lookups, hits; /* blocks asked for by ei_kv_pool_reuse, and found */
+    size_t bytes;
+};
+
+static int32_t *slot_of(const ei_kv_pool *p, const kv_group *g, int s, int index) {
+    return &g->table[(size_t)s * p->max_blocks + index];
+}
+
+static uint8_t *block_base(const kv_group *g, int b) {
+    return g->slabs[b / EI_KV_SLAB] + (size_t)(b % EI_KV_SLAB) * g->block_bytes;
+}
+
+/* blocks one sequence of a group needs at most: all of n_ctx, or a window's worth */
+static int blocks_per_seq(const ei_kv_pool_params *p, int window, int max_blocks) {
+    if (!window) return max_blocks;
+    const int64_t live = (int64_t)window + EI_KV_SLACK + p->n_batch;
+    const int64_t n = (live + EI_KV_BLOCK - 1) / EI_KV_BLOCK + 2;
+    return n < max_blocks ? (int)n : max_blocks;
+}
+
+/* the distinct windows of the layers, in order of first appearance */
+static int group_windows(const ei_kv_pool_params *p, int windows[EI_KV_MAX_GROUPS], int *layer_group) {
+    int n = 0;
+    for (int il = 0; il < p->n_layer; il++) {
+        int w = p->windows ? p->windows[il] : 0, g = 0;
+        if (w < 0 || (int64_t)w + EI_KV_SLACK + p->n_batch >= p->n_ctx) w = 0; /* never released */
+        while (g < n && windows[g] != w) g++;
+        if (g == n) {
+            if (n == EI_KV_MAX_GROUPS) return -1;
+            windows[n++] = w;
+        }
+        if (layer_group) layer_group[il] = g;
+    }
+    return n;
+}
+
+size_t ei_kv_pool_budget_default(const ei_kv_pool_params *p) {
+    int windows[EI_KV_MAX_GROUPS];
+    const int n = group_windows(p, windows, NULL);
+    const int max_blocks = (p->n_ctx + EI_KV_BLOCK - 1) / EI_KV_BLOCK;
+    size_t total = 0;
+    for (int gi = 0; gi < n; gi++) {
+        int layers = 0;
+        for (int il = 0; il < p->n_layer; il++) {
+            const int w = p->windows ? p->windows[il] : 0;
+            layers += (w < 0 || (int64_t)w + EI_KV_SLACK + p->n_batch >= p->n_ctx ? 0 : w) == windows[gi];
+        }
+        const size_t block = (size_t)layers * EI_KV_BLOCK * (p->k_row_bytes + p->v_row_bytes);
+        total += (size_t)p->n_seq_max * (size_t)blocks_per_seq(p, windows[gi], max_blocks) * block;
+    }
+    return total;
+}
+
+ei_kv_pool *ei_kv_pool_create(const ei_kv_pool_params *p, ei_status *status) {
+    int windows[EI_KV_MAX_GROUPS];
+    *status = EI_OK;
+    if (group_windows(p, windows, NULL) < 0) {
+        *status = ei_fail(EI_ERR_UNSUPPORTED, "more than %d distinct attention windows", EI_KV_MAX_GROUPS);
+        return NULL;
+    }
+    size_t tables = 0; /* the bytes the tables want, for the message */
+    ei_kv_pool *pool = calloc(1, sizeof(*pool));
+    if (!pool) goto nomem;
+    pool->n_layer = p->n_layer;
+    pool->n_seq_max = p->n_seq_max;
+    pool->n_ctx = p->n_ctx;
+    pool->max_blocks = (p->n_ctx + EI_KV_BLOCK - 1) / EI_KV_BLOCK;
+    pool->k_row = p->k_row_bytes;
+    pool->v_row = p->v_row_bytes;
+    pool->layer_group = calloc((size_t)p->n_layer, sizeof(int));
+    pool->layer_slot = calloc((size_t)p->n_layer, sizeof(int));
+    pool->seq_keys = calloc((size_t)p->n_seq_max * (size_t)pool->max_blocks, sizeof(uint64_t));
+    if (!pool->layer_group || !pool->layer_slot || !pool->seq_keys) goto nomem;
+    pool->n_groups = group_windows(p, windows, pool->layer_group);
+    for (int il = 0; il < p->n_layer; il++) pool->layer_slot[il] = pool->g[pool->layer_group[il]].n_layers++;
+    const size_t budget = p->budget ? p->budget : ei_kv_pool_budget_default(p);
+    const size_t wanted = ei_kv_pool_budget_default(p);
+    for (int gi = 0; gi < pool->n_groups; gi++) {
+        kv_group *g = &pool->g[gi];
+        g->window = windows[gi];
+        g->layer_bytes = EI_KV_BLOCK * (p->k_row_bytes + p->v_row_bytes);
+        g->block_bytes = (size_t)g->n_layers * g->layer_bytes;
+        /* the budget shared in proportion to what n_seq_max sequences of n_ctx need */
+        const double need = (double)p->n_seq_max * blocks_per_seq(p, g->window, pool->max_blocks);
+        const double blocks = need * ((double)budget / (double)wanted);
+        if (blocks > (double)INT32_MAX) {
+            ei_kv_pool_free(pool);
+            *status = ei_fail(EI_ERR_NOMEM, "out of memory: a KV budget of %zu bytes wants %.0f blocks", budget, blocks);
+            return NULL;
+        }
+        g->n_blocks = (int)blocks;
+        if (g->n_blocks < 1) {
+            ei_kv_pool_free(pool);
+            *status = ei_fail(EI_ERR_INVALID, "a KV budget of %zu bytes holds no block of %zu bytes", budget,
+                              g->block_bytes);
+            return NULL;
+        }
+        const size_t nb = (size_t)g->n_blocks, n_slabs = (nb + EI_KV_SLAB - 1) / EI_KV_SLAB;
+        tables = n_slabs * sizeof(uint8_t *) + nb * 20;
+        g->slabs = calloc(n_slabs, sizeof(uint8_t *));
+        g->ref = calloc(nb, sizeof(int32_t));
+        g->key = calloc(nb, sizeof(uint64_t));
+        g->used = calloc(nb, sizeof(uint64_t));
+        g->table = malloc(sizeof(int32_t) * (size_t)p->n_seq_max * (size_t)pool->max_blocks);
+        g->lo = calloc((size_t)p->n_seq_max, sizeof(int32_t));
+        if (!g->slabs || !g->ref || !g->key || !g->used || !g->table || !g->lo) goto nomem;
+        memset(g->table, 0xff, sizeof(int32_t) * (size_t)p->n_seq_max * (size_t)pool->max_blocks);
+        pool->bytes += n_slabs * sizeof(uint8_t *) + nb * 20 + sizeof(int32_t) * (size_t)p->n_seq_max * (pool->max_blocks + 1);
+    }
+    return pool;
+nomem:
+    ei_kv_pool_free(pool);
+    *status = ei_fail(EI_ERR_NOMEM, "out of memory: %zu bytes wanted for the KV block pool's tables", tables);
+    return NULL;
+}
+
+void ei_kv_pool_free(ei_kv_pool *pool) {
+    if (!pool) return;
+    for (int gi = 0; gi < pool->n_groups; gi++) {
+        kv_group *g = &pool->g[gi];
+        if (g->slabs)
+            for (int i = 0; i < (g->n_blocks + EI_KV_SLAB - 1) / EI_KV_SLAB; i++) free(g->slabs[i]);
+        free(g->slabs); free(g->ref); free(g->key); free(g->used); free(g->table); free(g->lo);
+    }
+    free(pool->layer_group); free(pool->layer_slot); free(pool->seq_keys);
+    free(pool);
+}
+
+size_t ei_kv_pool_bytes(const ei_kv_pool *pool) { return pool ? pool->bytes : 0; }
+
+/* the bytes of slab i: EI_KV_SLAB blocks, fewer for the last one */
+static size_t slab_bytes(const kv_group *g, int i) {
+    const int n = g->n_blocks - i * EI_KV_SLAB;
+    return (size_t)(n < EI_KV_SLAB ? n : EI_KV_SLAB) * g->block_bytes;
+}
+
+/* a block for a new owner: a free one, else the least recently used cached one (its key goes);
+ * -1 when every block is held, -2 when its slab cannot be allocated */
+static int take_block(ei_kv_pool *pool, kv_group *g) {
+    int best = -1;
+    for (int b = 0; b < g->n_blocks; b++) {
+        if (g->ref[b]) continue;
+        if (!g->key[b]) { best = b; break; }
+        if (best < 0 || g->used[b] < g->used[best]) best = b;
+    }
+    if (best < 0) return -1;
+    uint8_t **slab = &g->slabs[best / EI_KV_SLAB];
+    if (!*slab) {
+        const size_t bytes = slab_bytes(g, best / EI_KV_SLAB);
+        if (!(*slab = calloc(1, bytes))) return -2;
+        pool->bytes += bytes;
+    }
+    g->key[best] = 0;
+    g->ref[best] = 1;
+    g->used[best] = ++pool->clock;
+    return best;
+}
+
+static void drop_block(ei_kv_pool *pool, kv_group *g, int32_t *slot) {
+    if (*slot < 0) return;
+    g->ref[*slot]--;
+    g->used[*slot] = ++pool->clock;
+    *slot = -1;
+}
+
+static uint64_t *seq_key(const ei_kv_pool *pool, int s, int index) {
+    return &pool->seq_keys[(size_t)s * pool->max_blocks + index];
+}
+
+/* a sequence lets block `index` go: it keeps the key the sequence gave it (its rows are
+ * complete and final then) */
+static void release(ei_kv_pool *pool, kv_group *g, int s, int index) {
+    int32_t *slot = slot_of(pool, g, s, index);
+    if (*slot >= 0 && *seq_key(pool, s, index)) g->key[*slot] = *seq_key(pool, s, index);
+    drop_block(pool, g, slot);
+}
+
+static ei_status pool_full(const kv_group *g) {
+    return ei_fail(EI_ERR_NOMEM, "the KV cache pool is full: all %d blocks of %zu bytes are held (raise kv_budget)",
+                   g->n_blocks, g->block_bytes);
+}
+
+ei_status ei_kv_pool_write(ei_kv_pool *pool, int s, int p0, int p1) {
+    if (p1 <= p0) return EI_OK;
+    for (int gi = 0; gi < pool->n_groups; gi++) {
+        kv_group *g = &pool->g[gi];
+        for (int i = p0 / EI_KV_BLOCK; i <= (p1 - 1) / EI_KV_BLOCK; i++) {
+            int32_t *slot = slot_of(pool, g, s, i);
+            if (*slot >= 0 && g->ref[*slot] == 1) {
+                g->key[*slot] = 0; /* its rows are about to change */
+                continue;
+            }
+            const int b = take_block(pool, g);
+            if (b == -1) return pool_full(g);
+            if (b == -2) return ei_fail(EI_ERR_NOMEM, "out of memory: %zu bytes wanted for KV cache blocks",
+                                        slab_bytes(g, 0));
+            if (*slot >= 0) { /* shared: this sequence writes into its own copy */
+                memcpy(block_base(g, b), block_base(g, *slot), g->block_bytes);
+                drop_block(pool, g, slot);
+            }
+            *slot = b;
+            if (i < g->lo[s]) g->lo[s] = i; /* callers write below lo only up to held rows */
+        }
+    }
+    return EI_OK;
+}
+
+static uint8_t *row(const ei_kv_pool *pool, int s, int il, int pos, int value) {
+    const kv_group *g = &pool->g[pool->layer_group[il]];
+    const int b = *slot_of(pool, g, s, pos / EI_KV_BLOCK);
+    uint8_t *base = block_base(g, b) + (size_t)pool->layer_slot[il] * g->layer_bytes;
+    const int r = pos % EI_KV_BLOCK;
+    return value ? base + EI_KV_BLOCK * pool->k_row + (size_t)r * pool->v_row : base + (size_t)r * pool->k_row;
+}
+
+uint8_t *ei_kv_pool_k(const ei_kv_pool *pool, int s, int il, int pos) { return row(pool, s, il, pos, 0); }
+uint8_t *ei_kv_pool_v(const ei_kv_pool *pool, int s, int il, int pos) { return row(pool, s, il, pos, 1); }
+
+int ei_kv_pool_oldest(const ei_kv_pool *pool, int s, int il) {
+    return pool->g[pool->layer_group[il]].lo[s] * EI_KV_BLOCK;
+}
+
+/* releases blocks [lo, below) of s in group g */
+static void release_below(ei_kv_pool *pool, kv_group *g, int s, int below) {
+    for (int i = g->lo[s]; i < below && i < pool->max_blocks; i++) release(pool, g, s, i);
+    if (below > g->lo[s]) g->lo[s] = below;
+}
+
+void ei_kv_pool_trim(ei_kv_pool *pool, int s, int pos) {
+    for (int gi = 0; gi < pool->n_groups; gi++) {
+        kv_group *g = &pool->g[gi];
+        if (!g->window) continue;
+        const int keep = pos - g->window - EI_KV_SLACK; /* the first position still wanted */
+        if (keep > 0) release_below(pool, g, s, keep / EI_KV_BLOCK);
+    }
+}
+
+void ei_kv_pool_forget_below(ei_kv_pool *pool, int s, int pos) {
+    for (int gi = 0; gi < pool->n_groups; gi++) {
+        kv_group *g = &pool->g[gi];
+        if (g->window && pos > 0) release_below(pool, g, s, pos / EI_KV_BLOCK);
+    }
+}
+
+int ei_kv_pool_runs(const ei_kv_pool *pool, int s, int il, int t0, int t1, size_t k_off, size_t v_off,
+                    ei_attn_run *runs) {
+    const kv_group *g = &pool->g[pool->layer_group[il]];
+    const size_t lb = (size_t)pool->layer_slot[il] * g->layer_bytes, vstart = EI_KV_BLOCK * pool->k_row;
+    int n = 0;
+    for (int t = t0; t < t1;) {
+        const int i = t / EI_KV_BLOCK, r = t % EI_KV_BLOCK;
+        const int m = t1 - t < EI_KV_BLOCK - r ? t1 - t : EI_KV_BLOCK - r;
+        const uint8_t *base = block_base(g, *slot_of(pool, g, s, i)) + lb;
+        runs[n++] = (ei_attn_run){base + (size_t)r * pool->k_row + k_off,
+                                  base + vstart + (size_t)r * pool->v_row + v_off, m};
+        t += m;
+    }
+    return n;
+}
+
+int ei_kv_pool_max_runs(const ei_kv_pool *pool) { return pool->max_blocks + 1; }
+
+/* gives back the memory of the slabs of g whose blocks are neither held nor cached */
+static void free_idle_slabs(ei_kv_pool *pool, kv_group *g) {
+    for (int i = 0; i * EI_KV_SLAB < g->n_blocks; i++) {
+        if (!g->slabs[i]) continue;
+        int idle = 1;
+        for (int b = i * EI_KV_SLAB; b < (i + 1) * EI_KV_SLAB && b < g->n_blocks && idle; b++)
+            idle = !g->ref[b] && !g->key[b];
+        if (!idle) continue;
+        free(g->slabs[i]);
+        g->slabs[i] = NULL;
+        pool->bytes -= slab_bytes(g, i);
+    }
+}
+
+void ei_kv_pool_clear(ei_kv_pool *pool, int s) {
+    for (int gi = 0; gi < pool->n_groups; gi++) {
+        kv_group *g = &pool->g[gi];
+        for (int i = 0; i < pool->max_blocks; i++) release(pool, g, s, i);
+        g->lo[s] = 0;
+        free_idle_slabs(pool, g);
+    }
+    memset(seq_key(pool, s, 0), 0, sizeof(uint64_t) * (size_t)pool->max_blocks);
+}
+
+void ei_kv_pool_fork(ei_kv_pool *pool, int src, int dst, int n) {
+    ei_kv_pool_clear(pool, dst);
+    const int blocks = (n + EI_KV_BLOCK - 1) / EI_KV_BLOCK;
+    for (int gi = 0; gi < pool->n_groups; gi++) {
+        kv_group *g = &pool->g[gi];
+        for (int i = g->lo[src]; i < blocks; i++) {
+            const int32_t b = *slot_of(pool, g, src, i);
+            if (b < 0) continue;
+            g->ref[b]++;
+            *slot_of(pool, g, dst, i) = b;
+        }
+        g->lo[dst] = g->lo[src];
+    }
+    for (int i = 0; i < n / EI_KV_BLOCK; i++) *seq_key(pool, dst, i) = *seq_key(pool, src, i);
+}
+
+void ei_kv_pool_set_key(ei_kv_pool *pool, int s, int index, uint64_t key) {
+    if (index >= 0 && index < pool->max_blocks) *seq_key(pool, s, index) = key;
+}
+
+void ei_kv_pool_publish(ei_kv_pool *pool, int s, int n) {
+    for (int i = 0; i < n && i < pool->max_blocks; i++) {
+        const uint64_t key = *seq_key(pool, s, i);
+        if (!key) continue;
+        for (int gi = 0; gi < pool->n_groups; gi++) {
+            kv_group *g = &pool->g[gi];
+            const int32_t b = *slot_of(pool, g, s, i);
+            if (b >= 0) g->key[b] = key;
+        }
+    }
+}
+
+static int find_key(const kv_group *g, uint64_t key) {
+    for (int b = 0; b < g->n_blocks; b++)
+        if (g->key[b] == key) return b;
+    return -1;
+}
+
+/* the first index a sequence at position end needs in group g */
+static int first_needed(const kv_group *g, int end) {
+    if (!g->window) return 0;
+    const int t = end - g->window + 1;
+    return t > 0 ? t / EI_KV_BLOCK : 0;
+}
+
+/* how many leading blocks of keys[0..m) group g can give a sequence that goes on after them:
+ * all of them for full attention; for a window, those behind the end */
+static int reusable(const kv_group *g, const uint64_t *keys, int m) {
+    if (!g->window) {
+        int i = 0;
+        while (i < m && find_key(g, keys[i]) >= 0) i++;
+        return i;
+    }
+    for (int end = m; end > 0; end--) {
+        int i = first_needed(g, end * EI_KV_BLOCK);
+        while (i < end && find_key(g, keys[i]) >= 0) i++;
+        if (i == end) return end;
+    }
+    return 0;
+}
+
+int ei_kv_pool_reuse(ei_kv_pool *pool, int s, int n, const uint64_t *keys) {
+    ei_kv_pool_clear(pool, s);
+    int m = n < pool->max_blocks ? n : pool->max_blocks;
+    pool->lookups += m;
+    for (int gi = 0; gi < pool->n_groups && m > 0; gi++) {
+        const int r = reusable(&pool->g[gi], keys, m);
+        if (r < m) m = r;
+    }
+    for (int gi = 0; gi < pool->n_groups; gi++) {
+        kv_group *g = &pool->g[gi];
+        const int lo = first_needed(g, m * EI_KV_BLOCK);
+        for (int i = lo; i < m; i++) {
+            const int b = find_key(g, keys[i]);
+            g->ref[b]++;
+            g->used[b] = ++pool->clock;
+            *slot_of(pool, g, s, i) = b;
+        }
+        g->lo[s] = lo;
+    }
+    for (int i = 0; i < m; i++) *seq_key(pool, s, i) = keys[i];
+    pool->hits += m;
+    return m * EI_KV_BLOCK;
+}
+
+int ei_kv_pool_stats(const ei_kv_pool *pool, int64_t *out, int n) {
+    int k = 0;
+#define PUT(x) do { if (k < n) out[k] = (int64_t)(x); k++; } while (0)
+    PUT(pool->n_groups);
+    PUT(pool->lookups);
+    PUT(pool->hits);
+    for (int gi = 0; gi < pool->n_groups; gi++) {
+        const kv_group *g = &pool->g[gi];
+        int used = 0, cached = 0;
+        for (int b = 0; b < g->n_blocks; b++) {
+            used += g->ref[b] > 0;
+            cached += !g->ref[b] && g->key[b];
+        }
+        PUT(g->window);
+        PUT(g->n_blocks);
+        PUT(used);
+        PUT(cached);
+        PUT(g->n_blocks - used - cached);
+        PUT(g->block_bytes);
+    }
+#undef PUT
+    return k < n ? k : n;
+}

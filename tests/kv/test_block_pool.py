@@ -1,0 +1,185 @@
+"""The paged block pool: sequences share one pool, a common prefix is held once (by fork, or
+by the keys of cached blocks), and random fork / truncate / clear / decode sequences leak
+nothing and keep every sequence's logits what a fresh engine computes for its tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgeinfer import engines, errors
+from edgeinfer.engines import ENGINES
+from edgeinfer.engines.base import Batch, EngineOptions
+from edgeinfer.gguf import GGUFFile
+from edgeinfer.kv_cache import BLOCK_SIZE
+from edgeinfer.models import config_from_gguf
+from tests.kv.texts import python_help_text
+
+
+def _engine(path, n_seq_max=1, **options):
+    gguf = GGUFFile(path)
+    cfg = config_from_gguf(gguf)
+    opts = EngineOptions(n_threads=2, n_seq_max=n_seq_max, **options)
+    return gguf, engines.create(ENGINES["native"], gguf, cfg, opts)
+
+
+def _fresh_logits(path, tokens, **options):
+    """The last logits of ``tokens`` on a fresh single-sequence engine."""
+    gguf, eng = _engine(path, **options)
+    try:
+        return eng.forward(tokens)
+    finally:
+        eng.close()
+        gguf.close()
+
+
+@pytest.fixture(scope="module")
+def gemma_text(gemma_path):
+    from edgeinfer.tokenizer import Tokenizer
+
+    with GGUFFile(gemma_path) as f:
+        tok = Tokenizer.from_metadata(f.metadata)
+    return tok.tokenize(python_help_text()[:20000])
+
+
+def _held(eng, window=0):
+    return next(g for g in eng.pool_stats()["groups"] if g["window"] == window)
+
+
+@pytest.mark.slow
+def test_a_forked_prefix_is_held_once_and_gives_the_unshared_logits(gemma_path, gemma_text):
+    """Two sequences share a 1,000-token prefix, then go on in one batched step."""
+    prefix, a, b = gemma_text[:1000], gemma_text[1000:1040], gemma_text[2000:2030]
+    opts = {"n_ctx": 2048, "n_batch": 256}
+    gguf, eng = _engine(gemma_path, n_seq_max=2, **opts)
+    try:
+        eng.forward(prefix)
+        before = _held(eng)["used"]
+        eng.fork(0, 1)
+        assert _held(eng)["used"] == before == -(-1000 // BLOCK_SIZE)  # shared, not copied
+        batch = Batch(
+            np.array(a + b, np.int32),
+            np.array([*range(1000, 1040), *range(1000, 1030)], np.int32),
+            np.array([0] * 40 + [1] * 30, np.int32),
+            np.array([i in (39, 69) for i in range(70)]),
+        )
+        got = eng.decode(batch)
+        # the first writer of the shared partial block (positions 992-999) got a copy; each
+        # sequence took one more block for positions 1024 on
+        assert _held(eng)["used"] == before + 3
+    finally:
+        eng.close()
+        gguf.close()
+    np.testing.assert_array_equal(got[0], _fresh_logits(gemma_path, prefix + a, **opts))
+    np.testing.assert_array_equal(got[1], _fresh_logits(gemma_path, prefix + b, **opts))
+
+
+@pytest.mark.slow
+def test_cached_blocks_serve_a_later_sequence(gemma_path, gemma_text):
+    """A sequence that is cleared leaves its full blocks cached under their keys; a new one
+    with the same first 1,000 tokens takes them (the local layers' window behind them too)
+    and computes the rest, with the logits of a fresh run."""
+    prefix = gemma_text[:1000]
+    first, second = prefix + gemma_text[1000:1200], prefix + gemma_text[3000:3040]
+    opts = {"n_ctx": 2048, "n_batch": 256}
+    gguf, eng = _engine(gemma_path, n_seq_max=2, **opts)
+    try:
+        eng.forward(first)
+        eng.seq_clear(0)
+        stats = eng.pool_stats()
+        assert stats["used"] == 0 and stats["cached"] > 0
+        reused = eng.reuse(1, second)
+        assert reused == 1000 // BLOCK_SIZE * BLOCK_SIZE  # whole blocks of the common prefix
+        stats = eng.pool_stats()
+        assert stats["hits"] == reused // BLOCK_SIZE and 0 < stats["hit_rate"] <= 1
+        got = eng.decode(Batch.sequence(second[reused:], reused, seq=1))[0]
+        assert eng.reuse(0, gemma_text[5000:5100]) == 0  # nothing in common
+    finally:
+        eng.close()
+        gguf.close()
+    np.testing.assert_array_equal(got, _fresh_logits(gemma_path, second, **opts))
+
+
+def test_random_operations_leak_nothing_and_keep_the_logits(fixture_models):
+    """Fork, truncate, clear, reuse and batched decodes at random on four sequences of a
+    small pool; afterwards every sequence's next logits are a fresh engine's for its tokens,
+    and with every sequence cleared no block is held."""
+    path = fixture_models["gemma3"]  # it has sliding-window layers: two groups of blocks
+    rng = np.random.default_rng(7)
+    opts = {"n_ctx": 160, "n_batch": 16}
+    gguf, eng = _engine(path, n_seq_max=4, **opts)
+    tokens: list[list[int]] = [[] for _ in range(4)]
+    try:
+        for _ in range(60):
+            op, s = rng.integers(5), int(rng.integers(4))
+            if op == 0 and tokens[s]:
+                d = int(rng.integers(4))
+                if d != s:
+                    eng.fork(s, d)
+                    tokens[d] = list(tokens[s])
+            elif op == 1 and tokens[s]:
+                eng.truncate(int(rng.integers(len(tokens[s]) + 1)), s)
+                tokens[s] = tokens[s][: eng.seq_length(s)]
+            elif op == 2:
+                eng.seq_clear(s)
+                tokens[s] = []
+            elif op == 3:
+                want = tokens[s] + [int(t) for t in rng.integers(3, 200, 40)]
+                tokens[s] = want[: eng.reuse(s, want)]
+            else:
+                seqs = [q for q in range(4) if len(tokens[q]) < 130 and rng.random() < 0.6]
+                new = {q: [int(t) for t in rng.integers(3, 200, rng.integers(1, 20))] for q in seqs}
+                if new:
+                    eng.decode(_batch(new, tokens))
+                    for q, ids in new.items():
+                        tokens[q] += ids
+            stats = eng.pool_stats()
+            for g in stats["groups"]:
+                assert g["used"] + g["cached"] + g["free"] == g["blocks"]
+        for s in range(4):
+            if tokens[s]:
+                got = eng.decode(_batch({s: [5]}, tokens))[0]
+                np.testing.assert_array_equal(got, _fresh_logits(path, tokens[s] + [5], **opts))
+        for s in range(4):
+            eng.seq_clear(s)
+        assert eng.pool_stats()["used"] == 0
+    finally:
+        eng.close()
+        gguf.close()
+
+
+def _batch(new: dict[int, list[int]], tokens: list[list[int]]) -> Batch:
+    ids, pos, seq, want = [], [], [], []
+    for q, extra in new.items():
+        ids += extra
+        pos += range(len(tokens[q]), len(tokens[q]) + len(extra))
+        seq += [q] * len(extra)
+        want += [False] * (len(extra) - 1) + [True]
+    return Batch(np.array(ids, np.int32), np.array(pos, np.int32), np.array(seq, np.int32),
+                 np.array(want))  # fmt: skip
+
+
+def test_budgets(fixture_models):
+    import edgeinfer
+
+    path = fixture_models["llama"]
+    gguf, eng = _engine(path, n_ctx=256)
+    per_block = eng.pool_stats()["groups"][0]["block_bytes"]
+    eng.close()
+    gguf.close()
+    with pytest.raises(errors.InvalidOptionError, match="holds no block"):
+        _engine(path, n_ctx=256, kv_budget=per_block // 2)
+    gguf, eng = _engine(path, n_ctx=256, kv_budget=3 * per_block + 10)
+    try:
+        assert eng.pool_stats()["groups"][0]["blocks"] == 3
+        eng.forward(list(range(3, 3 + 3 * BLOCK_SIZE)))  # three blocks fit
+        eng.truncate(0)
+        with pytest.raises(errors.OutOfMemoryError, match="pool is full"):
+            eng.forward(list(range(3, 3 + 4 * BLOCK_SIZE)))
+    finally:
+        eng.close()
+        gguf.close()
+    with edgeinfer.load(path, n_ctx=256, kv_budget="1MiB") as m:
+        assert m.backend.pool_stats()["groups"][0]["blocks"] == (8 << 20) // (8 * per_block)
+    with pytest.raises(errors.InvalidOptionError, match="memory size"):
+        edgeinfer.load(path, kv_budget="lots")
