@@ -90,7 +90,6 @@ class LlamaCpp:
     get logits (its high-level eval() keeps n_ctx rows of them)."""
 
     engine = "llama.cpp"
-    TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # GGML type ids (llama_cpp.GGML_TYPE_*)
 
     def __init__(self, path: Path, pair: tuple[str, str], n_ctx: int, threads: int,
                  ring: bool = True, verbose: bool = False) -> None:  # fmt: skip
@@ -99,7 +98,7 @@ class LlamaCpp:
         self.llm = llama_cpp.Llama(
             model_path=str(path), n_ctx=n_ctx, n_batch=N_BATCH, n_ubatch=N_BATCH,
             n_threads=threads, n_threads_batch=threads, flash_attn=True,
-            type_k=self.TYPES[pair[0]], type_v=self.TYPES[pair[1]], swa_full=not ring,
+            type_k=ggml_type(pair[0]), type_v=ggml_type(pair[1]), swa_full=not ring,
             logits_all=False, verbose=verbose,
         )  # fmt: skip
         self.n_vocab = self.llm.n_vocab()
@@ -120,6 +119,13 @@ class LlamaCpp:
 
     def close(self) -> None:
         self.llm.close()
+
+
+def ggml_type(name: str) -> int:
+    """llama-cpp-python's id of a cache type (type_k / type_v take GGML type ids)."""
+    import llama_cpp
+
+    return int(getattr(llama_cpp, f"GGML_TYPE_{name.upper()}"))
 
 
 def make(engine: str, path: Path, pair: tuple[str, str], n_ctx: int, threads: int, **kw):
