@@ -2,10 +2,15 @@
 or to an ONNX folder for onnxruntime(-genai).
 
     edgeinfer convert SRC_DIR -o OUT.gguf [--type q4_k_m] [--target rpi5]
-                      [--max-memory 4GiB --ctx 4096] [--calib FILE] [--dry-run]
+                      [--max-memory 4GiB --ctx 4096] [-ctk q8_0] [-ctv q8_0]
+                      [--calib FILE] [--dry-run]
     edgeinfer convert SRC_DIR -o OUT_DIR --format onnx [--type f32|int4|int8]
                       [--block-size 32|64|128] [--zero-points]
                       [--kv-type f32|f16|int8|int4] [--ctx N]
+
+The KV cache types (``-ctk`` / ``-ctv``, ``--kv-type`` for both) are each format's own: a
+GGUF file's cache is counted in the memory fit and recorded as the file's recommendation,
+which ``load()`` uses unless told otherwise.
 
 ``--dry-run`` prints the plan (tensor, type, bytes, error) on stdout and writes nothing.
 Progress bars go to stderr when it is a terminal (or with ``--progress``).
@@ -78,9 +83,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="ONNX: MatMulNBits block size (default 32)")  # fmt: skip
     p.add_argument("--zero-points", action="store_true",
                    help="ONNX: asymmetric blocks with zero points (default symmetric)")  # fmt: skip
-    p.add_argument("--kv-type", default="f32", choices=["f32", "f16", "int8", "int4"],
-                   help="ONNX: KV cache type (default f32); int8/int4 scales are calibrated "
-                        "on --calib or a built-in text (needs onnxruntime)")  # fmt: skip
+    for short, flag, what in (
+        ("-ctk", "--cache-type-k", "keys"),
+        ("-ctv", "--cache-type-v", "values"),
+    ):
+        p.add_argument(short, flag, metavar="TYPE", default=None,
+                       help=f"KV cache type of the {what}: GGUF f16 (default, or the profile's), "
+                            "f32, q8_0, q4_0, counted in --max-memory and recommended by the "
+                            "file; ONNX f32 (default), f16, int8, int4")  # fmt: skip
+    p.add_argument("--kv-type", metavar="TYPE", default=None,
+                   help="sets both cache types; ONNX int8/int4 scales are calibrated on --calib "
+                        "or a built-in text (needs onnxruntime)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars on stderr (default: when it is a terminal)")  # fmt: skip
@@ -127,7 +140,7 @@ def main(args: argparse.Namespace) -> int:
         type=args.type, pure=args.pure, target=args.target, max_memory=args.max_memory,
         n_ctx=args.ctx, calib=args.calib, calib_tokens=args.calib_tokens, format=args.format,
         measure=args.dry_run, block_size=args.block_size, zero_points=args.zero_points,
-        kv_type=args.kv_type,
+        kv_type=args.kv_type, cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
     )  # fmt: skip
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     progress = ProgressBar(sys.stderr) if show else _quiet
@@ -156,14 +169,14 @@ def main(args: argparse.Namespace) -> int:
 
 def _main_onnx(args: argparse.Namespace, options, progress) -> int:
     from edgeinfer.converters.convert import Conversion
-    from edgeinfer.converters.onnx.export import export_onnx, onnx_plan
+    from edgeinfer.converters.onnx.export import export_onnx, kv_type, onnx_plan
 
     t0 = time.perf_counter()
     conversion = Conversion(args.source)
     tensors = onnx_plan(conversion, options)
     if args.dry_run:
         print(f"{conversion.ckpt.architecture} -> ONNX, {options.type or 'int4'} weights, "
-              f"{options.kv_type} KV cache", file=sys.stdout)  # fmt: skip
+              f"{kv_type(options)} KV cache", file=sys.stdout)  # fmt: skip
         print(f"{'tensor':<36} {'shape':>16} {'stored as':>38} {'bytes':>12}", file=sys.stdout)
         for t in tensors:
             shape = "x".join(map(str, t.shape))
@@ -217,10 +230,16 @@ def print_plan(plan, out: TextIO) -> None:
     print(f"file {_size(plan.file_size)} ({plan.file_size} bytes){total_err}", file=out)
     if plan.n_ctx:
         print(
-            f"KV cache (f16, {plan.n_ctx} tokens) {_size(plan.kv_bytes)}; "
+            f"KV cache ({plan.cache.label()}, {plan.n_ctx} tokens) {_size(plan.kv_bytes)} "
+            f"({plan.kv_bytes} bytes, {plan.kv_bytes_per_token} bytes per token); "
             f"file + KV {_size(plan.total_bytes)}",
             file=out,
         )
+        if plan.kv_rings:
+            print(f"KV cache: {plan.kv_rings}", file=out)
+    else:
+        print(f"KV cache ({plan.cache.label()}) {plan.kv_bytes_per_token} bytes per token "
+              "(--ctx N for the total)", file=out)  # fmt: skip
     if plan.budget is not None:
         left = plan.budget - plan.total_bytes
         print(f"budget {_size(plan.budget)}: fits, {_size(left)} left", file=out)

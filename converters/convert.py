@@ -12,7 +12,7 @@ the temporary file.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +21,8 @@ import numpy as np
 
 from edgeinfer.converters import errors
 from edgeinfer.converters.architectures import ArchConverter, SourceTensor, converter_for
-from edgeinfer.converters.architectures.base import MetadataItem, kv
+from edgeinfer.converters.architectures.base import RING_BATCH, MetadataItem, kv
+from edgeinfer.converters.cache_settings import CacheSettings, cache_settings, recommended_metadata
 from edgeinfer.converters.calibration import ActivationStats
 from edgeinfer.converters.fitting import (
     SAMPLE_ROWS,
@@ -40,6 +41,7 @@ from edgeinfer.converters.recipes import FILE_TYPES, Model, recipe
 from edgeinfer.converters.vocab import Vocabulary, convert_vocabulary
 from edgeinfer.gguf.constants import GGMLType, ValueType
 from edgeinfer.gguf.writer import GGUFWriter
+from edgeinfer.kv_cache import DEFAULT_CACHE_TYPE, layer_positions
 
 if TYPE_CHECKING:  # the ONNX export imports onnx, which GGUF conversions do not need
     from edgeinfer.converters.onnx.export import OnnxExport
@@ -77,10 +79,14 @@ class ConvertOptions:
     format: str | None = None
     measure: bool = False  # measure every tensor's error even without a budget (dry runs)
     sample_rows: int = SAMPLE_ROWS
-    # ONNX output only (converters/onnx): MatMulNBits block size, zero points, KV cache type
+    # the KV cache's types, each output format its own names (converters/cache_settings.py):
+    # counted in a GGUF fit and recommended by the file; kv_type sets both
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    kv_type: str | None = None
+    # ONNX output only (converters/onnx): MatMulNBits block size, zero points
     block_size: int = 32
     zero_points: bool = False
-    kv_type: str = "f32"
 
 
 @dataclass
@@ -106,7 +112,10 @@ class Plan:
     tensors: list[TensorChoice]
     file_size: int = 0
     n_ctx: int | None = None
+    cache: CacheSettings = CacheSettings(DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)
     kv_bytes: int = 0
+    kv_bytes_per_token: int = 0  # one position in every layer
+    kv_rings: str = ""  # which layers keep a ring rather than n_ctx positions, for the reader
     budget: int | None = None
     profile: Profile | None = None
     notes: list[str] = field(default_factory=list)
@@ -158,7 +167,10 @@ class Conversion:
 
     # --- metadata ------------------------------------------------------------------------
 
-    def metadata(self, file_type: int) -> list[MetadataItem]:
+    def metadata(
+        self, file_type: int, recommended: Sequence[MetadataItem] = ()
+    ) -> list[MetadataItem]:
+        """The file's keys; ``recommended``: the cache settings it records (cache_settings)."""
         name = self.ckpt.folder.resolve().name or self.arch.gguf_arch
         return [
             kv("general.architecture", ValueType.STRING, self.arch.gguf_arch),
@@ -167,13 +179,15 @@ class Conversion:
             kv("general.quantization_version", ValueType.UINT32, QUANTIZATION_VERSION),
             *self.arch.metadata(),
             *self.vocab.metadata(),
+            *recommended,
         ]
 
     def _layout(self, plan: Plan, path: str | os.PathLike[str] = os.devnull) -> GGUFWriter:
         """A writer for ``path`` holding the plan's metadata and tensor table; nothing is
         written before its ``write_header()``."""
         writer = GGUFWriter(path)
-        for key, vtype, value, etype in self.metadata(plan.file_type):
+        recommended = recommended_metadata(plan.cache, plan.n_ctx, plan.recipe == "fitted")
+        for key, vtype, value, etype in self.metadata(plan.file_type, recommended):
             writer.add(key, vtype, value, etype)
         for c in plan.tensors:
             writer.add_tensor_info(c.name, c.source.shape[::-1], c.ggml_type)
@@ -188,6 +202,7 @@ class Conversion:
         progress: Progress = _no_progress,
     ) -> Plan:
         profile = load_profile(options.target) if options.target else None
+        cache = cache_settings(options, "gguf", profile)
         budget = parse_size(options.max_memory) if options.max_memory is not None else None
         if budget is None and profile is not None:
             budget = profile.budget
@@ -200,23 +215,39 @@ class Conversion:
             )
         if budget is not None and n_ctx is not None and options.type is None:  # fit the budget
             types = profile.types if profile else DEFAULT_FIT_TYPES
-            plan = self._fitted_plan(types, budget, n_ctx, options, stats, progress)
+            plan = self._fitted_plan(types, budget, n_ctx, cache, options, stats, progress)
         else:
             plan = self._recipe_plan(options.type or DEFAULT_TYPE, options.pure)
             if options.measure:
                 self._measure(plan, options, stats, progress)
         plan.profile, plan.budget, plan.n_ctx, plan.notes = profile, budget, n_ctx, list(self.notes)
-        plan.kv_bytes = self.arch.kv_cache_bytes(n_ctx) if n_ctx else 0
+        self._size_cache(plan, cache)
         plan.file_size = self._layout(plan).file_size()
         if budget is not None and plan.total_bytes > budget:
             raise errors.BudgetError(
                 f"{plan.recipe} does not fit: file {format_bytes(plan.file_size)} + KV cache "
-                f"{format_bytes(plan.kv_bytes)} at {n_ctx} tokens = "
+                f"({cache.label()}) {format_bytes(plan.kv_bytes)} at {n_ctx} tokens = "
                 f"{format_bytes(plan.total_bytes)}, budget {format_bytes(budget)} "
                 f"(short by {format_bytes(plan.total_bytes - budget)})",
                 needed=plan.total_bytes, budget=budget,
             )  # fmt: skip
         return plan
+
+    def _size_cache(self, plan: Plan, cache: CacheSettings) -> None:
+        """The plan's KV cache of ``cache``'s types for its context, rings included."""
+        plan.cache = cache
+        plan.kv_bytes_per_token = self.arch.kv_cache_bytes(1, cache.k, cache.v)
+        if not plan.n_ctx:
+            return
+        plan.kv_bytes = self.arch.kv_cache_bytes(plan.n_ctx, cache.k, cache.v)
+        kept = [layer_positions(plan.n_ctx, w, RING_BATCH) for w in self.arch.layer_windows()]
+        rings = sorted({n for n in kept if n < plan.n_ctx})
+        if rings:
+            n_rings = sum(n < plan.n_ctx for n in kept)
+            plan.kv_rings = (
+                f"{n_rings} of {self.arch.n_layer} layers keep rings of "
+                f"{', '.join(map(str, rings))} positions"
+            )
 
     def _recipe_plan(self, type_name: str, pure: bool) -> Plan:
         r = recipe(type_name)
@@ -260,8 +291,8 @@ class Conversion:
         return values
 
     def _fitted_plan(
-        self, types: tuple[GGMLType, ...], budget: int, n_ctx: int, options: ConvertOptions,
-        stats: ActivationStats | None, progress: Progress,
+        self, types: tuple[GGMLType, ...], budget: int, n_ctx: int, cache: CacheSettings,
+        options: ConvertOptions, stats: ActivationStats | None, progress: Progress,
     ) -> Plan:  # fmt: skip
         fixed = [
             TensorChoice(t, GGMLType.F32, padded_nbytes(GGMLType.F32, t.n_elements))
@@ -277,13 +308,14 @@ class Conversion:
                 weight=self._uses(t),
             )  # fmt: skip
         progress("measure", len(matrices), len(matrices))
+        # the final plan's metadata (the recommended cache and context) on all-F32 tensors
         draft = Plan(self.arch.gguf_arch, self.ckpt.architecture, "fitted", 0, [
             TensorChoice(t, GGMLType.F32, 0) for t in self.tensors
-        ])  # fmt: skip
+        ], n_ctx=n_ctx, cache=cache)  # fmt: skip
         header = self._layout(draft).file_size() - sum(
             padded_nbytes(GGMLType.F32, t.n_elements) for t in self.tensors
         )
-        kv_bytes = self.arch.kv_cache_bytes(n_ctx)
+        kv_bytes = self.arch.kv_cache_bytes(n_ctx, cache.k, cache.v)
         fixed_bytes = header + sum(c.nbytes for c in fixed) + kv_bytes
         try:
             chosen = fit(options_by_name, fixed_bytes, budget)
@@ -292,7 +324,7 @@ class Conversion:
             raise errors.BudgetError(
                 f"nothing fits: the smallest plan ({smallest}) needs a "
                 f"{format_bytes(e.needed - kv_bytes)} file + {format_bytes(kv_bytes)} of KV cache "
-                f"at {n_ctx} tokens = {format_bytes(e.needed)}; "
+                f"({cache.label()}) at {n_ctx} tokens = {format_bytes(e.needed)}; "
                 f"the budget is {format_bytes(budget)}, short by {format_bytes(e.shortfall)}",
                 needed=e.needed,
                 budget=budget,

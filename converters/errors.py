@@ -58,6 +58,10 @@ class InvalidSizeError(ConversionError, errors.InvalidOptionError):
     """A memory size (``--max-memory``) that cannot be read."""
 
 
+class ConflictingOptionsError(ConversionError, errors.InvalidOptionError):
+    """Two options that set the same thing disagree (``--kv-type`` and ``--cache-type-k``)."""
+
+
 class ProfileError(ConversionError, errors.InvalidOptionError):
     """A device profile is unknown or malformed."""
 

@@ -2,8 +2,11 @@
 instruction set, its memory and the share of it a model may take, a default context, and
 the weight types that run well on it. An optional ``block_sizes`` list only narrows those
 types: a type whose block size (32, 256; 1 for f16 and bf16) is not listed is dropped.
+Optional ``cache_type_k`` / ``cache_type_v`` name the KV cache's types (edgeinfer's cache
+types; the default f16) that the memory fit counts and the file recommends.
 
-A profile only proposes; ``--max-memory`` and ``--ctx`` override its numbers.
+A profile only proposes; ``--max-memory``, ``--ctx`` and the cache type options override
+its numbers.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from edgeinfer._native import ISA_NAMES
 from edgeinfer.converters import errors
 from edgeinfer.converters.recipes import type_by_name
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
+from edgeinfer.kv_cache import CACHE_TYPES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,6 +61,8 @@ class Profile:
     model_share: float
     ctx: int
     types: tuple[GGMLType, ...]
+    cache_type_k: str | None = None  # None: the format's default
+    cache_type_v: str | None = None
 
     @property
     def budget(self) -> int:
@@ -118,7 +124,16 @@ def _profile(data: dict[str, Any], path: Path) -> Profile:
     ctx = need("ctx", int)
     if ctx < 1:
         raise errors.ProfileError(f"{path}: ctx must be positive")
+    k_type, v_type = (_cache_type(data, key, path) for key in ("cache_type_k", "cache_type_v"))
     return Profile(
         name=str(data.get("name", path.stem)), description=str(data.get("description", "")),
         isa=isa, memory=memory, model_share=share, ctx=ctx, types=kept,
+        cache_type_k=k_type, cache_type_v=v_type,
     )  # fmt: skip
+
+
+def _cache_type(data: dict[str, Any], key: str, path: Path) -> str | None:
+    value = data.get(key)
+    if value is not None and (not isinstance(value, str) or value not in CACHE_TYPES):
+        raise errors.ProfileError(f"{path}: {key} {value!r} is not one of {', '.join(CACHE_TYPES)}")
+    return value

@@ -27,7 +27,7 @@ from edgeinfer.engines.onnxruntime import OnnxFolder
 from edgeinfer.generation import GenerationStats, Holder, KVSession, Turns, typed_memory_errors
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.reader import model_path
-from edgeinfer.kv_cache import DEFAULT_CACHE_TYPE, cache_type
+from edgeinfer.kv_cache import CACHE_TYPES, DEFAULT_CACHE_TYPE, cache_type
 from edgeinfer.models import config_from_gguf
 from edgeinfer.sampling import Sampler, SamplingParams
 from edgeinfer.system import physical_cores
@@ -92,7 +92,7 @@ class Model:
             n_threads = _int_option("n_threads", n_threads, 1, MAX_N_THREADS)
         n_batch = _int_option("n_batch", n_batch, 1, MAX_N_BATCH)
         _flags(swa_full=swa_full)
-        k_type, v_type = _cache_types(kv_type, cache_type_k, cache_type_v)
+        asked_cache_types = _cache_types(kv_type, cache_type_k, cache_type_v)
         policy = ContextPolicy(context_policy, n_keep=n_keep, n_sink=n_sink)
         budget = _kv_budget(kv_budget)
         if n_ctx is not None:
@@ -123,10 +123,13 @@ class Model:
                 raise errors.InvalidOptionError(f"n_ctx must lie in [1, {n_ctx_max}], got {n_ctx}")
             self.n_ctx = n_ctx
             self.n_threads = n_threads or physical_cores()
+            self._kv_types = asked_cache_types or _recommended_cache_types(
+                self.source.metadata, self.path
+            )
             options = engines.EngineOptions(
                 n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=n_batch,
-                cache_type_k=k_type, cache_type_v=v_type, isa=isa, swa_full=swa_full,
-                kv_budget=budget,
+                cache_type_k=self._kv_types[0], cache_type_v=self._kv_types[1], isa=isa,
+                swa_full=swa_full, kv_budget=budget,
             )  # fmt: skip
             with typed_memory_errors():
                 self._engine = engines.create(spec, self.source, self.config, options)
@@ -161,6 +164,12 @@ class Model:
     def context_policy(self) -> ContextPolicy:
         """What a sequence does at the end of the context (load's ``context_policy``)."""
         return self._session.policy
+
+    @property
+    def cache_types(self) -> tuple[str, str]:
+        """The KV cache's (keys, values) types: load()'s options, else the file's
+        recommendation (RECOMMENDED_CACHE_KEYS), else f16."""
+        return self._kv_types
 
     @property
     def backend(self) -> engines.Engine:
@@ -444,14 +453,15 @@ def load(
     Further options: ``n_batch`` (prompt tokens per engine call), ``engine`` ("auto" or a name
     in :data:`edgeinfer.engines.ENGINES`: "native", "reference", "onnxruntime"),
     ``cache_type_k`` and ``cache_type_v`` (the KV cache's types for keys and for values, names
-    in :data:`edgeinfer.kv_cache.CACHE_TYPES`: "f16" by default, "f32", "q8_0", "q4_0"),
-    ``kv_type`` (a shorthand setting both), ``swa_full`` (sliding-window layers keep the whole
-    context rather than a ring of window + n_batch positions), ``context_policy`` (what a
-    sequence does at the end of the context: "error", "shift" keeping ``n_keep`` tokens, or
-    "streaming" keeping ``n_sink`` attention sinks; see :mod:`edgeinfer.context_policy`),
-    ``kv_budget`` (bytes, or a size such as "512MiB", for the native engine's pool of cache
-    blocks, which its sequences share; by default what ``n_ctx`` positions need) and ``isa``
-    (force an instruction-set variant of the native engine).
+    in :data:`edgeinfer.kv_cache.CACHE_TYPES`: "f16", "f32", "q8_0", "q4_0"; by default those
+    the file recommends, else "f16"), ``kv_type`` (a shorthand setting both), ``swa_full``
+    (sliding-window layers keep the whole context rather than the blocks of their window),
+    ``context_policy`` (what a sequence does at the end of the context: "error", "shift"
+    keeping ``n_keep`` tokens, or "streaming" keeping ``n_sink`` attention sinks; see
+    :mod:`edgeinfer.context_policy`), ``kv_budget`` (bytes, or a size such as "512MiB", for
+    the native engine's pool of cache blocks, which its sequences share; by default what
+    ``n_ctx`` positions need) and ``isa`` (force an instruction-set variant of the native
+    engine).
     """
     unknown = set(options) - _LOAD_OPTIONS
     if unknown:
@@ -476,9 +486,13 @@ def _kv_budget(value: int | str | None) -> int:
     return parse_size(value if isinstance(value, str) else int(value))
 
 
-def _cache_types(kv_type: str | None, k_type: str | None, v_type: str | None) -> tuple[str, str]:
-    """The (keys, values) cache type names; ``kv_type`` sets both, and may not disagree with
-    one given on its own."""
+def _cache_types(
+    kv_type: str | None, k_type: str | None, v_type: str | None
+) -> tuple[str, str] | None:
+    """The (keys, values) cache type names asked for, None when none is; ``kv_type`` sets
+    both, and may not disagree with one given on its own."""
+    if kv_type is None and k_type is None and v_type is None:
+        return None
     both = cache_type(kv_type) if kv_type is not None else None
     chosen = []
     for name, given in (("cache_type_k", k_type), ("cache_type_v", v_type)):
@@ -488,6 +502,28 @@ def _cache_types(kv_type: str | None, k_type: str | None, v_type: str | None) ->
                 f"kv_type {both.name} sets both cache types; {name} {one.name} disagrees"
             )
         chosen.append((one or both or cache_type(DEFAULT_CACHE_TYPE)).name)
+    return chosen[0], chosen[1]
+
+
+# the KV cache a GGUF file recommends (edgeinfer convert writes what its memory fit counted):
+# load() uses it unless given cache types of its own
+RECOMMENDED_CACHE_KEYS = ("edgeinfer.cache_type_k", "edgeinfer.cache_type_v")
+
+
+def _recommended_cache_types(metadata: Mapping[str, Any], path: str) -> tuple[str, str]:
+    """The (keys, values) types the file recommends, f16 for a key it lacks; a value that
+    names no cache type is refused with its key (load()'s cache options override it)."""
+    chosen = []
+    for key in RECOMMENDED_CACHE_KEYS:
+        value = metadata.get(key, DEFAULT_CACHE_TYPE)
+        if not isinstance(value, str):
+            raise errors.MissingKeyError(f"{path}: {key} must be a string, not {value!r}")
+        if value not in CACHE_TYPES:
+            raise errors.UnsupportedModelError(
+                f"{path}: {key} recommends the KV cache type {value!r}, not one of "
+                f"{', '.join(CACHE_TYPES)}; choose one with load(cache_type_k=, cache_type_v=)"
+            )
+        chosen.append(value)
     return chosen[0], chosen[1]
 
 

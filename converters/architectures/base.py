@@ -25,6 +25,9 @@ from edgeinfer.kv_cache import DEFAULT_CACHE_TYPE, cache_bytes
 FLOAT32_MAX = 3.4028234663852886e38  # every float read from config.json is written as float32
 READ_CHUNK_VALUES = 1 << 22  # values read from the checkpoint at a time (16 MiB as float32)
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # buffers some old checkpoints saved
+# a sliding-window layer's ring holds window + n_batch positions; a fit counts load()'s
+# default batch (a larger n_batch at load time grows the rings by the difference)
+RING_BATCH = 512
 
 
 @dataclass(frozen=True)
@@ -300,13 +303,23 @@ class ArchConverter:
     def n_layer(self) -> int:
         return self.hp.n_layer
 
-    def kv_cache_bytes(self, n_ctx: int) -> int:
-        """The runtime's default KV cache for ``n_ctx`` positions, sized as the engine sizes it
-        (values are heads of ``head_dim`` too: every family here writes the same length)."""
+    def layer_windows(self) -> tuple[int, ...]:
+        """Each layer's sliding window as the file tells the runtime (0: the layer attends to
+        the whole context); empty when no layer has one."""
+        return ()
+
+    def kv_cache_bytes(
+        self, n_ctx: int, k_type: str = DEFAULT_CACHE_TYPE, v_type: str | None = None
+    ) -> int:
+        """The runtime's KV cache for ``n_ctx`` positions with keys of ``k_type`` and values of
+        ``v_type`` (default: ``k_type``), sized as the engine sizes it: sliding-window layers
+        keep rings of window + RING_BATCH positions. Values are heads of ``head_dim`` too:
+        every family here writes that length."""
         hp = self.hp
         return cache_bytes(
             n_layer=hp.n_layer, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
-            head_dim_v=hp.head_dim, n_ctx=n_ctx, k_type=DEFAULT_CACHE_TYPE,
+            head_dim_v=hp.head_dim, n_ctx=n_ctx, k_type=k_type, v_type=v_type,
+            windows=self.layer_windows(), n_batch=RING_BATCH,
         )  # fmt: skip
 
     def onnx_family(self) -> OnnxFamily | None:

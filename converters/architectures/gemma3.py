@@ -140,6 +140,10 @@ class Gemma3Converter(ArchConverter):
             )
         return items
 
+    def layer_windows(self) -> tuple[int, ...]:
+        hp = self.hp
+        return tuple(hp.sliding_window if swa else 0 for swa in hp.swa_layers)
+
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         hp = self.hp
         e, hd = hp.hidden_size, hp.head_dim

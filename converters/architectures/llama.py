@@ -115,6 +115,9 @@ class MistralConverter(LlamaConverter):
             items.append(kv(key, ValueType.UINT32, self.sliding_window))
         return items
 
+    def layer_windows(self) -> tuple[int, ...]:
+        return (self.sliding_window,) * self.hp.n_layer if self.sliding_window else ()
+
     def onnx_family(self) -> OnnxFamily:
         window = self.sliding_window
         every_layer = (True,) * self.hp.n_layer if window else ()

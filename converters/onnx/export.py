@@ -87,6 +87,7 @@ def onnx_plan(conversion: Conversion, options: ConvertOptions) -> list[OnnxTenso
 
 def check_options(options: ConvertOptions) -> tuple[str, int | None]:
     """The weight type and its bits; typed errors for what the ONNX export cannot do."""
+    kv_type(options)
     type_name = (options.type or DEFAULT_TYPE).lower()
     if type_name not in WEIGHT_TYPES:
         raise errors.UnknownTypeError(
@@ -95,10 +96,6 @@ def check_options(options: ConvertOptions) -> tuple[str, int | None]:
     if options.block_size not in BLOCK_SIZES:
         raise errors.UnknownTypeError(
             f"--block-size {options.block_size} is not one of {', '.join(map(str, BLOCK_SIZES))}"
-        )
-    if options.kv_type not in KV_TYPES:
-        raise errors.UnknownTypeError(
-            f"--kv-type {options.kv_type!r} is not one of {', '.join(KV_TYPES)}"
         )
     for name, value in (("--target", options.target), ("--max-memory", options.max_memory)):
         if value is not None:
@@ -110,6 +107,13 @@ def check_options(options: ConvertOptions) -> tuple[str, int | None]:
     return type_name, WEIGHT_TYPES[type_name]
 
 
+def kv_type(options: ConvertOptions) -> str:
+    """The KV cache's one type (``--kv-type``, or ``--cache-type-k`` / ``-v`` that agree)."""
+    from edgeinfer.converters.cache_settings import cache_settings
+
+    return cache_settings(options, "onnx").k
+
+
 def export_onnx(
     conversion: Conversion, out: str | os.PathLike[str], options: ConvertOptions,
     progress: Progress,
@@ -119,6 +123,7 @@ def export_onnx(
     from edgeinfer.converters.onnx.spec import DecoderSpec
 
     type_name, bits = check_options(options)
+    cache_type = kv_type(options)
     out = Path(out)
     if out.exists():
         raise errors.ConversionError(f"{out}: already exists; an ONNX output is a new folder")
@@ -129,10 +134,10 @@ def export_onnx(
     weights = WeightFormat(bits, options.block_size, not options.zero_points)
     result = OnnxExport(
         out, spec.genai_type, conversion.ckpt.architecture, type_name,
-        options.block_size if bits else None, bool(bits and options.zero_points), options.kv_type,
+        options.block_size if bits else None, bool(bits and options.zero_points), cache_type,
         spec.context_length, notes=list(conversion.notes),
     )  # fmt: skip
-    quantized_kv = options.kv_type in ("int8", "int4")
+    quantized_kv = cache_type in ("int8", "int4")
     tokens = _calibration_tokens(conversion, options) if quantized_kv else []
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent))
     try:
@@ -142,11 +147,9 @@ def export_onnx(
         with TensorData(tmp / DATA_FILE) as data:
             graph = DecoderGraph(spec, conversion.tensors, weights, data)
             graph.write_weights(progress)
-        kv = KVCache(options.kv_type)
+        kv = KVCache(cache_type)
         if quantized_kv:
-            kv = KVCache(
-                options.kv_type, _kv_scales(graph, spec, tmp, tokens, kv_bits(options.kv_type))
-            )
+            kv = KVCache(cache_type, _kv_scales(graph, spec, tmp, tokens, kv_bits(cache_type)))
             result.notes.append(f"KV cache scales measured on {len(tokens)} tokens")
         _write(tmp / "model.onnx", graph.model(kv).SerializeToString())
         _write_side_files(conversion, spec, tmp, share_buffer=not quantized_kv)
