@@ -41,7 +41,7 @@ from edgeinfer.converters.recipes import FILE_TYPES, Model, recipe
 from edgeinfer.converters.vocab import Vocabulary, convert_vocabulary
 from edgeinfer.gguf.constants import GGMLType, ValueType
 from edgeinfer.gguf.writer import GGUFWriter
-from edgeinfer.kv_cache import DEFAULT_CACHE_TYPE, layer_positions
+from edgeinfer.kv_cache import BLOCK_SIZE, DEFAULT_CACHE_TYPE, layer_positions
 
 if TYPE_CHECKING:  # the ONNX export imports onnx, which GGUF conversions do not need
     from edgeinfer.converters.onnx.export import OnnxExport
@@ -236,16 +236,20 @@ class Conversion:
     def _size_cache(self, plan: Plan, cache: CacheSettings) -> None:
         """The plan's KV cache of ``cache``'s types for its context, rings included."""
         plan.cache = cache
-        plan.kv_bytes_per_token = self.arch.kv_cache_bytes(1, cache.k, cache.v)
+        # a context of one block holds one block of every layer: its bytes per position
+        plan.kv_bytes_per_token = (
+            self.arch.kv_cache_bytes(BLOCK_SIZE, cache.k, cache.v) // BLOCK_SIZE
+        )
         if not plan.n_ctx:
             return
         plan.kv_bytes = self.arch.kv_cache_bytes(plan.n_ctx, cache.k, cache.v)
+        full = layer_positions(plan.n_ctx, 0, RING_BATCH)
         kept = [layer_positions(plan.n_ctx, w, RING_BATCH) for w in self.arch.layer_windows()]
-        rings = sorted({n for n in kept if n < plan.n_ctx})
+        rings = sorted({n for n in kept if n < full})
         if rings:
-            n_rings = sum(n < plan.n_ctx for n in kept)
+            n_rings = sum(n < full for n in kept)
             plan.kv_rings = (
-                f"{n_rings} of {self.arch.n_layer} layers keep rings of "
+                f"{n_rings} of {self.arch.n_layer} layers keep only their window's blocks, "
                 f"{', '.join(map(str, rings))} positions"
             )
 

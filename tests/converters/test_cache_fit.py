@@ -24,23 +24,28 @@ from edgeinfer.converters.convert import Conversion, ConvertOptions, convert
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.constants import ValueType
 
-N_CTX = 2048  # longer than a ring (window 8 + a batch of 512): the local layers keep rings
+N_CTX = 2048  # longer than a window's blocks (8 + a slack of 32 + a batch of 512)
 N_BATCH = 512  # load()'s default
+BLOCK, SLACK = 32, 32  # the native pool's block and a window's slack (simd/common/kv_pool.h)
 BITS = {"f32": 32, "f16": 16, "q8_0": 8.5, "q4_0": 4.5}
 GEMMA3_GLOBAL_EVERY = 6  # Gemma 3: five local layers, then a global one
 needs_native = pytest.mark.skipif(not _native.available()[0], reason="native library not built")
 
 
 def expected_cache_bytes(src, n_ctx: int, k: str, v: str) -> int:
-    """positions x KV heads x head_dim x bits / 8, for keys and values, every layer: Gemma 3's
-    local layers keep window + n_batch positions once that is shorter than the context."""
+    """positions x KV heads x head_dim x bits / 8, for keys and values, every layer, in blocks
+    of 32 positions: Gemma 3's local layers keep the blocks of window + slack + n_batch, and 2
+    at the edges, once that is shorter than the context."""
     cfg = json.loads((src / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     window = cfg.get("sliding_window") or 0
     positions = 0
     for il in range(cfg["num_hidden_layers"]):
         local = window and (il + 1) % GEMMA3_GLOBAL_EVERY != 0
-        positions += min(n_ctx, window + N_BATCH) if local else n_ctx
+        full = -(-n_ctx // BLOCK)
+        ring = -(-(window + SLACK + N_BATCH) // BLOCK) + 2
+        short = local and window + SLACK + N_BATCH < n_ctx
+        positions += BLOCK * (min(full, ring) if short else full)
     per_position = cfg["num_key_value_heads"] * head_dim * (BITS[k] + BITS[v]) / 8
     return int(positions * per_position)
 
@@ -75,9 +80,10 @@ def test_mistral_windows_give_every_layer_a_ring(copy_checkpoint):
     src = copy_checkpoint("mistral")
     edit_json(src / "config.json", sliding_window=64)
     plan = Conversion(src).plan(ConvertOptions(type="f32", n_ctx=4096, kv_type="q8_0"))
-    # 2 layers x (64 + 512) positions x 2 KV heads x 32 values x (8.5 + 8.5) bits
-    assert plan.kv_bytes == 2 * 576 * 2 * 32 * 17 // 8
-    assert plan.kv_rings == "2 of 2 layers keep rings of 576 positions"
+    # 2 layers x (64 + 32 + 512 in 19 blocks of 32, + 2) positions x 2 KV heads x 32 values
+    # x (8.5 + 8.5) bits
+    assert plan.kv_bytes == 2 * 672 * 2 * 32 * 17 // 8
+    assert plan.kv_rings == "2 of 2 layers keep only their window's blocks, 672 positions"
 
 
 def test_a_quantized_cache_buys_room_for_the_weights(checkpoints):
@@ -138,24 +144,27 @@ def test_the_file_records_its_cache(fitted_gemma, converted):
 
 @needs_native
 def test_load_runs_the_recommended_cache(fitted_gemma, checkpoints):
-    """The file's types reach the engine: its cache takes their bytes, and the logits are
-    those of the same types asked for explicitly, not those of an f16 cache."""
+    """The file's types reach the engine: its pool of cache blocks holds their bytes, and the
+    logits are those of the same types asked for explicitly, not those of an f16 cache."""
     tokens = [2, 17, 301, 45, 9, 88, 1200, 6]
     expected = expected_cache_bytes(checkpoints["gemma3"], N_CTX, "q8_0", "q4_0")
     with edgeinfer.load(fitted_gemma, n_ctx=N_CTX, engine="native") as model:
         assert model.cache_types == ("q8_0", "q4_0")
-        before = model.backend.memory_bytes
         recommended = model.logits(tokens)
-        assert model.backend.memory_bytes - before == expected
+        assert _pool_bytes(model) == expected
     asked = {"cache_type_k": "q8_0", "cache_type_v": "q4_0"}
     with edgeinfer.load(fitted_gemma, n_ctx=N_CTX, engine="native", **asked) as model:
         np.testing.assert_array_equal(model.logits(tokens), recommended)
     with edgeinfer.load(fitted_gemma, n_ctx=N_CTX, engine="native", kv_type="f16") as model:
         assert model.cache_types == ("f16", "f16")
-        before = model.backend.memory_bytes
         assert not np.array_equal(model.logits(tokens), recommended)
         f16 = expected_cache_bytes(checkpoints["gemma3"], N_CTX, "f16", "f16")
-        assert model.backend.memory_bytes - before == f16
+        assert _pool_bytes(model) == f16
+
+
+def _pool_bytes(model) -> int:
+    """The bytes of every block of the native engine's pool (what it reserves for n_ctx)."""
+    return sum(g["blocks"] * g["block_bytes"] for g in model.backend.pool_stats()["groups"])
 
 
 def test_explicit_options_replace_the_recommendation(fitted_gemma, converted):
@@ -197,7 +206,7 @@ def test_dry_run_shows_the_cache_bytes(checkpoints, capsys):
     per_token = 7 * 64 * (34 + 18) // 32  # 7 layers, 1 KV head of 64 values
     assert f"KV cache (K q8_0, V q4_0, {N_CTX} tokens)" in out
     assert f"({total} bytes, {per_token} bytes per token)" in out
-    assert "6 of 7 layers keep rings of 520 positions" in out
+    assert "6 of 7 layers keep only their window's blocks, 640 positions" in out
 
 
 @pytest.mark.parametrize(
