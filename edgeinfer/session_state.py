@@ -211,10 +211,11 @@ def _check_fits(path: Path, saved: StateHeader, now: StateHeader) -> None:
         raise refuse("context policy", _policy_text(saved), _policy_text(now))
     for il, kept in enumerate(now.kept):
         if min(saved.n_past, kept) > saved.held(il):
-            raise refuse(
-                f"layer {il} holding its last", f"{saved.held(il)} positions (of {saved.n_past})",
-                f"a cache that keeps {kept} (n_batch {now.n_batch}, the file's {saved.n_batch})",
-            )  # fmt: skip
+            raise errors.StateMismatchError(
+                f"{path} holds the last {saved.held(il)} of {saved.n_past} positions of layer "
+                f"{il} (n_batch {saved.n_batch}); this model's cache keeps {kept} there "
+                f"(n_batch {now.n_batch}): not loaded"
+            )
 
 
 def _policy_kept(h: StateHeader) -> int:
