@@ -309,6 +309,8 @@ def read(path: str | os.PathLike[str]) -> tuple[StateHeader, bytes]:
     """The header and body of a state file, checked whole (sizes, checksum); nothing else."""
     source = Path(path)
     try:
+        if not stat.S_ISREG(os.stat(source).st_mode):  # a FIFO would block open(), a device
+            raise _bad(source, "it is not a regular file")  # never end
         with open(source, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             prefix = f.read(_PREFIX.size)
