@@ -272,3 +272,49 @@ def test_chat_saves_its_prompt_cache_at_the_end(fixture_models, tmp_path):
     assert first.returncode == 0 and "cached" not in first.stderr, first.stderr
     second = cli(*args, input="Hello again\n")
     assert second.returncode == 0 and " cached)" in second.stderr, second.stderr
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_a_state_past_the_context_keeps_its_dropped_run(fixture_models, tmp_path, engine):
+    """Under streaming, positions were dropped behind the sinks: the restored session knows
+    the run, so the next turn (the whole history and more) still evaluates only what is new."""
+    path = tmp_path / "s.state"
+    options = {"n_ctx": 64, "context_policy": "streaming", "n_sink": 4}
+    prompt = _fixture_prompt(40)
+    with _load(fixture_models["llama"], engine, **options) as m:
+        out = m.generate(prompt, max_tokens=40, temperature=0)
+        history = prompt + out.tokens
+        n_past = m.backend.n_past
+        assert len(history) > 64 and n_past < len(history) - 4
+        m.save_state(path)
+        sampler = ScriptedSampler([NEXT])
+        m.generate(history + [NEXT], max_tokens=1, sampler=sampler)
+    with _load(fixture_models["llama"], "native", **options) as m:
+        assert m.load_state(path) == n_past
+        again = ScriptedSampler([NEXT])
+        restored = m.generate(history + [NEXT], max_tokens=1, sampler=again)
+        assert restored.stats.cached_tokens == len(history)
+    np.testing.assert_array_equal(again.seen[0], sampler.seen[0])
+
+
+def test_the_native_rows_call_refuses_what_the_layer_does_not_hold(fixture_models):
+    """The C entry points return statuses for impossible requests (and never touch memory)."""
+    from edgeinfer import _native
+
+    lib = _native.library()
+    with _load(fixture_models["gemma3"], "native") as m:  # layer 0 keeps a ring of 32
+        handle = m.backend._handle
+        assert (
+            lib.ei_engine_layer_rows(handle, 0) == 32 and lib.ei_engine_layer_rows(handle, 6) == -1
+        )
+        assert lib.ei_engine_row_bytes(handle, None, None) == 1
+        buf = np.zeros(64 * 256, dtype=np.uint8)
+        ptr = buf.ctypes.data
+        assert lib.ei_engine_seq_rows(handle, 0, 0, 0, 1, ptr, ptr, 0) == 1  # no cache yet
+        for seq, layer, pos0, n in [(1, 0, 0, 1), (0, 6, 0, 1), (0, 0, -1, 1), (0, 0, 0, 33),
+                                    (0, 5, FIXTURE_CTX - 1, 2), (0, 0, 0, -1)]:  # fmt: skip
+            assert lib.ei_engine_seq_rows(handle, seq, layer, pos0, n, ptr, ptr, 1) == 1
+        m.generate(_fixture_prompt(40), max_tokens=1, temperature=0)
+        with pytest.raises(errors.InvalidOptionError, match=r"holds positions \[9, 41\)"):
+            m.backend.read_rows(0, 8, 4)  # older than the ring holds
+        assert len(m.backend.read_rows(0, 9, 32)[0]) == 32 * m.backend.cache_row_bytes()[0]
