@@ -262,6 +262,8 @@ def test_prompt_cache_reuses_the_saved_prompt(fixture_models, tmp_path):
     assert second.stdout == first.stdout
     other = cli(*args, "-ctk", "q8_0")
     assert "cache_type_k f16; this model has q8_0" in assert_one_line_error(other)
+    cache.write_bytes(cache.read_bytes()[:-1])
+    assert "truncated" in assert_one_line_error(cli(*args))
 
 
 def test_chat_saves_its_prompt_cache_at_the_end(fixture_models, tmp_path):
