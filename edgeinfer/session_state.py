@@ -119,7 +119,8 @@ def _bad(path: Path, why: str) -> errors.StateFileError:
 def _int_field(path: Path, raw: dict[str, Any], key: str, lo: int, hi: int) -> int:
     value = raw.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise _bad(path, f"header field {key} is {value!r}, not an integer in [{lo}, {hi}]")
+        shown = repr(value)[:40]  # a hostile value may be long
+        raise _bad(path, f"header field {key} is {shown}, not an integer in [{lo}, {hi}]")
     return value
 
 
@@ -130,8 +131,9 @@ def _parse_header(path: Path, text: bytes) -> StateHeader:
     except (ValueError, RecursionError) as e:
         raise _bad(path, f"its header is not JSON ({type(e).__name__})") from None
     if not isinstance(raw, dict) or set(raw) != set(HEADER_FIELDS):
-        found = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
-        raise _bad(path, f"its header has the fields {found}, not {sorted(HEADER_FIELDS)}")
+        extra = sorted(set(raw) - set(HEADER_FIELDS)) if isinstance(raw, dict) else []
+        missing = sorted(set(HEADER_FIELDS) - set(raw)) if isinstance(raw, dict) else ["all"]
+        raise _bad(path, f"its header has the fields {extra[:4]} too many, {missing[:4]} missing")
     out: dict[str, Any] = {}
     for key in _TEXT_FIELDS:
         if not isinstance(raw[key], str) or len(raw[key]) > 256:

@@ -214,7 +214,7 @@ def _resealed(data: bytes, **changes) -> bytes:
         ({"kept": [64]}, "windows but 1 layers"),
         ({"k_row_bytes": 257}, "truncated"),
         ({"n_ctx": True}, "not an integer"),
-        ({"extra": 1}, "has the fields"),
+        ({"extra": 1}, r"\[.extra.\] too many"),
     ],
 )
 def test_inconsistent_headers_are_refused(fixture_models, llama_state, tmp_path, changes, why):
