@@ -134,6 +134,22 @@ def _add_sampling_options(p: argparse.ArgumentParser, n_default: int) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
+def _add_prompt_cache_option(p: argparse.ArgumentParser, when: str) -> None:
+    p.add_argument(
+        "--prompt-cache", metavar="FILE", default=None,
+        help="saved session: its tokens and KV cache are loaded from FILE when it exists (and "
+        f"the common prefix reused), and saved to it {when}; a FILE saved for another model "
+        "or other cache settings is an error",
+    )  # fmt: skip
+
+
+def _restore_prompt_cache(model: Any, args: argparse.Namespace) -> None:
+    """Loads --prompt-cache FILE when it exists; one for another model is a typed error (not
+    recomputed: saving over it would destroy the other model's file)."""
+    if args.prompt_cache and os.path.exists(args.prompt_cache):
+        model.load_state(args.prompt_cache)
+
+
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     return dict(
         max_tokens=args.max_tokens, stop=args.stop, temperature=args.temp, top_k=args.top_k,
@@ -155,12 +171,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--no-special", action="store_true", help="do not parse special tokens in the prompt"
     )
+    _add_prompt_cache_option(run, "after the prompt")
 
     chat = sub.add_parser("chat", help="interactive chat (default model when none is given)")
     chat.add_argument("model", nargs="?", help="GGUF file (default: the embedded Gemma 3 270M)")
     chat.add_argument("-s", "--system", default=None, help="system prompt")
     _add_model_options(chat)
     _add_sampling_options(chat, 512)
+    _add_prompt_cache_option(chat, "at the end of the chat")
 
     info = sub.add_parser("info", help="describe a model file")
     info.add_argument("model")
@@ -278,14 +296,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     interrupted = False
     with _load(args, args.model) as model:
+        _restore_prompt_cache(model, args)
         stream = model.stream(prompt, parse_special=not args.no_special, **_sampling(args))
+        saved = not args.prompt_cache
         try:
             for piece in stream:
+                if not saved:  # the prompt is evaluated (with the tokens of this first piece)
+                    model.save_state(args.prompt_cache)
+                    saved = True
                 sys.stdout.write(piece)
                 sys.stdout.flush()
         except KeyboardInterrupt:
             stream.close()
             interrupted = True
+        if not saved:  # no text came: what was evaluated is saved at the end
+            model.save_state(args.prompt_cache)
         if sys.stdout.isatty():
             sys.stdout.write("\n")  # for the shell prompt; a pipe gets the continuation only
             sys.stdout.flush()
@@ -350,13 +375,17 @@ class _ProgressBar:
 def cmd_chat(args: argparse.Namespace) -> int:
     path = args.model or _default_model()
     with _load(args, path) as model:
+        _restore_prompt_cache(model, args)
         print(
             f"{model.metadata.get('general.name', model.config.arch)} ready "
             f"({model.engine} engine, {model.n_threads} threads, context {model.n_ctx}, "
             f"template {model.chat_template.name}); {CHAT_HELP}",
             file=sys.stderr, flush=True,
         )  # fmt: skip
-        return _chat_loop(model, args)
+        status = _chat_loop(model, args)
+        if args.prompt_cache:
+            model.save_state(args.prompt_cache)
+        return status
 
 
 def _read_line() -> str | None:

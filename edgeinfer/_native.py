@@ -133,6 +133,12 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_engine_seq_reuse": (c_int, [c_void_p, c_int32, c_int32, c_void_p, c_void_p]),
     "ei_engine_block_size": (c_int32, []),
     "ei_engine_pool_stats": (c_int32, [c_void_p, c_void_p, c_int32]),
+    "ei_engine_row_bytes": (c_int, [c_void_p, _P(c_size_t), _P(c_size_t)]),
+    "ei_engine_layer_rows": (c_int32, [c_void_p, c_int32]),
+    "ei_engine_seq_rows": (
+        c_int,
+        [c_void_p, c_int32, c_int32, c_int32, c_int32, c_void_p, c_void_p, c_int32],
+    ),
     "ei_engine_isa": (c_int, [c_void_p]),
     "ei_engine_memory": (c_size_t, [c_void_p]),
     "ei_engine_weight_copies": (c_size_t, [c_void_p]),
@@ -423,6 +429,12 @@ class NativeEngine(SequenceEngine):
         if not self._handle:
             raise errors.ModelClosedError("the engine is closed")
 
+    def set_length(self, n: int, seq: int = 0) -> None:
+        super().set_length(n, seq)
+        # a restored sequence's blocks get no keys: their rows came from a state file
+        self._tokens[seq], self._keys[seq] = [], []
+        self._unkeyed.add(seq)
+
     def truncate(self, n_keep: int, seq: int = 0) -> None:
         super().truncate(n_keep, seq)
         n = self._lengths[seq]
@@ -550,6 +562,35 @@ class NativeEngine(SequenceEngine):
         lib = library()
         for index in range(first, last):
             check(lib.ei_engine_seq_set_key(self._handle, seq, index, 0))
+
+    can_save_rows = True
+
+    def cache_row_bytes(self) -> tuple[int, int]:
+        self._check_open()
+        k, v = c_size_t(), c_size_t()
+        check(library().ei_engine_row_bytes(self._handle, ctypes.byref(k), ctypes.byref(v)))
+        return int(k.value), int(v.value)
+
+    def layer_rows(self, layer: int) -> int:
+        self._check_open()
+        rows = int(library().ei_engine_layer_rows(self._handle, layer))
+        if rows < 0:
+            raise errors.InvalidOptionError(f"no layer {layer} in {self.cfg.n_layer}")
+        return rows
+
+    def _read_rows(self, seq: int, layer: int, pos0: int, n: int) -> tuple[bytes, bytes]:
+        kb, vb = self.cache_row_bytes()
+        k = np.empty(n * kb, dtype=np.uint8)  # (n, kb)
+        v = np.empty(n * vb, dtype=np.uint8)  # (n, vb)
+        check(library().ei_engine_seq_rows(self._handle, seq, layer, pos0, n, _ptr(k), _ptr(v), 0))
+        return k.tobytes(), v.tobytes()
+
+    def _write_rows(self, seq: int, layer: int, pos0: int, n: int, k: bytes, v: bytes) -> None:
+        ka = np.frombuffer(k, dtype=np.uint8).copy()  # (n, kb): C gets a pointer it may read
+        va = np.frombuffer(v, dtype=np.uint8).copy()  # (n, vb)
+        check(library().ei_engine_seq_rows(
+            self._handle, seq, layer, pos0, n, _ptr(ka), _ptr(va), 1
+        ))  # fmt: skip
 
     def close(self) -> None:
         if self._handle:

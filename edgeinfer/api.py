@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer import engines, errors
+from edgeinfer import engines, errors, session_state
 from edgeinfer.chat import ChatTemplate, builtin_template
 from edgeinfer.context_policy import DEFAULT_N_SINK, ContextPolicy
 from edgeinfer.engines.base import MAX_N_BATCH, MAX_N_THREADS
@@ -29,6 +29,7 @@ from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.reader import model_path
 from edgeinfer.kv_cache import CACHE_TYPES, DEFAULT_CACHE_TYPE, cache_type
 from edgeinfer.models import config_from_gguf
+from edgeinfer.models.base import DecoderConfig
 from edgeinfer.sampling import Sampler, SamplingParams
 from edgeinfer.system import physical_cores
 from edgeinfer.text_stream import TextStream, stop_strings
@@ -324,6 +325,26 @@ class Model:
         """Forgets the cached conversation (the next prompt is evaluated from scratch)."""
         with self._one_turn():
             self._session.reset()
+
+    # --- saved sessions (edgeinfer.session_state) -----------------------------------------
+
+    def save_state(self, path: str | os.PathLike[str]) -> int:
+        """Writes the cached tokens and KV cache (of sequence 0) to ``path``, atomically;
+        returns the file's size in bytes."""
+        with self._one_turn():
+            return session_state.save(path, *self._gguf_model(), self._session)
+
+    def load_state(self, path: str | os.PathLike[str]) -> int:
+        """Restores a state ``save_state`` wrote for this model and these cache settings (else
+        StateMismatchError; StateFileError for a damaged file); returns the positions restored.
+        A prompt that extends the restored tokens then evaluates only its new ones."""
+        with self._one_turn():
+            return session_state.load(path, *self._gguf_model(), self._session)
+
+    def _gguf_model(self) -> tuple[GGUFFile, DecoderConfig]:
+        if not isinstance(self.source, GGUFFile) or not isinstance(self.config, DecoderConfig):
+            raise errors.InvalidOptionError("saved sessions need a GGUF model, not an ONNX folder")
+        return self.source, self.config
 
     # --- chat ------------------------------------------------------------------------------
 

@@ -119,6 +119,16 @@ class InputFileError(EdgeInferError):
     """An input other than the model (a text file to score) cannot be read as it must be."""
 
 
+class StateFileError(InputFileError):
+    """A saved session (``Model.load_state``, ``--prompt-cache``) is truncated, corrupt, or
+    not a state file of this format."""
+
+
+class StateMismatchError(StateFileError):
+    """A saved session is intact but was written for another model or other cache settings
+    (types, context, rows kept, context policy): loading it would give garbage."""
+
+
 class NonFiniteLogitsError(EdgeInferError):
     """The model produced inf or NaN logits; the message names the step."""
 

@@ -104,6 +104,20 @@ class KVSession:
         self.engine.truncate(0)
         self.tokens, self.history, self._hole, self._dropped = [], [], None, 0
 
+    @property
+    def dropped_run(self) -> tuple[int | None, int]:
+        """(start, length) of the run of ``history`` the cache no longer holds (None, 0)."""
+        return self._hole, self._dropped
+
+    def restore(self, history: list[int], hole: int | None, dropped: int) -> None:
+        """Takes the tokens of a cache the engine was given (edgeinfer.session_state):
+        ``history`` less its run [hole, hole + dropped) is what the engine holds now."""
+        self.version += 1
+        self.history = list(history)
+        cut = hole if hole is not None else len(history)
+        self.tokens = self.history[:cut] + self.history[cut + dropped :]
+        self._hole, self._dropped = hole, dropped
+
     def prefill(
         self, prompt: list[int], cancelled: Callable[[], bool] = _never
     ) -> tuple[np.ndarray, int]:

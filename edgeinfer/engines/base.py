@@ -140,6 +140,28 @@ class Engine(Protocol):
         """The most positions ``discard(start, ...)`` may drop from ``seq`` now."""
         ...
 
+    can_save_rows: ClassVar[bool]  # whether the rows methods below work (saved sessions)
+
+    def cache_row_bytes(self) -> tuple[int, int]:
+        """Bytes of one position's keys and of its values, in the cache's own encoding."""
+        ...
+
+    def layer_rows(self, layer: int) -> int:
+        """Positions ``layer`` keeps per sequence: n_ctx, or a ring's (its last ones only)."""
+        ...
+
+    def read_rows(self, layer: int, pos0: int, n: int, seq: int = 0) -> tuple[bytes, bytes]:
+        """The stored key and value rows of positions [pos0, pos0 + n) of ``layer``."""
+        ...
+
+    def write_rows(self, layer: int, pos0: int, k: bytes, v: bytes, seq: int = 0) -> None:
+        """Stores rows (as ``read_rows`` returns them) for positions from ``pos0``."""
+        ...
+
+    def set_length(self, n: int, seq: int = 0) -> None:
+        """Declares that ``seq`` holds ``n`` positions (after ``write_rows`` restored them)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -248,6 +270,54 @@ class SequenceEngine:
             return
         self._discard(seq, start, count, n_past)
         self._lengths[seq] = self._highs[seq] = n_past - count
+
+    # --- rows of the cache (saved sessions: edgeinfer.session_state) -----------------------
+
+    can_save_rows: ClassVar[bool] = False
+
+    def cache_row_bytes(self) -> tuple[int, int]:
+        raise errors.InvalidOptionError(f"the {self.spec.name} engine cannot save its cache")
+
+    def layer_rows(self, layer: int) -> int:
+        raise errors.InvalidOptionError(f"the {self.spec.name} engine cannot save its cache")
+
+    def _check_rows(self, layer: int, pos0: int, n: int, n_past: int, seq: int) -> None:
+        """Refuses rows outside what ``layer`` holds when ``seq`` has ``n_past`` positions."""
+        self._check_open()
+        self._check_seq(seq)
+        kept = self.layer_rows(layer)  # refuses a bad layer
+        if n < 0 or pos0 < max(0, n_past - kept) or pos0 + n > n_past or n_past > self.n_ctx:
+            raise errors.InvalidOptionError(
+                f"layer {layer} holds positions [{max(0, n_past - kept)}, {n_past}), not rows "
+                f"[{pos0}, {pos0 + n})"
+            )
+
+    def read_rows(self, layer: int, pos0: int, n: int, seq: int = 0) -> tuple[bytes, bytes]:
+        self._check_rows(layer, pos0, n, self.seq_length(seq), seq)
+        return self._read_rows(seq, layer, pos0, n)
+
+    def write_rows(self, layer: int, pos0: int, k: bytes, v: bytes, seq: int = 0) -> None:
+        kb, vb = self.cache_row_bytes()
+        n = len(k) // kb
+        if len(k) != n * kb or len(v) != n * vb:
+            raise errors.InvalidOptionError(
+                f"{len(k)} key and {len(v)} value bytes are not {n} rows of {kb} and {vb}"
+            )
+        # a run ending anywhere in the context, no longer than the layer keeps
+        self._check_rows(layer, pos0, n, min(pos0 + self.layer_rows(layer), self.n_ctx), seq)
+        self._write_rows(seq, layer, pos0, n, k, v)
+
+    def set_length(self, n: int, seq: int = 0) -> None:
+        self._check_seq(seq)
+        if not 0 <= n <= self.n_ctx:
+            raise errors.InvalidOptionError(f"{n} positions do not fit the context of {self.n_ctx}")
+        self._lengths[seq] = self._highs[seq] = n
+
+    def _read_rows(self, seq: int, layer: int, pos0: int, n: int) -> tuple[bytes, bytes]:
+        raise NotImplementedError
+
+    def _write_rows(self, seq: int, layer: int, pos0: int, n: int, k: bytes, v: bytes) -> None:
+        raise NotImplementedError
 
     def _check_batch(self, batch: Batch) -> dict[int, int]:
         """Refuses what the cache cannot take; returns each sequence's length afterwards."""

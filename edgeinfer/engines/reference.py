@@ -122,6 +122,44 @@ _CACHE_STORE = {
 }  # fmt: skip
 
 
+def _q8_0_blocks(values: np.ndarray) -> np.ndarray:
+    """The q8_0 bytes of values the cache holds (exactly d x q, as ``act_q8_0`` made them):
+    the largest magnitude of a block is 127 d, so d and then every q follow exactly."""
+    b = values.reshape(-1, 32).astype(F64)
+    d = np.abs(b).max(axis=1, keepdims=True) / 127.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(d > 0, np.rint(b / np.where(d > 0, d, 1.0)), 0.0)
+    out = np.zeros(len(b), dtype=quants.Q8_0.layout)
+    out["d"] = quants.fp32_to_fp16_bits(d[:, 0].astype(F32))
+    out["qs"] = np.nan_to_num(q, nan=0.0).clip(-127, 127).astype(np.int8)
+    return out.view(np.uint8).reshape(-1)
+
+
+def _q4_0_blocks(values: np.ndarray) -> np.ndarray:
+    """The q4_0 bytes of values the cache holds (exactly (level - 8) d, as ``q4_0_values``
+    made them): only level 0 reaches magnitude 8 |d|, so d (with its sign, also for a block of
+    zeros) and then every level follow exactly."""
+    b = values.reshape(-1, 32).astype(F64)
+    first = np.nan_to_num(np.abs(b), nan=0.0).argmax(axis=1)[:, None]
+    extreme = np.take_along_axis(b, first, axis=1)
+    d = np.where(extreme != 0, extreme / -8.0, np.copysign(0.0, extreme))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        level = np.where(d != 0, np.rint(b / np.where(d != 0, d, 1.0)) + 8, 8.0)
+    level = np.nan_to_num(level, nan=8.0).clip(0, 15).astype(np.uint8)
+    out = np.zeros(len(b), dtype=quants.Q4_0.layout)
+    out["d"] = quants.fp32_to_fp16_bits(d[:, 0].astype(F32))
+    out["qs"] = level[:, :16] | (level[:, 16:] << 4)
+    return out.view(np.uint8).reshape(-1)
+
+
+# the bytes of a cache row as the native engine stores them, from the values held here
+_CACHE_ENCODE = {
+    GGMLType.F16: lambda x: x.astype(np.float16).view(np.uint8).reshape(-1),
+    GGMLType.F32: lambda x: x.astype(F32).view(np.uint8).reshape(-1),
+    GGMLType.Q8_0: _q8_0_blocks, GGMLType.Q4_0: _q4_0_blocks,
+}  # fmt: skip
+
+
 def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
     # x: (..., n). Squares in float32, summed in float64, the scale in float32: as GGML does
     total = np.sum(np.square(x).astype(F64), axis=-1, keepdims=True)
@@ -208,6 +246,7 @@ class ReferenceEngine(SequenceEngine):
         self._weights: dict[str, object] = {}
         kt, vt = (self._cache_type(w, t) for w, t in (("k", cache_type_k), ("v", cache_type_v)))
         self.cache_type_k, self.cache_type_v = kt.name, vt.name
+        self._kv_types = (kt.ggml_type, vt.ggml_type)
         # queries meet the keys as GGML prepares them for the key type (float16, or q8_0
         # blocks for a quantized type); probabilities meet float16 values as float16
         self._query_as = {GGMLType.F16: _round_f16, GGMLType.F32: lambda x: x}.get(
@@ -249,6 +288,37 @@ class ReferenceEngine(SequenceEngine):
 
     def close(self) -> None:
         self._weights = {}
+
+    # --- rows of the cache, encoded as the native engine stores them (saved sessions) --------
+
+    can_save_rows = True
+
+    def cache_row_bytes(self) -> tuple[int, int]:
+        cfg = self.cfg
+        k_type, v_type = self._kv_types
+        k, v = quants.row_nbytes(k_type, cfg.head_dim), quants.row_nbytes(v_type, cfg.head_dim_v)
+        return k * cfg.n_head_kv, v * cfg.n_head_kv
+
+    def layer_rows(self, layer: int) -> int:
+        if not 0 <= layer < self.cfg.n_layer:
+            raise errors.InvalidOptionError(f"no layer {layer} in {self.cfg.n_layer}")
+        return self.n_ctx  # every layer keeps the whole context (no rings here)
+
+    def _read_rows(self, seq: int, layer: int, pos0: int, n: int) -> tuple[bytes, bytes]:
+        k_type, v_type = self._kv_types
+        k = self.k_cache[layer][pos0 : pos0 + n]  # (n, n_head_kv, head_dim)
+        v = self.v_cache[layer][pos0 : pos0 + n]  # (n, n_head_kv, head_dim_v)
+        return _CACHE_ENCODE[k_type](k).tobytes(), _CACHE_ENCODE[v_type](v).tobytes()
+
+    def _write_rows(self, seq: int, layer: int, pos0: int, n: int, k: bytes, v: bytes) -> None:
+        cfg = self.cfg
+        for cache, ggml_type, raw, dim in (
+            (self.k_cache, self._kv_types[0], k, cfg.head_dim),
+            (self.v_cache, self._kv_types[1], v, cfg.head_dim_v),
+        ):
+            shape = (n, cfg.n_head_kv, dim)
+            values = quants.dequantize(np.frombuffer(raw, np.uint8), ggml_type, shape)
+            cache[layer][pos0 : pos0 + n] = values.astype(cache[layer].dtype)
 
     # --- weights ---------------------------------------------------------------------------
 

@@ -776,3 +776,49 @@ int32_t ei_engine_block_size(void) { return EI_KV_BLOCK; }
 int32_t ei_engine_pool_stats(const ei_engine *e, int64_t *out, int32_t n) {
     return e && out ? ei_kv_pool_stats(e->kv, out, n) : 0;
 }
+
+/* ---- rows of the cache, for saved sessions --------------------------------------------- */
+
+/* Copies go through k_row / v_row only, so they stay right however the cache is laid out;
+ * a layer's rows are those of its last layer_rows positions (a sliding window's blocks keep
+ * at least that many), which the caller (edgeinfer/session_state.py, knowing n_past) asks
+ * for. */
+
+ei_status ei_engine_row_bytes(const ei_engine *e, size_t *k_bytes, size_t *v_bytes) {
+    if (!e || !k_bytes || !v_bytes) return ei_fail(EI_ERR_INVALID, "bad arguments");
+    *k_bytes = e->k_row_bytes;
+    *v_bytes = e->v_row_bytes;
+    return EI_OK;
+}
+
+int32_t ei_engine_layer_rows(const ei_engine *e, int32_t layer) {
+    if (!e || layer < 0 || layer >= e->m.n_layer) return -1;
+    return ei_kv_pool_layer_rows(e->kv, layer);
+}
+
+ei_status ei_engine_seq_rows(ei_engine *e, int32_t seq, int32_t layer, int32_t pos0, int32_t n,
+                             void *k_rows, void *v_rows, int32_t write) {
+    if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
+    if (layer < 0 || layer >= e->m.n_layer) return ei_fail(EI_ERR_INVALID, "no layer %d", layer);
+    /* more than a ring's rows at once would name some rows twice */
+    const int kept = ei_kv_pool_layer_rows(e->kv, layer);
+    if (pos0 < 0 || n < 0 || n > kept || pos0 > e->p.n_ctx - n)
+        return ei_fail(EI_ERR_INVALID, "layer %d keeps %d of %d positions: rows [%d, %d + %d) are not held",
+                       layer, kept, e->p.n_ctx, pos0, pos0, n);
+    if (n == 0) return EI_OK;
+    if (write) {
+        const ei_status st = ei_kv_pool_write_layer(e->kv, seq, layer, pos0, pos0 + n);
+        if (st != EI_OK) return st;
+    } else if (!ei_kv_pool_holds(e->kv, seq, layer, pos0, pos0 + n)) {
+        return ei_fail(EI_ERR_INVALID, "sequence %d holds no rows [%d, %d) of layer %d", seq, pos0, pos0 + n, layer);
+    }
+    uint8_t *ko = k_rows, *vo = v_rows; /* (n, k_row_bytes), (n, v_row_bytes); either NULL */
+    for (int i = 0; i < n; i++) {
+        uint8_t *kc = k_row(e, seq, layer, pos0 + i), *vc = v_row(e, seq, layer, pos0 + i);
+        if (ko && write) memcpy(kc, ko + (size_t)i * e->k_row_bytes, e->k_row_bytes);
+        else if (ko) memcpy(ko + (size_t)i * e->k_row_bytes, kc, e->k_row_bytes);
+        if (vo && write) memcpy(vc, vo + (size_t)i * e->v_row_bytes, e->v_row_bytes);
+        else if (vo) memcpy(vo + (size_t)i * e->v_row_bytes, vc, e->v_row_bytes);
+    }
+    return EI_OK;
+}

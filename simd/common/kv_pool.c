@@ -214,29 +214,40 @@ static ei_status pool_full(const kv_group *g) {
                    g->n_blocks, g->block_bytes);
 }
 
-ei_status ei_kv_pool_write(ei_kv_pool *pool, int s, int p0, int p1) {
-    if (p1 <= p0) return EI_OK;
-    for (int gi = 0; gi < pool->n_groups; gi++) {
-        kv_group *g = &pool->g[gi];
-        for (int i = p0 / EI_KV_BLOCK; i <= (p1 - 1) / EI_KV_BLOCK; i++) {
-            int32_t *slot = slot_of(pool, g, s, i);
-            if (*slot >= 0 && g->ref[*slot] == 1) {
-                g->key[*slot] = 0; /* its rows are about to change */
-                continue;
-            }
-            const int b = take_block(pool, g);
-            if (b == -1) return pool_full(g);
-            if (b == -2) return ei_fail(EI_ERR_NOMEM, "out of memory: %zu bytes wanted for KV cache blocks",
-                                        slab_bytes(g, 0));
-            if (*slot >= 0) { /* shared: this sequence writes into its own copy */
-                memcpy(block_base(g, b), block_base(g, *slot), g->block_bytes);
-                drop_block(pool, g, slot);
-            }
-            *slot = b;
-            if (i < g->lo[s]) g->lo[s] = i; /* callers write below lo only up to held rows */
+/* ei_kv_pool_write for one group */
+static ei_status write_group(ei_kv_pool *pool, kv_group *g, int s, int p0, int p1) {
+    /* a window's blocks are held from lo on: one that holds none starts where it writes */
+    if (g->window && *slot_of(pool, g, s, g->lo[s]) < 0) g->lo[s] = p0 / EI_KV_BLOCK;
+    for (int i = p0 / EI_KV_BLOCK; i <= (p1 - 1) / EI_KV_BLOCK; i++) {
+        int32_t *slot = slot_of(pool, g, s, i);
+        if (*slot >= 0 && g->ref[*slot] == 1) {
+            g->key[*slot] = 0; /* its rows are about to change */
+            continue;
         }
+        const int b = take_block(pool, g);
+        if (b == -1) return pool_full(g);
+        if (b == -2) return ei_fail(EI_ERR_NOMEM, "out of memory: %zu bytes wanted for KV cache blocks",
+                                    slab_bytes(g, 0));
+        if (*slot >= 0) { /* shared: this sequence writes into its own copy */
+            memcpy(block_base(g, b), block_base(g, *slot), g->block_bytes);
+            drop_block(pool, g, slot);
+        }
+        *slot = b;
+        if (i < g->lo[s]) g->lo[s] = i; /* callers write below lo only up to held rows */
     }
     return EI_OK;
+}
+
+ei_status ei_kv_pool_write(ei_kv_pool *pool, int s, int p0, int p1) {
+    for (int gi = 0; gi < pool->n_groups && p1 > p0; gi++) {
+        const ei_status st = write_group(pool, &pool->g[gi], s, p0, p1);
+        if (st != EI_OK) return st;
+    }
+    return EI_OK;
+}
+
+ei_status ei_kv_pool_write_layer(ei_kv_pool *pool, int s, int il, int p0, int p1) {
+    return p1 > p0 ? write_group(pool, &pool->g[pool->layer_group[il]], s, p0, p1) : EI_OK;
 }
 
 static uint8_t *row(const ei_kv_pool *pool, int s, int il, int pos, int value) {
@@ -249,6 +260,18 @@ static uint8_t *row(const ei_kv_pool *pool, int s, int il, int pos, int value) {
 
 uint8_t *ei_kv_pool_k(const ei_kv_pool *pool, int s, int il, int pos) { return row(pool, s, il, pos, 0); }
 uint8_t *ei_kv_pool_v(const ei_kv_pool *pool, int s, int il, int pos) { return row(pool, s, il, pos, 1); }
+
+int ei_kv_pool_layer_rows(const ei_kv_pool *pool, int il) {
+    const int w = pool->g[pool->layer_group[il]].window;
+    return w ? w + EI_KV_SLACK : pool->n_ctx;
+}
+
+int ei_kv_pool_holds(const ei_kv_pool *pool, int s, int il, int p0, int p1) {
+    const kv_group *g = &pool->g[pool->layer_group[il]];
+    for (int i = p0 / EI_KV_BLOCK; p1 > p0 && i <= (p1 - 1) / EI_KV_BLOCK; i++)
+        if (*slot_of(pool, g, s, i) < 0) return 0;
+    return 1;
+}
 
 int ei_kv_pool_oldest(const ei_kv_pool *pool, int s, int il) {
     return pool->g[pool->layer_group[il]].lo[s] * EI_KV_BLOCK;

@@ -53,6 +53,13 @@ uint8_t *ei_kv_pool_v(const ei_kv_pool *pool, int s, int il, int pos);
 /* makes the blocks of positions [p0, p1) of s writable in every group: taken from the pool
  * where absent, copied where shared, their keys dropped (their contents change) */
 ei_status ei_kv_pool_write(ei_kv_pool *pool, int s, int p0, int p1);
+/* the same for the group of layer il alone */
+ei_status ei_kv_pool_write_layer(ei_kv_pool *pool, int s, int il, int p0, int p1);
+/* positions of layer il a sequence holds at least behind its latest (n_ctx, or a window's
+ * and the slack) */
+int ei_kv_pool_layer_rows(const ei_kv_pool *pool, int il);
+/* whether s holds the blocks of positions [p0, p1) of layer il */
+int ei_kv_pool_holds(const ei_kv_pool *pool, int s, int il, int p0, int p1);
 /* the lowest position whose rows sequence s holds for layer il (0 for full attention) */
 int ei_kv_pool_oldest(const ei_kv_pool *pool, int s, int il);
 /* releases the sliding-window blocks of s that no query from position pos on needs */

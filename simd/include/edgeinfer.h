@@ -156,6 +156,18 @@ EI_EXPORT int32_t ei_engine_pool_stats(const ei_engine *e, int64_t *out, int32_t
  * (llama.cpp's context shift; StreamingLLM's eviction behind the attention sinks) */
 EI_EXPORT ei_status ei_engine_seq_discard(ei_engine *e, int32_t seq, int32_t start, int32_t count,
                                           int32_t n_past);
+/* rows of the cache in its own encoding (saved sessions): the bytes of one position's keys
+ * and values (n_head_kv heads each), and how many positions layer `layer` keeps per sequence
+ * (n_ctx, or a sliding-window layer's ring: only its last that many positions are held;
+ * -1 for no such layer) */
+EI_EXPORT ei_status ei_engine_row_bytes(const ei_engine *e, size_t *k_bytes, size_t *v_bytes);
+EI_EXPORT int32_t ei_engine_layer_rows(const ei_engine *e, int32_t layer);
+/* copies the rows of positions [pos0, pos0 + n) of one layer of sequence seq out of the cache
+ * into k_rows (n, k_bytes) and v_rows (n, v_bytes), or with write != 0 from them into the
+ * cache (reserving it); either buffer may be NULL. Positions older than the layer keeps are
+ * the caller's to avoid: a ring holds one row for several of them. */
+EI_EXPORT ei_status ei_engine_seq_rows(ei_engine *e, int32_t seq, int32_t layer, int32_t pos0,
+                                       int32_t n, void *k_rows, void *v_rows, int32_t write);
 EI_EXPORT int ei_engine_isa(const ei_engine *e);
 EI_EXPORT size_t ei_engine_memory(const ei_engine *e); /* bytes this engine allocated */
 /* of those, the interleaved copies of weights (reserved at load, written by the first step

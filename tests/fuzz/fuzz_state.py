@@ -1,0 +1,113 @@
+"""Fuzz target: saved sessions (edgeinfer.session_state) fed to ``Model.load_state``.
+
+The first byte of an input chooses how the rest is used: bit 0 reseals it (its last 32 bytes
+replaced by the SHA-256 of the others, so that mutations of the header and body get past the
+checksum to the checks behind it), bit 1 loads it into the numpy engine rather than the
+native one, bit 2 goes on to generate a token after a successful load. The rest is written to
+a file in memory (/dev/shm where there is one) and loaded into the tiny llama fixture
+(context 64). Beyond "typed errors only", a load that succeeds must leave the session
+consistent: the engine holds as many positions as the session has tokens.
+
+The seeds are states saved from that model: empty, after a prompt, after a generation, from
+each engine, each sealed and resealed.
+
+    python -m tests.fuzz.fuzz_state --runs 1000000 --corpus DIR --artifacts DIR
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import atheris
+
+from tests.fuzz import harness
+
+with atheris.instrument_imports(include=["edgeinfer"]):
+    import edgeinfer
+    from edgeinfer import _native, api, generation, session_state  # noqa: F401 (instrumented)
+    from edgeinfer.engines import base, reference  # noqa: F401 (instrumented)
+
+N_CTX = 64
+ENGINES = ("native", "reference")
+RESEAL, REFERENCE, GENERATE = 1, 2, 4
+DIGEST_BYTES = 32
+
+_SHM = "/dev/shm"
+_WORK = Path(
+    tempfile.mkdtemp(prefix="edgeinfer-fuzz-state-", dir=_SHM if os.path.isdir(_SHM) else None)
+)
+atexit.register(shutil.rmtree, _WORK, ignore_errors=True)
+_INPUT = _WORK / "input.state"
+
+
+@functools.cache
+def _model_path() -> Path:
+    from tests.conftest import _fixture_models, packaged_gemma_path
+
+    return _fixture_models(packaged_gemma_path(), all_f32=False)["llama"]
+
+
+@functools.cache
+def models() -> dict[str, Any]:
+    """One model per engine, loaded once per process."""
+    return {e: edgeinfer.load(_model_path(), engine=e, n_ctx=N_CTX) for e in ENGINES}
+
+
+def reseal(data: bytes) -> bytes:
+    if len(data) < DIGEST_BYTES:
+        return data
+    body = data[:-DIGEST_BYTES]
+    return body + hashlib.sha256(body).digest()
+
+
+def one_input(data: bytes) -> None:
+    if not data:
+        return
+    flags, payload = data[0], data[1:]
+    _INPUT.write_bytes(reseal(payload) if flags & RESEAL else payload)
+    model = models()["reference" if flags & REFERENCE else "native"]
+    session = model._session
+    try:
+        n = model.load_state(_INPUT)
+    finally:
+        assert model.backend.n_past == len(session.tokens), "the session and the cache disagree"
+    assert n == model.backend.n_past <= N_CTX
+    if flags & GENERATE:
+        model.generate(session.history + [1], max_tokens=1, temperature=0)
+
+
+# --- seeds -------------------------------------------------------------------------------
+
+
+def _states() -> Iterator[bytes]:
+    """States of the fixture model from each engine: empty, a prompt, a generation."""
+    path = _WORK / "seed.state"
+    prompt = [1 + (7 * i) % 300 for i in range(20)]
+    for engine in ENGINES:
+        with edgeinfer.load(_model_path(), engine=engine, n_ctx=N_CTX) as m:
+            m.save_state(path)
+            yield path.read_bytes()
+            m.generate(prompt, max_tokens=0)
+            m.save_state(path)
+            yield path.read_bytes()
+            m.generate(prompt, max_tokens=3, temperature=0)
+            m.save_state(path)
+            yield path.read_bytes()
+
+
+def seeds() -> Iterator[bytes]:
+    for state in _states():
+        for flags in (0, RESEAL | GENERATE, REFERENCE | RESEAL):
+            yield bytes([flags]) + state
+
+
+if __name__ == "__main__":
+    harness.main(one_input, seeds)
