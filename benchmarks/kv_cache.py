@@ -12,7 +12,8 @@ a. quality: perplexity at -c 2048 over pydoc's help topics (llama-perplexity's m
    llama.cpp f16 against ours f16. Streamed window by window: one window's reference
    log-probabilities are held per engine, nothing more.
 b. memory: the cache at 4k and 32k context, with and without the sliding-window rings, ours
-   measured (engine memory after the first token, less before) and as kv_cache.cache_bytes
+   as the native engine's block pool holds it (every block of every group: what one sequence
+   of n_ctx can use, allocated in slabs as the context fills) and as kv_cache.cache_bytes
    computes it, llama.cpp's as it logs its KV buffers at context creation.
 c. decode speed: a prompt of 4000 tokens evaluated first, then the text's next tokens fed one
    at a time (the same tokens for every configuration), timed.
@@ -323,9 +324,8 @@ def memory(path: Path, contexts: list[int], threads: int) -> list[dict]:
                            "ring": ring}  # fmt: skip
                     if engine == "edgeinfer":
                         ours = Ours(path, pair, n_ctx, threads, ring=ring)
-                        before = ours.backend.memory_bytes
-                        ours.eval([2])  # the first token reserves the sequence's cache
-                        row["bytes"] = ours.backend.memory_bytes - before
+                        groups = ours.backend.pool_stats()["groups"]
+                        row["bytes"] = sum(g["blocks"] * g["block_bytes"] for g in groups)
                         cfg = ours.model.config
                         row["computed_bytes"] = cache_bytes(
                             n_layer=cfg.n_layer, n_head_kv=cfg.n_head_kv,

@@ -68,11 +68,12 @@ def test_ring_memory_grows_with_the_global_layers_only(gemma_path, long_tokens):
     behind = (3 * WINDOW - WINDOW - 32) // BLOCK_SIZE
     assert held[False] == {0: 3 * WINDOW // BLOCK_SIZE, WINDOW: 3 * WINDOW // BLOCK_SIZE - behind}
     # memory comes in slabs of 16 blocks (1 KiB a position and layer): 18 layers x 1536
-    # positions in 3 slabs, against the global layers' 3 slabs and the local layers' 2 (at
-    # most 23 blocks live in a step: the window, the slack, the step of 128 and the edges)
+    # positions in 3 slabs, against the global layers' 3 slabs and the local layers' whole
+    # pool of 23 blocks (the window, the slack, the step of 128 and 2 at the edges), which
+    # the steps went through
     slab = 16 * BLOCK_SIZE * 1024
     assert used[True] == 3 * 18 * slab == 18 * 1536 * 1024
-    assert used[False] == 3 * 3 * slab + 2 * 15 * slab
+    assert used[False] == 3 * 3 * slab + 15 * 23 * BLOCK_SIZE * 1024
 
 
 def test_rewinds_within_the_slack_keep_the_prefix(gemma_path, long_tokens):
