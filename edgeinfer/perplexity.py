@@ -33,7 +33,6 @@ import contextlib
 import hashlib
 import math
 import os
-import secrets
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
@@ -43,6 +42,7 @@ from typing import BinaryIO
 import numpy as np
 
 from edgeinfer import errors
+from edgeinfer.atomic_file import atomic_file
 
 MAGIC = b"EIKLBASE"
 VERSION = 1
@@ -133,7 +133,7 @@ def perplexity(
     first = n_ctx // 2
     header = _Header(model.n_vocab, n_ctx, len(windows), n_ctx - first, _tokens_sha256(windows))
     with contextlib.ExitStack() as stack:
-        out = None if save_logits is None else stack.enter_context(_atomic_file(save_logits))
+        out = None if save_logits is None else stack.enter_context(atomic_file(save_logits))
         if out is not None:
             out.write(header.pack())
         total, count = 0.0, 0
@@ -374,24 +374,6 @@ def _check_compatible(
         raise errors.InputFileError(
             f"{name} was saved for other tokens (another text or tokenizer)"
         )
-
-
-@contextlib.contextmanager
-def _atomic_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
-    """A file written beside ``path`` and renamed onto it once complete; removed instead on
-    any error or interruption, so ``path`` never holds a partial baseline."""
-    target = os.fspath(path)
-    tmp = f"{target}.{os.getpid()}.{secrets.token_hex(4)}.part"
-    try:
-        with open(tmp, "xb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 # --- the KL figures --------------------------------------------------------------------------

@@ -35,22 +35,20 @@ left as it was.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import json
 import os
 import stat
 import struct
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from edgeinfer import errors
+from edgeinfer.atomic_file import atomic_file
 from edgeinfer.generation import KVSession
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.models.base import DecoderConfig
@@ -253,7 +251,7 @@ def save(
         )
     text = h.to_json()
     try:
-        with _atomic(target) as out:
+        with atomic_file(target) as out:
             digest = hashlib.sha256()
             for chunk in (_PREFIX.pack(MAGIC, FORMAT_VERSION, len(text)), text,
                           *_row_chunks(h, session)):  # fmt: skip
@@ -264,44 +262,6 @@ def save(
     except OSError as e:
         raise errors.StateFileError(f"cannot write the state file {target}: {e}") from e
     return size
-
-
-@contextlib.contextmanager
-def _atomic(target: Path) -> Iterator[IO[bytes]]:
-    """A file that replaces ``target`` once the body has run to its end, and never before."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    try:
-        if hasattr(os, "fchmod"):  # mkstemp's 0600, as a file open() makes would be (POSIX)
-            os.fchmod(fd, _file_mode(target))
-        with os.fdopen(fd, "wb") as out:
-            yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # the rename itself to disk (not every system can)
-        dir_fd = os.open(target.parent or ".", os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
-def _file_mode(target: Path) -> int:
-    """The mode of the file replaced, or of a new file under the process's umask."""
-    with contextlib.suppress(OSError):
-        return stat.S_IMODE(os.stat(target).st_mode)
-    return 0o666 & ~_umask()
-
-
-@functools.cache
-def _umask() -> int:
-    mask = os.umask(0o022)  # reading the umask means setting it: put back at once
-    os.umask(mask)
-    return mask
 
 
 # --- reading ---------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from edgeinfer import errors
+from edgeinfer.atomic_file import chmod_as_created, fsync_directory
 from edgeinfer.gguf.constants import (
     BLOCK_LAYOUTS,
     DEFAULT_ALIGNMENT,
@@ -241,7 +242,7 @@ class GGUFWriter:
                 f"{self.path}: cannot create a file in {directory} ({e.strerror})"
             ) from None
         self._tmp = Path(tmp)
-        _chmod_as_created(fd)
+        chmod_as_created(fd)
         self._file = os.fdopen(fd, "wb")
         self._write(head)
 
@@ -288,7 +289,7 @@ class GGUFWriter:
             f.close()
         os.replace(self._tmp, self.path)
         self._tmp, self._done = None, True
-        _fsync_directory(self.path.parent)
+        fsync_directory(self.path.parent)
         return self.path
 
     def abort(self) -> None:
@@ -324,27 +325,3 @@ class GGUFWriter:
                 raise
         else:
             self.abort()
-
-
-def _chmod_as_created(fd: int) -> None:
-    """mkstemp makes the file private (0600); give it the mode open() would have (0666 less
-    the umask), since it becomes the output."""
-    mask = os.umask(0)
-    os.umask(mask)
-    # AttributeError: no fchmod on Windows; the default mode is fine there
-    with contextlib.suppress(AttributeError, OSError):
-        os.fchmod(fd, 0o666 & ~mask)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Makes the rename durable where the platform allows opening a directory."""
-    try:
-        fd = os.open(directory if str(directory) else ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
