@@ -543,17 +543,20 @@ class NativeEngine(SequenceEngine):
         }  # fmt: skip
 
     def _new_keys(self, batch: Batch) -> dict[int, list[int]]:
-        """The keys of the blocks ``batch`` fills, per sequence, given to the pool before the
-        step (a sliding-window layer may let a block go during the step itself)."""
+        """The keys of the blocks ``batch`` fills, per sequence that fills one (all its keys),
+        given to the pool before the step (a sliding-window layer may let a block go during
+        the step itself). Only the tokens after the last full block are looked at."""
         lib, out = library(), {}
         for seq in sorted(set(batch.seqs.tolist()) - self._unkeyed):
-            toks = self._tokens[seq] + batch.tokens[batch.seqs == seq].tolist()
-            keys = list(self._keys[seq])
-            for index in range(len(keys), len(toks) // BLOCK_SIZE):
-                keys.append(
-                    block_key(keys[-1] if keys else 0, toks[index * BLOCK_SIZE :][:BLOCK_SIZE])
-                )
-                check(lib.ei_engine_seq_set_key(self._handle, seq, index, keys[-1]))
+            keys = self._keys[seq]
+            tail = self._tokens[seq][len(keys) * BLOCK_SIZE :]
+            tail += batch.tokens[batch.seqs == seq].tolist()
+            if len(tail) < BLOCK_SIZE:
+                continue
+            keys = list(keys)
+            for start in range(0, len(tail) - BLOCK_SIZE + 1, BLOCK_SIZE):
+                keys.append(block_key(keys[-1] if keys else 0, tail[start : start + BLOCK_SIZE]))
+                check(lib.ei_engine_seq_set_key(self._handle, seq, len(keys) - 1, keys[-1]))
             out[seq] = keys
         return out
 
