@@ -88,10 +88,12 @@ def _add_cache_options(p: argparse.ArgumentParser, policy: bool = True) -> None:
     g.add_argument("--context-policy", choices=CONTEXT_POLICIES, default="error",
                    help="past the context: error; shift (keep --n-keep tokens, drop half of "
                    "the rest, as llama.cpp); streaming (keep --n-sink attention sinks and the "
-                   "most recent tokens, as StreamingLLM)")  # fmt: skip
+                   "most recent tokens, as StreamingLLM); h2o (keep the sinks, the recent "
+                   "tokens and the most attended others, as H2O)")  # fmt: skip
     g.add_argument("--n-keep", type=_count(0), default=0, help="tokens shift never drops")
     g.add_argument("--n-sink", type=_count(0), default=DEFAULT_N_SINK,
-                   help=f"attention sinks streaming keeps (default {DEFAULT_N_SINK})")  # fmt: skip
+                   help=f"attention sinks streaming and h2o keep "
+                   f"(default {DEFAULT_N_SINK})")  # fmt: skip
 
 
 def _cache_options(args: argparse.Namespace) -> dict[str, Any]:

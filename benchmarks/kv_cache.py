@@ -18,7 +18,7 @@ b. memory: the cache at 4k and 32k context, with and without the sliding-window 
 c. decode speed: a prompt of 4000 tokens evaluated first, then the text's next tokens fed one
    at a time (the same tokens for every configuration), timed.
 d. going past the context (ours): a text of 8 windows fed one token at a time as generation
-   sees it, each next token scored, under context_policy shift and streaming, against windowed
+   sees it, each next token scored, under context_policy shift, streaming and h2o, against windowed
    recomputation (the StreamingLLM paper's baseline: the last n_ctx - stride tokens evaluated
    afresh every stride tokens) and dense attention over the whole text.
 
@@ -398,11 +398,12 @@ def past_context(path: Path, tokens: list[int], bos: int, args) -> dict:
     text = [bos] + tokens[: 8 * n_ctx - 1]
     rows = []
     methods = [("shift", "f16", {"n_keep": 1}), ("streaming", "f16", {"n_sink": 4}),
-               ("streaming", "q8_0", {"n_sink": 4}), ("recompute", "f16", {}),
-               ("dense", "f16", {})]  # fmt: skip
+               ("streaming", "q8_0", {"n_sink": 4}), ("h2o", "f16", {"n_sink": 4}),
+               ("recompute", "f16", {}), ("dense", "f16", {})]  # fmt: skip
     for method, kv, params in methods:
         size = len(text) if method == "dense" else n_ctx
-        ours = Ours(path, (kv, kv), size, args.threads)
+        tracking = {"context_policy": "h2o"} if method == "h2o" else {}  # the engine sums
+        ours = Ours(path, (kv, kv), size, args.threads, **tracking)
         nll = np.zeros(len(text) - 1)
         t = time.perf_counter()
         if method == "dense":  # every token sees the whole text before it: the reference
@@ -537,11 +538,11 @@ def past_table(p: dict) -> list[str]:
     for r in p["rows"]:
         what = {"shift": f"shift, n_keep {r['params'].get('n_keep')}",
                 "streaming": f"streaming, n_sink {r['params'].get('n_sink')}",
+                "h2o": f"h2o, n_sink {r['params'].get('n_sink')}",
                 "recompute": f"windowed recomputation, every {r['stride']} tokens",
                 "dense": "dense (whole text cached, batched)"}[r["method"]]  # fmt: skip
         lines.append(f"| {what} | {r['kv']} | {r['n_ctx']} | {r['perplexity']:.4f} | "
                      f"{r['perplexity_past_ctx']:.4f} | {r['tok_s']:.1f} |")  # fmt: skip
-    lines.append("| h2o | | | not built yet | | |")
     return lines
 
 

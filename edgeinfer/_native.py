@@ -43,7 +43,7 @@ from edgeinfer.kv_cache import (
 from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 6
+API_VERSION = 7
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = (
@@ -93,7 +93,7 @@ class EngineParams(ctypes.Structure):
     _fields_ = [
         *[(n, c_int32)
           for n in ("n_ctx", "n_threads", "n_seq_max", "n_batch", "kv_type_k", "kv_type_v",
-                    "kv_layout", "isa", "ring", "pad_")],
+                    "kv_layout", "isa", "ring", "track_attention")],
         ("kv_budget", ctypes.c_int64),
     ]  # fmt: skip
 
@@ -127,6 +127,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     ),
     "ei_engine_seq_clear": (c_int, [c_void_p, c_int32]),
     "ei_engine_seq_discard": (c_int, [c_void_p, c_int32, c_int32, c_int32, c_int32]),
+    "ei_engine_seq_evict": (c_int, [c_void_p, c_int32, c_int32, c_void_p, c_int32]),
+    "ei_engine_attention_scores": (c_int, [c_void_p, c_int32, c_int32, c_void_p]),
     "ei_engine_seq_fork": (c_int, [c_void_p, c_int32, c_int32, c_int32]),
     "ei_engine_seq_set_key": (c_int, [c_void_p, c_int32, c_int32, ctypes.c_uint64]),
     "ei_engine_seq_publish": (c_int, [c_void_p, c_int32, c_int32]),
@@ -349,7 +351,7 @@ class NativeEngine(SequenceEngine):
         self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, *, n_threads: int,
         cache_type_k: str | CacheType = "f16", cache_type_v: str | CacheType = "f16",
         isa: str | None = None, n_batch: int = 512, n_seq_max: int = 1, swa_full: bool = False,
-        kv_budget: int = 0,
+        kv_budget: int = 0, track_attention: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(n_ctx, cfg.n_vocab, n_seq_max)
         self._handle: ctypes.c_void_p | None = None
@@ -391,10 +393,12 @@ class NativeEngine(SequenceEngine):
             n_ctx=n_ctx, n_threads=n_threads, n_seq_max=n_seq_max, n_batch=n_batch,
             kv_type_k=int(kt.ggml_type), kv_type_v=int(vt.ggml_type), kv_layout=int(kt.layout),
             isa=resolve_isa(isa), ring=int(not swa_full), kv_budget=kv_budget,
+            track_attention=int(track_attention),
         )  # fmt: skip
         handle = c_void_p()
         check(lib.ei_engine_create(ctypes.byref(m), ctypes.byref(params), ctypes.byref(handle)))
         self._handle = handle
+        self.tracks_attention = track_attention
         self._isa = ISA_NAMES[lib.ei_engine_isa(handle)]
         self.n_batch = n_batch
         rings = [  # the windows of the layers that release blocks behind them (kv_pool.h)
@@ -476,13 +480,22 @@ class NativeEngine(SequenceEngine):
         self._tokens[seq], self._keys[seq] = [], []
         self._unkeyed.discard(seq)
 
-    def _discard(self, seq: int, start: int, count: int, n_past: int) -> None:
-        check(library().ei_engine_seq_discard(self._handle, seq, start, count, n_past))
+    can_track_attention = True
+
+    def _evict(self, seq: int, runs: list[tuple[int, int]], n_past: int) -> None:
+        flat = np.ascontiguousarray(np.asarray(runs, dtype=np.int32).reshape(-1))
+        check(library().ei_engine_seq_evict(self._handle, seq, len(runs), _ptr(flat), n_past))
         # the moved blocks hold rotated keys, not what evaluating their tokens gives: no block
         # of this sequence gets a key again until it is cleared
+        start = runs[0][0]
         self._forget_keys(seq, start // BLOCK_SIZE, len(self._keys[seq]))
         self._keys[seq] = self._keys[seq][: start // BLOCK_SIZE]
         self._unkeyed.add(seq)
+
+    def _attention_scores(self, seq: int) -> np.ndarray:
+        out = np.zeros(self.seq_length(seq), dtype=np.int64)
+        check(library().ei_engine_attention_scores(self._handle, seq, len(out), _ptr(out)))
+        return out
 
     # --- the block pool: prefixes shared between sequences ---------------------------------
 

@@ -130,7 +130,7 @@ class Model:
             options = engines.EngineOptions(
                 n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=n_batch,
                 cache_type_k=self._kv_types[0], cache_type_v=self._kv_types[1], isa=isa,
-                swa_full=swa_full, kv_budget=budget,
+                swa_full=swa_full, kv_budget=budget, track_attention=policy.tracks_attention,
             )  # fmt: skip
             with typed_memory_errors():
                 self._engine = engines.create(spec, self.source, self.config, options)
@@ -142,6 +142,11 @@ class Model:
             if policy.evicts and not self._engine.can_discard:
                 raise errors.InvalidOptionError(
                     f"context_policy {policy.name} needs an engine that drops cached positions "
+                    f"(native or reference), not {self._engine.name}"
+                )
+            if policy.tracks_attention and not self._engine.tracks_attention:
+                raise errors.InvalidOptionError(
+                    f"context_policy {policy.name} needs an engine that sums attention "
                     f"(native or reference), not {self._engine.name}"
                 )
             self._session = KVSession(self._engine, n_batch, policy)
@@ -478,7 +483,8 @@ def load(
     the file recommends, else "f16"), ``kv_type`` (a shorthand setting both), ``swa_full``
     (sliding-window layers keep the whole context rather than the blocks of their window),
     ``context_policy`` (what a sequence does at the end of the context: "error", "shift"
-    keeping ``n_keep`` tokens, or "streaming" keeping ``n_sink`` attention sinks; see
+    keeping ``n_keep`` tokens, "streaming" keeping ``n_sink`` attention sinks, or "h2o"
+    keeping the sinks, the recent tokens and the most attended others; see
     :mod:`edgeinfer.context_policy`), ``kv_budget`` (bytes, or a size such as "512MiB", for
     the native engine's pool of cache blocks, which its sequences share; by default what
     ``n_ctx`` positions need) and ``isa`` (force an instruction-set variant of the native

@@ -82,7 +82,7 @@ def run(
             dropped = 0
             t = time.perf_counter()
             for _ in range(n_gen):
-                dropped += make_room(eng, policy, 1)
+                dropped += sum(n for _, n in make_room(eng, policy, 1))
                 token = int(np.argmax(eng.forward([token])))
             tg.append(n_gen / (time.perf_counter() - t))
         return {

@@ -7,9 +7,16 @@
   attention sinks, and the most recent ones fill the rest of the context. To keep the cost of
   an eviction (every later key is re-rotated) off each token, it drops an eighth of the
   context at a time, so the recent window holds between 7/8 of the context and all of it.
+* ``h2o``: Heavy-Hitter Oracle (Zhang et al., 2023). The first ``n_sink`` tokens stay, and so
+  do the most recent ones; among the rest, the tokens that have received the least attention
+  go (the same eighth of the context at a time). The attention a token received is summed
+  over every query head of every layer since it was evaluated (one score per position, the
+  engine's ``attention_scores``; the paper keeps one per head, which a cache shared by the
+  heads of a layer cannot drop apart). Of what stays, half is the recent window and half the
+  heavy hitters, the paper's even split.
 
-An eviction discards a run of cached positions; the later ones move down, their keys rotated
-back (RoPE sees positions within the cache, as both papers do), so nothing is evaluated
+An eviction discards runs of cached positions; the later ones move down, their keys rotated
+back (RoPE sees positions within the cache, as the papers do), so nothing is evaluated
 again. The session (:class:`edgeinfer.generation.KVSession`) asks the policy for the run.
 """
 
@@ -17,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from edgeinfer import errors
 
@@ -52,7 +61,14 @@ class ContextPolicy:
     @property
     def kept(self) -> int:
         """Tokens at the start of the sequence that are never dropped."""
-        return {"shift": self.n_keep, "streaming": self.n_sink}.get(self.name, 0)
+        return {"shift": self.n_keep, "streaming": self.n_sink, "h2o": self.n_sink}.get(
+            self.name, 0
+        )
+
+    @property
+    def tracks_attention(self) -> bool:
+        """Whether the engine must sum the attention each position receives."""
+        return self.name == "h2o"
 
     def check(self, n_ctx: int) -> None:
         """Refuses parameters that leave no room in a context of ``n_ctx``."""
@@ -85,17 +101,58 @@ class ContextPolicy:
             )
         return start, count
 
+    def heavy_hitter_runs(
+        self, scores: np.ndarray, n_new: int, n_ctx: int, recent_min: int = 0
+    ) -> list[tuple[int, int]]:
+        """h2o: the runs (start, count) of positions to drop so that ``n_new`` more tokens fit
+        after the ``len(scores)`` cached ones, ``scores`` the attention each received. The
+        recent window (at least ``recent_min`` positions: an engine's ring buffers need theirs)
+        and the sinks stay; of the others, the least attended go, the older first on a tie."""
+        n_past = len(scores)
+        needed = n_past + n_new - n_ctx
+        sinks = min(self.kept, n_past)
+        count = max(n_ctx // STREAMING_STEP, needed)
+        recent = max(recent_min, (n_past - sinks - count) // 2)
+        zone = max(n_past - recent - sinks, 0)  # the positions that may go
+        count = min(count, zone)
+        if count < needed:
+            raise errors.ContextOverflowError(
+                f"{n_past} cached + {n_new} new tokens exceed the context of {n_ctx} and the "
+                f"h2o policy can drop only {count} (it keeps {sinks} sinks and {recent} recent)"
+            )
+        order = np.argsort(scores[sinks : sinks + zone], kind="stable")[:count]
+        return positions_to_runs(np.sort(order) + sinks)
 
-CONTEXT_POLICIES = ("error", "shift", "streaming")
+
+def positions_to_runs(positions: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted distinct positions as runs (start, count) of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for p in positions.tolist():
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((p, 1))
+    return runs
 
 
-def make_room(engine: Engine, policy: ContextPolicy, n_new: int, seq: int = 0) -> int:
-    """Drops what ``policy`` says from ``seq`` so that ``n_new`` more tokens fit; returns how
-    many positions it dropped (right after the kept tokens; 0 when they fit already)."""
+CONTEXT_POLICIES = ("error", "shift", "streaming", "h2o")
+
+
+def make_room(
+    engine: Engine, policy: ContextPolicy, n_new: int, seq: int = 0
+) -> list[tuple[int, int]]:
+    """Drops what ``policy`` says from ``seq`` so that ``n_new`` more tokens fit; returns the
+    runs (start, count) it dropped, in cache positions before the drop (none when they fit
+    already; one run right after the kept tokens but for h2o)."""
     n_past, n_ctx = engine.seq_length(seq), engine.n_ctx
     if n_past + n_new <= n_ctx:
-        return 0
+        return []
+    if policy.name == "h2o":
+        recent = engine.ring_window - 1 if engine.ring_slack is not None else 0
+        runs = policy.heavy_hitter_runs(engine.attention_scores(seq), n_new, n_ctx, recent)
+        engine.evict(runs, seq)
+        return runs
     start = min(policy.kept, n_past)
     start, count = policy.discard(n_past, n_new, n_ctx, engine.discard_limit(start, seq))
     engine.discard(start, count, seq)
-    return count
+    return [(start, count)]

@@ -9,6 +9,7 @@ chunks as well as between tokens. Text concerns (detokenizing, stop strings) liv
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import threading
 import time
@@ -94,20 +95,28 @@ class KVSession:
         self.policy.check(engine.n_ctx)
         self.tokens: list[int] = []
         self.history: list[int] = []
-        # the dropped run of history: history[hole : hole + dropped] is not in the cache
-        self._hole: int | None = None
-        self._dropped = 0
+        # the indices of history the cache no longer holds, in order (one run but for h2o)
+        self._evicted: list[int] = []
         self.version = 0
 
     def reset(self) -> None:
         self.version += 1
         self.engine.truncate(0)
-        self.tokens, self.history, self._hole, self._dropped = [], [], None, 0
+        self.tokens, self.history, self._evicted = [], [], []
 
     @property
     def dropped_run(self) -> tuple[int | None, int]:
-        """(start, length) of the run of ``history`` the cache no longer holds (None, 0)."""
-        return self._hole, self._dropped
+        """(start, length) of the run of ``history`` the cache no longer holds (None, 0);
+        InvalidOptionError when it lost scattered tokens (h2o), which no state file holds."""
+        ev = self._evicted
+        if not ev:
+            return None, 0
+        if ev[-1] - ev[0] + 1 != len(ev):
+            raise errors.InvalidOptionError(
+                f"the cache dropped {len(ev)} scattered tokens (the {self.policy.name} policy): "
+                "saving such a state is not supported"
+            )
+        return ev[0], len(ev)
 
     def restore(self, history: list[int], hole: int | None, dropped: int) -> None:
         """Takes the tokens of a cache the engine was given (edgeinfer.session_state):
@@ -116,7 +125,7 @@ class KVSession:
         self.history = list(history)
         cut = hole if hole is not None else len(history)
         self.tokens = self.history[:cut] + self.history[cut + dropped :]
-        self._hole, self._dropped = hole, dropped
+        self._evicted = list(range(cut, cut + dropped)) if hole is not None else []
 
     def prefill(
         self, prompt: list[int], cancelled: Callable[[], bool] = _never
@@ -137,10 +146,10 @@ class KVSession:
         """The logits after ``tokens``, evaluating only what the cache does not hold already;
         returns them and how many tokens of ``history`` were reused.
 
-        The policies drop runs right after the kept tokens, so the cache holds
-        ``history[:hole]`` and then the history after the dropped run: a prompt that leaves
-        the history after that run keeps the cache up to there; one that leaves it before,
-        up to where it leaves, the dropped run being forgotten."""
+        The cache holds ``history`` less the tokens the policy dropped: a prompt that leaves
+        the history where a token is still cached, or right after a dropped run, keeps the
+        cache up to there; one that leaves it inside a dropped run, up to that run, which is
+        forgotten."""
         self.version += 1
         n_common = 0
         for a, b in zip(self.history, tokens, strict=False):
@@ -148,15 +157,18 @@ class KVSession:
                 break
             n_common += 1
         n_common = min(n_common, len(tokens) - 1)  # evaluate one token at least, for logits
-        if self._hole is not None and n_common < self._hole + self._dropped:
-            n_common = min(n_common, self._hole)
-            self._hole, self._dropped = None, 0
-        keep = n_common - self._dropped  # the cache position of history[n_common]
+        ev = self._evicted
+        below = bisect.bisect_left(ev, n_common)  # dropped tokens before history[n_common]
+        # leaving inside a dropped run: from the run's start (it is evaluated again)
+        while 0 < below < len(ev) and ev[below] == n_common and ev[below - 1] == n_common - 1:
+            n_common, below = n_common - 1, below - 1
+        del ev[below:]
+        keep = n_common - below  # the cache position of history[n_common]
         self.engine.truncate(keep)
         if self.engine.n_past < keep:  # a ring lost the window behind: from the start
             self.engine.truncate(0)
             keep = n_common = 0
-            self._hole, self._dropped = None, 0
+            self._evicted = []
         self.tokens = self.tokens[:keep]
         self.history = self.history[:n_common]
         return self._append(tokens[n_common:], cancelled), n_common
@@ -185,12 +197,15 @@ class KVSession:
         return logits
 
     def _make_room(self, n_new: int) -> None:
-        count = make_room(self.engine, self.policy, n_new)
-        if count:
-            start = self.policy.kept  # the same each time, so the dropped runs join into one
+        runs = make_room(self.engine, self.policy, n_new)
+        if not runs:
+            return
+        dropped = set(self._evicted)
+        cached = [i for i in range(len(self.history)) if i not in dropped]  # by cache position
+        for start, count in reversed(runs):
             del self.tokens[start : start + count]
-            self._hole = start
-            self._dropped += count
+            dropped.update(cached[start : start + count])
+        self._evicted = sorted(dropped)
 
 
 class Holder:

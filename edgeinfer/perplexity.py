@@ -252,7 +252,7 @@ def stream_perplexity(model, text: str, max_tokens: int | None = None) -> Stream
     try:
         for start in range(0, len(tokens) - 1, step):
             piece = tokens[start : start + step]
-            dropped += make_room(eng, policy, len(piece))
+            dropped += sum(n for _, n in make_room(eng, policy, len(piece)))
             logits = eng.forward(piece, all_logits=True)
             target = np.asarray(tokens[start + 1 : start + 1 + len(piece)])
             pred = logits[: len(target)].astype(np.float64)

@@ -176,9 +176,14 @@ def header_for(gguf: GGUFFile, cfg: DecoderConfig, session: KVSession) -> StateH
     engine = session.engine
     if not engine.can_save_rows:
         raise errors.InvalidOptionError(f"the {engine.name} engine cannot save its cache")
+    policy = session.policy
+    if policy.tracks_attention:  # the next evictions would follow other scores after a load
+        raise errors.InvalidOptionError(
+            f"a state under the {policy.name} context policy cannot be saved: its attention "
+            "scores are not part of a state file"
+        )
     k_bytes, v_bytes = engine.cache_row_bytes()
     hole, dropped = session.dropped_run
-    policy = session.policy
     return StateHeader(
         model_sha256=model_digest(gguf), arch=cfg.arch, engine=engine.name, n_ctx=engine.n_ctx,
         cache_type_k=engine.cache_type_k or "", cache_type_v=engine.cache_type_v or "",

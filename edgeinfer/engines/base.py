@@ -48,6 +48,7 @@ class EngineOptions:
     n_seq_max: int = 1
     swa_full: bool = False  # sliding-window layers keep the whole context, not a ring
     kv_budget: int = 0  # bytes for the native engine's block pool; 0: n_seq_max x n_ctx
+    track_attention: bool = False  # sum the attention each position receives (h2o)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class Engine(Protocol):
     cache_type_k: str | None
     cache_type_v: str | None
     ring_slack: int | None  # see SequenceEngine
+    ring_window: int
 
     @property
     def name(self) -> str: ...
@@ -138,6 +140,20 @@ class Engine(Protocol):
 
     def discard_limit(self, start: int, seq: int = 0) -> int:
         """The most positions ``discard(start, ...)`` may drop from ``seq`` now."""
+        ...
+
+    def evict(self, runs: list[tuple[int, int]], seq: int = 0) -> None:
+        """Forgets the runs (start, count) of positions of ``seq`` (in order, apart); every
+        later position moves down by the positions dropped below it."""
+        ...
+
+    can_track_attention: ClassVar[bool]  # whether it can sum attention (the h2o policy)
+    tracks_attention: bool  # whether it was created to (EngineOptions.track_attention)
+
+    def attention_scores(self, seq: int = 0) -> np.ndarray:
+        """(seq_length,) int64: the attention each position of ``seq`` received from every
+        query head of every layer since it was evaluated, in units of 2**-32 (created with
+        ``track_attention``)."""
         ...
 
     can_save_rows: ClassVar[bool]  # whether the rows methods below work (saved sessions)
@@ -268,8 +284,40 @@ class SequenceEngine:
             )
         if count == 0:
             return
-        self._discard(seq, start, count, n_past)
+        self._evict(seq, [(start, count)], n_past)
         self._lengths[seq] = self._highs[seq] = n_past - count
+
+    def evict(self, runs: list[tuple[int, int]], seq: int = 0) -> None:
+        self._check_open()
+        n_past = self.seq_length(seq)
+        end = dropped = 0
+        for start, count in runs:
+            if start < end or count <= 0 or start + count > n_past:
+                raise errors.InvalidOptionError(
+                    f"cannot drop {count} positions from {start} of the {n_past} held "
+                    f"(runs must be in order, apart and not empty)"
+                )
+            end = start + count
+            dropped += count
+        if runs:
+            self._evict(seq, list(runs), n_past)
+            self._lengths[seq] = self._highs[seq] = n_past - dropped
+
+    can_track_attention: ClassVar[bool] = False
+    tracks_attention = False  # whether this engine was created with track_attention
+
+    def attention_scores(self, seq: int = 0) -> np.ndarray:
+        self._check_open()
+        self._check_seq(seq)
+        if not self.tracks_attention:
+            raise errors.InvalidOptionError(
+                f"this {self.spec.name} engine sums no attention: the h2o context policy needs "
+                "one created with track_attention"
+            )
+        return self._attention_scores(seq)
+
+    def _attention_scores(self, seq: int) -> np.ndarray:
+        raise NotImplementedError
 
     # --- rows of the cache (saved sessions: edgeinfer.session_state) -----------------------
 
@@ -357,7 +405,7 @@ class SequenceEngine:
     def _run(self, batch: Batch) -> np.ndarray:
         raise NotImplementedError
 
-    def _discard(self, seq: int, start: int, count: int, n_past: int) -> None:
+    def _evict(self, seq: int, runs: list[tuple[int, int]], n_past: int) -> None:
         raise errors.InvalidOptionError(
             f"the {self.spec.name} engine cannot drop cached positions (context policies)"
         )

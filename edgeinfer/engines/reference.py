@@ -239,7 +239,7 @@ class ReferenceEngine(SequenceEngine):
 
     def __init__(
         self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, cache_type_k: str = "f16",
-        cache_type_v: str = "f16",
+        cache_type_v: str = "f16", track_attention: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(n_ctx, cfg.n_vocab)
         self.gguf, self.cfg = gguf, cfg
@@ -264,6 +264,9 @@ class ReferenceEngine(SequenceEngine):
         ]
         ff = cfg.rope_freqs_tensor
         self._freq_factors = self._dequantize(ff) if ff else None
+        # the attention each position received, in units of 2**-32 (as the native engine sums)
+        self.tracks_attention = track_attention
+        self._scores = np.zeros(n_ctx, dtype=np.int64) if track_attention else None
 
     def _cache_type(self, which: str, name: str) -> CacheType:
         ct = cache_type(name)
@@ -397,6 +400,8 @@ class ReferenceEngine(SequenceEngine):
         cfg = self.cfg
         tokens = batch.tokens.astype(np.int64)
         pos = batch.positions.astype(np.int64)
+        if self._scores is not None:
+            self._scores[pos[0] : pos[-1] + 1] = 0  # new rows have received nothing yet
         x = self.embed(tokens)  # (n, n_embd)
         for il in range(cfg.n_layer):
             x = self._layer(il, x, pos)
@@ -424,20 +429,36 @@ class ReferenceEngine(SequenceEngine):
             ffn = rms_norm(ffn, cfg.norm_eps) * self.vector(lt.ffn_post_norm)
         return x + ffn
 
-    def _discard(self, seq: int, start: int, count: int, n_past: int) -> None:
-        """As the native engine: later keys decoded, rotated back by ``count``, stored again."""
+    can_track_attention = True
+
+    def _attention_scores(self, seq: int) -> np.ndarray:
+        assert self._scores is not None
+        return self._scores[: self.seq_length(seq)].copy()
+
+    def _evict(self, seq: int, runs: list[tuple[int, int]], n_past: int) -> None:
+        """As the native engine: each later key decoded, rotated back by the positions dropped
+        below it, stored again; its value and its score moved with it."""
         cfg = self.cfg
-        n = n_past - start - count
+        keep = np.ones(n_past, dtype=bool)
+        for start, count in runs:
+            keep[start : start + count] = False
+        src = np.flatnonzero(keep)
+        dst = np.arange(len(src))
+        src, dst = src[src != dst], dst[src != dst]
         for il in range(cfg.n_layer):
             cos, sin = rope_cos_sin(
-                np.full(n, -count), cfg.n_rot, cfg.layer_rope_base(il), cfg.layer_rope_scale(il),
+                dst - src, cfg.n_rot, cfg.layer_rope_base(il), cfg.layer_rope_scale(il),
                 self._freq_factors,
             )  # fmt: skip
-            keys = self.k_cache[il][start + count : n_past].astype(F32)
-            self.k_cache[il][start : start + n] = self._store_k(
+            keys = self.k_cache[il][src].astype(F32)
+            self.k_cache[il][dst] = self._store_k(
                 apply_rope(keys, cos, sin, cfg.n_rot, cfg.rope_neox)
             )
-            self.v_cache[il][start : start + n] = self.v_cache[il][start + count : n_past]
+            self.v_cache[il][dst] = self.v_cache[il][src]
+        if self._scores is not None:
+            kept = self._scores[:n_past][keep]
+            self._scores[: len(kept)] = kept
+            self._scores[len(kept) : n_past] = 0
 
     def _attention(self, il: int, h: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cfg, lt = self.cfg, self.cfg.layers[il]
@@ -472,8 +493,11 @@ class ReferenceEngine(SequenceEngine):
             masked |= pos[:, None] - kpos[None, :] >= window
         scores = np.where(masked, -np.inf, scores).astype(F32)
         weights = np.exp((scores - scores.max(axis=-1, keepdims=True)).astype(F64))
-        probs = (weights / weights.sum(axis=-1, keepdims=True)).astype(F32)
-        out = np.einsum("grnt,tgd->ngrd", self._probs_as(probs).astype(F64), vals)
+        probs = self._probs_as((weights / weights.sum(axis=-1, keepdims=True)).astype(F32))
+        if self._scores is not None:  # every query head's probabilities, in fixed point
+            fixed = np.floor(probs.astype(F64) * 2.0**32 + 0.5).astype(np.int64)
+            self._scores[:p1] += fixed.sum(axis=(0, 1, 2))
+        out = np.einsum("grnt,tgd->ngrd", probs.astype(F64), vals)
         out = out.astype(F32)  # (n, n_head_kv, group, hd_v)
         return self.linear(out.reshape(n, cfg.n_head * cfg.head_dim_v), lt.wo)
 
@@ -486,5 +510,5 @@ def open_engine(gguf: GGUFFile, cfg: DecoderConfig, options: EngineOptions) -> R
         )
     return ReferenceEngine(
         gguf, cfg, options.n_ctx, cache_type_k=options.cache_type_k,
-        cache_type_v=options.cache_type_v,
+        cache_type_v=options.cache_type_v, track_attention=options.track_attention,
     )  # fmt: skip

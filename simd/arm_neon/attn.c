@@ -138,6 +138,8 @@ static void neon_attn(const ei_attn_params *p, const float *q, float *out, doubl
     const double sum = ei_attn_softmax(scores, n, scratch);
     float *pr = scores; /* the probabilities replace the scores */
     for (int t = 0; t < n; t++) pr[t] = ei_attn_prob(scratch[t], sum, p->v_type);
+    if (p->track)
+        for (int t = 0; t < n; t++) ei_attn_track(p, t, pr[t]);
     double acc[EI_MAX_HEAD_DIM];
     for (int d = 0; d < hdv; d++) acc[d] = 0.0;
     for (int r = 0, at = 0; r < p->n_runs; at += p->runs[r++].n) accumulate(p, &p->runs[r], pr + at, acc);

@@ -42,6 +42,18 @@ static inline float ei_attn_prob(double w, double sum, int v_type) {
     return ei_attn_round_to((float)(w / sum), v_type);
 }
 
+/* adds key t's probability (as the value type rounds it) to the attention it has received, in
+ * fixed point so that the sum is exact whatever order the threads add in (H2O's scores) */
+static inline void ei_attn_track(const ei_attn_params *p, int t, double prob) {
+    if (p->track) __atomic_fetch_add(&p->track[t], (int64_t)floor(prob * 4294967296.0 + 0.5), __ATOMIC_RELAXED);
+}
+
+/* the probabilities w[0..n) of all keys of one query, tracked (a no-op without p->track) */
+static inline void ei_attn_track_weights(const ei_attn_params *p, const double *w, int n) {
+    if (p->track)
+        for (int t = 0; t < n; t++) ei_attn_track(p, t, w[t]);
+}
+
 /* the number of keys of all runs */
 static inline int ei_attn_keys(const ei_attn_params *p) {
     int n = 0;

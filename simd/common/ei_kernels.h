@@ -84,6 +84,8 @@ typedef struct {
     float softcap;                   /* 0: none; else scores = softcap * tanh(scores / softcap) */
     const ei_kernels *kt;            /* the attention's own table: the quantizer, dots and
                                         decoders a quantized cache is read with */
+    int64_t *track;                  /* NULL, or per key t of all runs: track[t] += its
+                                        probability in units of 2^-32 (ei_attn_track) */
 } ei_attn_params;
 
 typedef void (*ei_attn_fn)(const ei_attn_params *p, const float *q, float *out, double *scratch);

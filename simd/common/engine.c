@@ -39,6 +39,7 @@ struct ei_engine {
     uint8_t *act[EI_TYPE_COUNT]; /* (n_batch, row bytes of max_cols) activations per partner type */
     size_t act_row[EI_TYPE_COUNT];
     double *scratch; /* (n_threads, group, 2 * n_ctx) attention weights and scores */
+    int64_t *scores; /* (n_seq_max, n_ctx) with track_attention: attention each position received */
     int group;       /* query heads per KV head */
     float *rope;     /* (MAX_BASES, n_batch, n_rot) cos/sin pairs per token */
     float bases[MAX_BASES], scales[MAX_BASES]; /* distinct (rope base, rope scale) pairs */
@@ -242,6 +243,8 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     e->group = m->n_head / m->n_head_kv;
     e->scratch = alloc(e, (size_t)p.n_threads * 2 * (size_t)e->group * (size_t)p.n_ctx * sizeof(double));
     e->rope = alloc(e, MAX_BASES * nb * m->n_rot * 4);
+    if (p.track_attention && !(e->scores = alloc(e, sizeof(int64_t) * (size_t)p.n_seq_max * (size_t)p.n_ctx)))
+        goto nomem;
     e->gelu = alloc(e, 65536 * sizeof(ei_f16));
     e->layer_base = alloc(e, sizeof(int) * (size_t)m->n_layer);
     if (!e->x || !e->h || !e->q || !e->kk || !e->vv || !e->att || !e->t || !e->gate || !e->up ||
@@ -310,7 +313,7 @@ void ei_engine_free(ei_engine *e) {
     free(e->runs);
     for (int t = 0; t < EI_TYPE_COUNT; t++) free(e->act[t]);
     free(e->x); free(e->h); free(e->q); free(e->kk); free(e->vv); free(e->att); free(e->t);
-    free(e->gate); free(e->up); free(e->scratch); free(e->rope); free(e->gelu);
+    free(e->gate); free(e->up); free(e->scratch); free(e->scores); free(e->rope); free(e->gelu);
     free(e->layer_base); free(e->layers);
     ei_repack_release(&e->repack);
     free(e);
@@ -464,10 +467,13 @@ static void qkv_post(ei_engine *e, const step *st, int il, int ith, int nth) {
     ei_pool_barrier(e->pool);
 }
 
-/* the runs of cache rows the query of token i sees for KV head g, one per block of its window */
-static int query_runs(const ei_engine *e, const step *st, int il, int i, int g, ei_attn_run *runs) {
+/* the runs of cache rows the query of token i sees for KV head g, one per block of its window;
+ * with track_attention, ap->track goes to the scores of the first of them */
+static int query_runs(const ei_engine *e, const step *st, int il, int i, int g, ei_attn_run *runs,
+                      ei_attn_params *ap) {
     const int window = e->layers[il].window, pos = st->pos[i];
     const int t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    if (e->scores) ap->track = e->scores + (size_t)st->seq[i] * e->p.n_ctx + t0;
     return ei_kv_pool_runs(e->kv, st->seq[i], il, t0, pos + 1, (size_t)g * e->k_head_bytes,
                            (size_t)g * e->v_head_bytes, runs);
 }
@@ -493,7 +499,7 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
         split(st->n * m->n_head_kv, ith, nth, &a, &b);
         for (int w = a; w < b; w++) {
             const int i = w / m->n_head_kv, g = w % m->n_head_kv;
-            ap.n_runs = query_runs(e, st, il, i, g, runs);
+            ap.n_runs = query_runs(e, st, il, i, g, runs, &ap);
             e->k->attn_group(&ap, group, e->q + (size_t)i * e->q_dim + (size_t)g * group * m->head_dim, (size_t)m->head_dim,
                              e->att + (size_t)i * e->att_dim + (size_t)g * group * m->head_dim_v, (size_t)m->head_dim_v, scratch);
         }
@@ -503,7 +509,7 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     split(st->n * m->n_head, ith, nth, &a, &b);
     for (int w = a; w < b; w++) {
         const int i = w / m->n_head, h = w % m->n_head;
-        ap.n_runs = query_runs(e, st, il, i, h / group, runs);
+        ap.n_runs = query_runs(e, st, il, i, h / group, runs, &ap);
         e->k->attn(&ap, e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim,
                    e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v, scratch);
     }
@@ -647,6 +653,7 @@ static ei_status prepare_step(ei_engine *e, const step *st) {
     for (int i = 0; i < st->n; i++) {
         const ei_status s = ei_kv_pool_write(e->kv, st->seq[i], st->pos[i], st->pos[i] + 1);
         if (s != EI_OK) return s;
+        if (e->scores) e->scores[(size_t)st->seq[i] * e->p.n_ctx + st->pos[i]] = 0; /* a new row */
     }
     return EI_OK;
 }
@@ -688,56 +695,120 @@ static void move_key(ei_engine *e, uint8_t *dst, const uint8_t *src, const float
     store_kv(e, e->p.kv_type_k, dst, buf, e->kv_dim);
 }
 
-/* layer il of sequence s: rows of positions [from, n_past) to from - count, in order (each
- * lands below the rows still to be read; ei_kv_pool_write made the destinations private) */
-static void discard_layer(ei_engine *e, int s, int il, int from, int count, int n_past, const float *cs,
-                          float *buf) {
-    for (int p = from; p < n_past; p++) {
-        move_key(e, k_row(e, s, il, p - count), k_row(e, s, il, p), cs, buf);
-        memcpy(v_row(e, s, il, p - count), v_row(e, s, il, p), e->v_row_bytes);
+/* the positions the runs drop below position p (runs in order, apart) */
+static int dropped_below(int n_runs, const int32_t *runs, int p) {
+    int d = 0;
+    for (int r = 0; r < n_runs && runs[2 * r] < p; r++)
+        d += runs[2 * r] + runs[2 * r + 1] <= p ? runs[2 * r + 1] : p - runs[2 * r];
+    return d;
+}
+
+/* the position that lands at `at` once the runs are dropped */
+static int source_of(int n_runs, const int32_t *runs, int at) {
+    int p = at;
+    for (int r = 0; r < n_runs && runs[2 * r] <= p; r++) p += runs[2 * r + 1];
+    return p;
+}
+
+/* layer il of sequence s: the rows of every kept position p >= from (from >= the first run)
+ * to p less the positions dropped below it, in order (each lands below the rows still to be
+ * read; ei_kv_pool_write made the destinations private), keys rotated back by as much */
+static void evict_layer(ei_engine *e, int s, int il, int from, int n_runs, const int32_t *runs, int n_past,
+                        float *cs, float *buf) {
+    int delta = 0;
+    for (int r = 0; r < n_runs; r++) {
+        delta += runs[2 * r + 1];
+        const int end = r + 1 < n_runs ? runs[2 * r + 2] : n_past;
+        int p = runs[2 * r] + runs[2 * r + 1];
+        if (p < from) p = from;
+        if (p >= end) continue;
+        rope_row(e, e->layer_base[il], -delta, cs);
+        for (; p < end; p++) {
+            move_key(e, k_row(e, s, il, p - delta), k_row(e, s, il, p), cs, buf);
+            memcpy(v_row(e, s, il, p - delta), v_row(e, s, il, p), e->v_row_bytes);
+        }
     }
 }
 
-/* the first position each layer's rows move from: the discarded run's end, or the oldest row a
- * sliding-window layer still holds; refuses a discard after which a window would reach rows
+/* the first position each layer's rows move from: the first run's start, or the oldest row a
+ * sliding-window layer still holds; refuses an eviction after which a window would reach rows
  * that layer no longer holds */
-static ei_status discard_sources(const ei_engine *e, int seq, int start, int count, int n_past, int *from) {
-    const int kept = n_past - count;
+static ei_status evict_sources(const ei_engine *e, int seq, int n_runs, const int32_t *runs, int n_past,
+                               int *from) {
+    const int kept = n_past - dropped_below(n_runs, runs, n_past);
     for (int il = 0; il < e->m.n_layer; il++) {
         const int w = e->layers[il].window, oldest = ei_kv_pool_oldest(e->kv, seq, il);
         const int need = w && kept - w + 1 > 0 ? kept - w + 1 : 0;
-        if (need < start && need < oldest)
+        if (need < kept && source_of(n_runs, runs, need) < oldest)
             return ei_fail(EI_ERR_UNSUPPORTED,
-                           "layer %d holds positions from %d only: after discarding %d of %d, its window would "
-                           "reach position %d (discard fewer, or keep the whole context)",
-                           il, oldest, count, n_past, need);
-        from[il] = start + count > oldest ? start + count : oldest;
+                           "layer %d holds positions from %d only: after dropping %d of %d, its window would "
+                           "reach position %d (drop fewer, or keep the whole context)",
+                           il, oldest, n_past - kept, n_past, source_of(n_runs, runs, need));
+        from[il] = runs[0] > oldest ? runs[0] : oldest;
     }
     return EI_OK;
 }
 
-ei_status ei_engine_seq_discard(ei_engine *e, int32_t seq, int32_t start, int32_t count, int32_t n_past) {
+static ei_status check_runs(const ei_engine *e, int32_t seq, int32_t n_runs, const int32_t *runs, int32_t n_past) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
-    if (start < 0 || count < 0 || n_past > e->p.n_ctx || start > n_past - count)
-        return ei_fail(EI_ERR_INVALID, "cannot discard %d positions from %d of the %d held", count, start, n_past);
-    if (count == 0) return EI_OK;
+    if (n_runs < 0 || (n_runs && !runs) || n_past < 0 || n_past > e->p.n_ctx)
+        return ei_fail(EI_ERR_INVALID, "bad arguments");
+    for (int r = 0, end = 0; r < n_runs; r++) {
+        const int32_t start = runs[2 * r], count = runs[2 * r + 1];
+        if (start < end || count <= 0 || count > n_past - start)
+            return ei_fail(EI_ERR_INVALID, "cannot drop %d positions from %d of the %d held (after %d)", count,
+                           start, n_past, end);
+        end = start + count;
+    }
+    return EI_OK;
+}
+
+/* the scores of the kept positions of seq moved as their rows, zero from the new length on */
+static void evict_scores(ei_engine *e, int seq, int n_runs, const int32_t *runs, int n_past) {
+    int64_t *sc = e->scores + (size_t)seq * e->p.n_ctx;
+    const int kept = n_past - dropped_below(n_runs, runs, n_past);
+    for (int at = runs[0]; at < kept; at++) sc[at] = sc[source_of(n_runs, runs, at)];
+    for (int at = kept; at < n_past; at++) sc[at] = 0;
+}
+
+ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const int32_t *runs, int32_t n_past) {
+    ei_status st = check_runs(e, seq, n_runs, runs, n_past);
+    if (st != EI_OK || n_runs == 0) return st;
     int *from = malloc(sizeof(int) * (size_t)e->m.n_layer);
-    float *cs = malloc(sizeof(float) * (size_t)e->n_bases * (size_t)e->m.n_rot);
+    float *cs = malloc(sizeof(float) * (size_t)e->m.n_rot);
     float *buf = malloc(sizeof(float) * (size_t)e->kv_dim);
-    ei_status st = !from || !cs || !buf ? ei_fail(EI_ERR_NOMEM, "out of memory for discarding positions")
-                                        : discard_sources(e, seq, start, count, n_past, from);
-    int lowest = n_past;
-    for (int il = 0; st == EI_OK && il < e->m.n_layer; il++)
-        if (from[il] - count < lowest) lowest = from[il] - count;
-    if (st == EI_OK) st = ei_kv_pool_write(e->kv, seq, lowest, n_past - count);
+    st = !from || !cs || !buf ? ei_fail(EI_ERR_NOMEM, "out of memory for dropping positions")
+                              : evict_sources(e, seq, n_runs, runs, n_past, from);
+    const int kept = n_past - dropped_below(n_runs, runs, n_past);
+    /* each layer's group makes writable the rows it writes, from its first moved row's new
+     * place on (a sliding window's group no lower: what lies below is not held) */
+    for (int il = 0; st == EI_OK && il < e->m.n_layer; il++) {
+        int p = from[il];
+        while (p < n_past && dropped_below(n_runs, runs, p + 1) > dropped_below(n_runs, runs, p)) p++;
+        if (p < n_past) st = ei_kv_pool_write_layer(e->kv, seq, il, p - dropped_below(n_runs, runs, p), kept);
+    }
     if (st == EI_OK) {
-        for (int b = 0; b < e->n_bases; b++) rope_row(e, b, -count, cs + (size_t)b * e->m.n_rot);
-        for (int il = 0; il < e->m.n_layer; il++)
-            discard_layer(e, seq, il, from[il], count, n_past, cs + (size_t)e->layer_base[il] * e->m.n_rot, buf);
-        ei_kv_pool_trim(e->kv, seq, n_past - count);
+        for (int il = 0; il < e->m.n_layer; il++) evict_layer(e, seq, il, from[il], n_runs, runs, n_past, cs, buf);
+        if (e->scores) evict_scores(e, seq, n_runs, runs, n_past);
+        ei_kv_pool_trim(e->kv, seq, kept);
     }
     free(from); free(cs); free(buf);
     return st;
+}
+
+ei_status ei_engine_seq_discard(ei_engine *e, int32_t seq, int32_t start, int32_t count, int32_t n_past) {
+    if (e && (start < 0 || count < 0 || n_past > e->p.n_ctx || start > n_past - count))
+        return ei_fail(EI_ERR_INVALID, "cannot discard %d positions from %d of the %d held", count, start, n_past);
+    const int32_t run[2] = {start, count};
+    return ei_engine_seq_evict(e, seq, count > 0, run, n_past);
+}
+
+ei_status ei_engine_attention_scores(const ei_engine *e, int32_t seq, int32_t n, int64_t *out) {
+    if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
+    if (!e->scores) return ei_fail(EI_ERR_INVALID, "the engine tracks no attention (track_attention is 0)");
+    if (n < 0 || n > e->p.n_ctx || (n && !out)) return ei_fail(EI_ERR_INVALID, "bad arguments");
+    memcpy(out, e->scores + (size_t)seq * e->p.n_ctx, sizeof(int64_t) * (size_t)n);
+    return EI_OK;
 }
 
 /* ---- sharing blocks between sequences ------------------------------------------------ */
@@ -747,6 +818,8 @@ ei_status ei_engine_seq_fork(ei_engine *e, int32_t src, int32_t dst, int32_t n) 
         return ei_fail(EI_ERR_INVALID, "cannot fork sequence %d into %d", src, dst);
     if (n < 0 || n > e->p.n_ctx) return ei_fail(EI_ERR_INVALID, "cannot share %d positions", n);
     ei_kv_pool_fork(e->kv, src, dst, n);
+    if (e->scores) /* the shared prefix has received the same attention */
+        memcpy(e->scores + (size_t)dst * e->p.n_ctx, e->scores + (size_t)src * e->p.n_ctx, sizeof(int64_t) * (size_t)n);
     return EI_OK;
 }
 

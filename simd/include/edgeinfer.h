@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 6
+#define EI_API_VERSION 7
 
 /* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
 #define EI_MAX_THREADS 512
@@ -98,7 +98,8 @@ typedef struct {
                         * keeps window + EI_KV_SLACK positions and the step's), so a sequence
                         * rewinds by at most ei_engine_block_size() positions (further, it is
                         * cleared and evaluated again); 0: every layer keeps n_ctx */
-    int32_t pad_;      /* 0 */
+    int32_t track_attention; /* 1: each sequence sums the attention its positions receive
+                              * (ei_engine_attention_scores), the H2O policy's heavy hitters */
     int64_t kv_budget; /* bytes for the KV cache's block pool; 0: n_seq_max sequences of n_ctx */
 } ei_engine_params;
 
@@ -156,6 +157,14 @@ EI_EXPORT int32_t ei_engine_pool_stats(const ei_engine *e, int64_t *out, int32_t
  * (llama.cpp's context shift; StreamingLLM's eviction behind the attention sinks) */
 EI_EXPORT ei_status ei_engine_seq_discard(ei_engine *e, int32_t seq, int32_t start, int32_t count,
                                           int32_t n_past);
+/* the same for n_runs runs (runs[2i] start, runs[2i + 1] count; in order, apart, none empty):
+ * every later position moves down by the positions dropped below it, its keys rotated back by
+ * as much, and its attention score (track_attention) with it (H2O's eviction) */
+EI_EXPORT ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const int32_t *runs,
+                                        int32_t n_past);
+/* with track_attention: out[p] for p < n, the attention position p of seq received from every
+ * query head of every layer since it was written, in units of 2^-32 (summed exactly) */
+EI_EXPORT ei_status ei_engine_attention_scores(const ei_engine *e, int32_t seq, int32_t n, int64_t *out);
 /* rows of the cache in its own encoding (saved sessions): the bytes of one position's keys
  * and values (n_head_kv heads each), and how many positions layer `layer` keeps per sequence
  * (n_ctx, or a sliding-window layer's ring: only its last that many positions are held;

@@ -54,6 +54,7 @@ static void ref_attn(const ei_attn_params *p, const float *q, float *out, double
     ref_scores(p, q, scores);
     const double sum = ei_attn_softmax(scores, n, scratch);
     for (int t = 0; t < n; t++) scratch[t] = ei_attn_prob(scratch[t], sum, p->v_type);
+    ei_attn_track_weights(p, scratch, n);
     double acc[EI_MAX_HEAD_DIM];
     for (int d = 0; d < p->head_dim_v; d++) acc[d] = 0.0;
     int at = 0;

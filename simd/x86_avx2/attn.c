@@ -189,6 +189,7 @@ static void avx2_attn(const ei_attn_params *p, const float *q, float *out, doubl
         _mm256_storeu_pd(scratch + t, _mm256_cvtps_pd(pr));
     }
     for (; t < n; t++) scratch[t] = ei_attn_prob(scratch[t], sum, p->v_type);
+    ei_attn_track_weights(p, scratch, n);
     double acc[EI_MAX_HEAD_DIM];
     for (int d = 0; d < hv; d++) acc[d] = 0.0;
     for (int r = 0, at = 0; r < p->n_runs; at += p->runs[r++].n) avx2_accumulate(p, &p->runs[r], scratch + at, acc);

@@ -186,6 +186,7 @@ static void attn(const ei_attn_params *p, const float *q, float *out, double *sc
     float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
     scores_of(p, q, scores);
     round_weights(scratch, n, ei_attn_softmax(scores, n, scratch), p->v_type);
+    ei_attn_track_weights(p, scratch, n);
     double acc[EI_MAX_HEAD_DIM];
     for (int d = 0; d < hv; d++) acc[d] = 0.0;
     for (int r = 0, at = 0; r < p->n_runs; at += p->runs[r++].n) accumulate(p, &p->runs[r], scratch + at, acc);
@@ -305,6 +306,7 @@ static void attn_group(const ei_attn_params *p, int nq, const float *q, size_t q
         for (int i = 0; i < nb; i++) {
             double *wi = w + (size_t)i * n;
             round_weights(wi, n, ei_attn_softmax(sc + (size_t)i * n, n, wi), EI_TYPE_F16);
+            ei_attn_track_weights(p, wi, n);
         }
         static EI_THREAD_LOCAL double acc[8 * EI_MAX_HEAD_DIM]; /* (nb, hv) */
         group_values(p, w, nb, n, acc);

@@ -100,13 +100,20 @@ def converted(checkpoints, tmp_path_factory):
     return get
 
 
-def hf_logits(folder: Path, tokens: list[int]) -> np.ndarray:
-    """transformers' float32 logits at every position (the reference)."""
+def hf_model(folder: Path):
+    """transformers' float32 model of a checkpoint, eager attention (the reference)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(
+    return transformers.AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, attn_implementation="eager"
     ).eval()
+
+
+def hf_logits(folder: Path, tokens: list[int]) -> np.ndarray:
+    """transformers' float32 logits at every position (the reference)."""
+    import torch
+
+    model = hf_model(folder)
     with torch.no_grad():
         return model(torch.tensor([tokens])).logits[0].numpy()
 
