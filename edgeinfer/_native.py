@@ -710,6 +710,8 @@ class Kernels:
         if rows.dtype != np.float16 or rows.ndim != 2 or rows.strides[1] != 2:
             raise errors.InvalidOptionError("KIVI keys are (G, hd) float16 rows of unit stride")
         group, hd = rows.shape[0], rows.shape[1] if hd is None else hd
+        if hd > rows.shape[1]:
+            raise errors.InvalidOptionError(f"rows of {rows.shape[1]} keys hold no head of {hd}")
         out = np.zeros(max(self.kivi_k_block_bytes(bits, group, hd), 1), dtype=np.uint8)
         check(self.lib.ei_kernel_kivi_quantize_k(
             self.isa, bits, group, hd, _ptr(rows), rows.strides[0], _ptr(out)
@@ -723,6 +725,8 @@ class Kernels:
         """The raw dots of query q (hd,) with tokens [t0, t0 + n) of a K block (uint8)."""
         block = np.ascontiguousarray(block, dtype=np.uint8)
         q = np.ascontiguousarray(q, dtype=np.float32)
+        if block.size < self.kivi_k_block_bytes(bits, group, hd) or q.size < hd:
+            raise errors.InvalidOptionError(f"a KIVI key block or query shorter than {hd} keys")
         n = group - t0 if n is None else n
         dots = np.zeros(max(n, 1), dtype=np.float32)
         check(self.lib.ei_kernel_kivi_k_dots(
@@ -742,6 +746,8 @@ class Kernels:
         rows = np.atleast_2d(rows)
         if rows.dtype != np.uint8 or rows.strides[1] != 1:
             raise errors.InvalidOptionError("KIVI value rows are (m, bytes) uint8 of unit stride")
+        if rows.shape[1] < self.kivi_v_row_bytes(bits, group, hdv):
+            raise errors.InvalidOptionError(f"rows of {rows.shape[1]} bytes hold no V row of {hdv}")
         m = rows.shape[0]
         out = np.zeros((max(m, 1), hdv), dtype=np.float32)
         check(self.lib.ei_kernel_kivi_decode_v(

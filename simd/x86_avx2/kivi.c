@@ -34,7 +34,8 @@ EI_AVX2_INLINE uint32_t or_lanes(__m256i v) {
 /* codes of x under zero z and scale s (usable lanes set in `usable`): the reference's
  * clamp(rint((x - z) / s), 0, qmax), NaN to 0 (max_ps returns its second operand on NaN) */
 EI_AVX2_INLINE __m256i codes_of(__m256 x, __m256 z, __m256 s, __m256 usable, int bits) {
-    const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_sub_ps(x, z), s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_sub_ps(x, z), s),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256 c = _mm256_min_ps(_mm256_max_ps(r, _mm256_setzero_ps()), _mm256_set1_ps((float)((1 << bits) - 1)));
     return _mm256_cvttps_epi32(_mm256_and_ps(c, usable));
 }
@@ -132,9 +133,10 @@ static void avx2_kivi_k_dots(int bits, int group, int hd, const uint8_t *block, 
     float u[EI_MAX_HEAD_DIM];        /* (hd) q[d] * s'[d] */
     float all[EI_KIVI_MAX_GROUP];    /* (G) the dots of the chunks the slice touches */
     int d = 0;
-    for (; d + 8 <= hd; d += 8)
-        _mm256_storeu_ps(u + d, _mm256_mul_ps(_mm256_loadu_ps(q + d),
-                                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 2 * (size_t)d)))));
+    for (; d + 8 <= hd; d += 8) {
+        const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 2 * (size_t)d)));
+        _mm256_storeu_ps(u + d, _mm256_mul_ps(_mm256_loadu_ps(q + d), s));
+    }
     ei_kivi_k_query_tail(hd, block, q, d, u);
     const float zsum = ei_kivi_k_zsum(hd, block, q);
     for (int tok = t0 / 32 * 32; tok < t0 + n;) {

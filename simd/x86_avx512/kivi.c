@@ -38,7 +38,8 @@ EI_INLINE __mmask16 usable_lanes(__m512 s) {
 /* the reference's clamp(rint((x - z) / s), 0, qmax), NaN to 0 (max_ps returns its second
  * operand on NaN), 0 outside the usable lanes */
 EI_INLINE __m512i codes_of(__m512 x, __m512 z, __m512 s, __mmask16 usable, int bits) {
-    const __m512 r = _mm512_roundscale_ps(_mm512_div_ps(_mm512_sub_ps(x, z), s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_roundscale_ps(_mm512_div_ps(_mm512_sub_ps(x, z), s),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 c = _mm512_min_ps(_mm512_max_ps(r, _mm512_setzero_ps()), _mm512_set1_ps((float)((1 << bits) - 1)));
     return _mm512_maskz_mov_epi32(usable, _mm512_cvtps_epi32(c)); /* c is whole: exact */
 }
@@ -80,7 +81,8 @@ static void quantize_k_tile(int bits, int group, int hd, const ei_f16 *rows, siz
     __m512i word = _mm512_setzero_si512(); /* lane i: the next 32 bits of channel d0 + i */
     for (int t = 0; t < group; t++) {
         const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(base + (size_t)t * row_bytes)));
-        word = _mm512_or_si512(word, _mm512_sllv_epi32(codes_of(x, z, s, usable, bits), _mm512_set1_epi32(t * bits % 32)));
+        const __m512i c = codes_of(x, z, s, usable, bits);
+        word = _mm512_or_si512(word, _mm512_sllv_epi32(c, _mm512_set1_epi32(t * bits % 32)));
         if ((t + 1) * bits % 32 == 0) {
             uint32_t w[16];
             _mm512_storeu_si512(w, word);
@@ -137,9 +139,10 @@ static void avx512_kivi_k_dots(int bits, int group, int hd, const uint8_t *block
     float u[EI_MAX_HEAD_DIM];     /* (hd) q[d] * s'[d] */
     float all[EI_KIVI_MAX_GROUP]; /* (G) the dots of the chunks the slice touches */
     int d = 0;
-    for (; d + 16 <= hd; d += 16)
-        _mm512_storeu_ps(u + d, _mm512_mul_ps(_mm512_loadu_ps(q + d),
-                                              _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + 2 * (size_t)d)))));
+    for (; d + 16 <= hd; d += 16) {
+        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + 2 * (size_t)d)));
+        _mm512_storeu_ps(u + d, _mm512_mul_ps(_mm512_loadu_ps(q + d), s));
+    }
     ei_kivi_k_query_tail(hd, block, q, d, u);
     const float zsum = ei_kivi_k_zsum(hd, block, q);
     for (int tok = t0 / 32 * 32; tok < t0 + n;) {

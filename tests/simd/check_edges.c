@@ -268,7 +268,7 @@ static ei_f16 kivi_special(int kind, int i) {
     case 7: return ei_fp32_to_fp16(INFINITY);
     case 8: return (ei_f16)(i % 3 == 0 ? 0x8000 : i % 3 == 1 ? 0x0000 : 0x3c00); /* -0, +0, 1 */
     case 9: return ei_fp32_to_fp16((float)(i % 31) * 0.5f);                      /* halves: ties */
-    case 10: return ei_fp32_to_fp16(1.0f + (float)(i % 5) * 0x1p-10f);
+    case 10: return ei_fp32_to_fp16(1.0f + (float)(i % 5) / 1024.0f);
     default: return ei_fp32_to_fp16(g * 3.0f);
     }
 }

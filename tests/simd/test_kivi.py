@@ -145,6 +145,18 @@ def test_refusals_are_typed(kern):
             kivi.v_row_bytes(bits, 32, hdv)
     with pytest.raises(errors.InvalidOptionError):
         kern.kivi_decode_v(4, 32, 64, np.zeros((2, 10), dtype=np.uint8))  # rows shorter than 40
+    # the library's own checks, past the wrapper's: V rows closer than a row, too many tokens
+    raw, out = np.zeros(100, dtype=np.uint8), np.zeros(128, dtype=np.float32)
+    lib = kern.lib
+    assert lib.ei_kernel_kivi_decode_v(kern.isa, 4, 32, 64, raw.ctypes.data, 39, 2,
+                                       out.ctypes.data) == 1  # fmt: skip
+    assert lib.ei_kernel_kivi_decode_v(kern.isa, 4, 32, 64, raw.ctypes.data, 40, 2,
+                                       out.ctypes.data) == 0  # fmt: skip
+    assert lib.ei_kernel_kivi_k_dots(kern.isa, 4, 32, 16, block.ctypes.data, 1, 32,
+                                     q.ctypes.data, out.ctypes.data) == 1  # fmt: skip
+    assert lib.ei_kernel_kivi_quantize_k(kern.isa, 4, 32, 16, rows.ctypes.data, 30,
+                                         block.ctypes.data) == 1  # fmt: skip
+    assert b"overlap" in lib.ei_last_error()
 
 
 # ---- native == oracle, bit for bit ----------------------------------------------------------
