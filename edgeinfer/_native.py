@@ -152,6 +152,13 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_kernel_rope": (c_int, [c_int, c_int, c_void_p, c_void_p, c_int]),
     "ei_kernel_glu": (c_int, [c_int, c_int, c_int, c_void_p, c_void_p, c_void_p]),
     "ei_kernel_attn": (c_int, _ATTN_ARGS),
+    "ei_kivi_k_block_size": (c_size_t, [c_int] * 3),
+    "ei_kivi_v_row_size": (c_size_t, [c_int] * 3),
+    # isa, bits, group, head dim, then the kernel's buffers and counts
+    "ei_kernel_kivi_quantize_k": (c_int, [c_int] * 4 + [c_void_p, c_size_t, c_void_p]),
+    "ei_kernel_kivi_k_dots": (c_int, [c_int] * 4 + [c_void_p, c_int, c_int, c_void_p, c_void_p]),
+    "ei_kernel_kivi_quantize_v": (c_int, [c_int] * 4 + [c_void_p, c_void_p]),
+    "ei_kernel_kivi_decode_v": (c_int, [c_int] * 4 + [c_void_p, c_size_t, c_int, c_void_p]),
     "ei_partner_type_of": (c_int, [c_int]),
 }
 
@@ -699,3 +706,64 @@ class Kernels:
             scale, softcap, _ptr(q), _ptr(k), _ptr(v), _ptr(out),
         ))  # fmt: skip
         return out
+
+    # --- KIVI cache kernels (simd/common/kivi.h; edgeinfer.kivi is their numpy oracle) ----
+
+    def kivi_k_block_bytes(self, bits: int, group: int, hd: int) -> int:
+        """Bytes of a K group block as the library counts them (0: no such format)."""
+        return int(self.lib.ei_kivi_k_block_size(bits, group, hd))
+
+    def kivi_v_row_bytes(self, bits: int, group: int, hdv: int) -> int:
+        """Bytes of a V row as the library counts them (0: no such format)."""
+        return int(self.lib.ei_kivi_v_row_size(bits, group, hdv))
+
+    def kivi_quantize_k(self, bits: int, rows: np.ndarray, hd: int | None = None) -> np.ndarray:
+        """The K group block of ``rows`` (G, >= hd) float16, rows as far apart as the array's
+        row stride (a view of wider rows passes its stride); hd defaults to the row width."""
+        if rows.dtype != np.float16 or rows.ndim != 2 or rows.strides[1] != 2:
+            raise errors.InvalidOptionError("KIVI keys are (G, hd) float16 rows of unit stride")
+        group, hd = rows.shape[0], rows.shape[1] if hd is None else hd
+        if hd > rows.shape[1]:
+            raise errors.InvalidOptionError(f"rows of {rows.shape[1]} keys hold no head of {hd}")
+        out = np.zeros(max(self.kivi_k_block_bytes(bits, group, hd), 1), dtype=np.uint8)
+        check(self.lib.ei_kernel_kivi_quantize_k(
+            self.isa, bits, group, hd, _ptr(rows), rows.strides[0], _ptr(out)
+        ))  # fmt: skip
+        return out
+
+    def kivi_k_dots(
+        self, bits: int, group: int, hd: int, block: np.ndarray, q: np.ndarray, t0: int = 0,
+        n: int | None = None,
+    ) -> np.ndarray:  # fmt: skip
+        """The raw dots of query q (hd,) with tokens [t0, t0 + n) of a K block (uint8)."""
+        block = np.ascontiguousarray(block, dtype=np.uint8)
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        if block.size < self.kivi_k_block_bytes(bits, group, hd) or q.size < hd:
+            raise errors.InvalidOptionError(f"a KIVI key block or query shorter than {hd} keys")
+        n = group - t0 if n is None else n
+        dots = np.zeros(max(n, 1), dtype=np.float32)
+        check(self.lib.ei_kernel_kivi_k_dots(
+            self.isa, bits, group, hd, _ptr(block), t0, n, _ptr(q), _ptr(dots)
+        ))  # fmt: skip
+        return dots[:n]
+
+    def kivi_quantize_v(self, bits: int, group: int, x: np.ndarray) -> np.ndarray:
+        """The V row of one token's values x (hdv,) float16."""
+        x = np.ascontiguousarray(x, dtype=np.float16)
+        out = np.zeros(max(self.kivi_v_row_bytes(bits, group, x.size), 1), dtype=np.uint8)
+        check(self.lib.ei_kernel_kivi_quantize_v(self.isa, bits, group, x.size, _ptr(x), _ptr(out)))
+        return out
+
+    def kivi_decode_v(self, bits: int, group: int, hdv: int, rows: np.ndarray) -> np.ndarray:
+        """V rows (m, >= row bytes) uint8, the array's row stride apart -> (m, hdv) float32."""
+        rows = np.atleast_2d(rows)
+        if rows.dtype != np.uint8 or rows.strides[1] != 1:
+            raise errors.InvalidOptionError("KIVI value rows are (m, bytes) uint8 of unit stride")
+        if rows.shape[1] < self.kivi_v_row_bytes(bits, group, hdv):
+            raise errors.InvalidOptionError(f"rows of {rows.shape[1]} bytes hold no V row of {hdv}")
+        m = rows.shape[0]
+        out = np.zeros((max(m, 1), hdv), dtype=np.float32)
+        check(self.lib.ei_kernel_kivi_decode_v(
+            self.isa, bits, group, hdv, _ptr(rows), rows.strides[0], m, _ptr(out)
+        ))  # fmt: skip
+        return out[:m]

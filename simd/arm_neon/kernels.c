@@ -3,6 +3,8 @@
  * the scalar reference and overriding what NEON does better. */
 #include "simd.h"
 
+void EI_NEON_FN(ei_neon_kivi)(ei_kernels *k); /* kivi.c */
+
 static void init_neon(ei_kernels *k, const char *name) {
     ei_kernels_init_ref(k);
     k->name = name;
@@ -11,6 +13,7 @@ static void init_neon(ei_kernels *k, const char *name) {
     EI_NEON_FN(ei_neon_gemms)(k);
     EI_NEON_FN(ei_neon_ops)(k);
     EI_NEON_FN(ei_neon_attn)(k);
+    EI_NEON_FN(ei_neon_kivi)(k);
 }
 
 #if EI_NEON_LEVEL == 0

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ei_internal.h"
+#include "kivi.h"
 
 static EI_THREAD_LOCAL char g_error[256];
 
@@ -144,6 +145,83 @@ ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int n_runs, cons
                               scale, softcap, k};
     k->attn(&p, q, out, scratch);
     free(scratch);
+    return EI_OK;
+}
+
+/* ---- KIVI cache kernels (common/kivi.h) ---------------------------------------------------- */
+
+size_t ei_kivi_k_block_size(int bits, int group, int head_dim) { return ei_kivi_k_block_bytes(bits, group, head_dim); }
+size_t ei_kivi_v_row_size(int bits, int group, int head_dim_v) { return ei_kivi_v_row_bytes(bits, group, head_dim_v); }
+
+/* the kernels of isa, when bits and group name a KIVI format */
+static const ei_kernels *kivi_kernels(int isa, int bits, int group, ei_status *st) {
+    if (!ei_kivi_bits_ok(bits) || !ei_kivi_group_ok(group)) {
+        *st = ei_fail(EI_ERR_INVALID, "KIVI has %d-bit codes in groups of %d tokens: bits must be 2 or 4, "
+                      "the group 32, 64 or 128", bits, group);
+        return NULL;
+    }
+    return kernels(isa, st);
+}
+
+static ei_status kivi_k_shape(int bits, int group, int head_dim) {
+    if (!ei_kivi_k_block_bytes(bits, group, head_dim))
+        return ei_fail(EI_ERR_INVALID, "a KIVI key head has 1 to %d channels, not %d", EI_MAX_HEAD_DIM, head_dim);
+    return EI_OK;
+}
+
+static ei_status kivi_v_shape(int bits, int group, int head_dim_v) {
+    if (!ei_kivi_v_group(bits, group, head_dim_v))
+        return ei_fail(EI_ERR_INVALID, "a KIVI value head of %d channels does not split into groups of "
+                       "min(%d, %d) channels of whole bytes of %d-bit codes (at most %d channels)",
+                       head_dim_v, group, head_dim_v, bits, EI_MAX_HEAD_DIM);
+    return EI_OK;
+}
+
+ei_status ei_kernel_kivi_quantize_k(int isa, int bits, int group, int head_dim, const void *rows, size_t row_bytes,
+                                    void *block) {
+    ei_status st;
+    const ei_kernels *k = kivi_kernels(isa, bits, group, &st);
+    if (!k) return st;
+    if ((st = kivi_k_shape(bits, group, head_dim)) != EI_OK) return st;
+    if (!rows || !block || row_bytes < 2 * (size_t)head_dim)
+        return ei_fail(EI_ERR_INVALID, "key rows overlap (%zu bytes apart for %d f16 values) or are missing",
+                       row_bytes, head_dim);
+    k->kivi_quantize_k(bits, group, head_dim, rows, row_bytes, block);
+    return EI_OK;
+}
+
+ei_status ei_kernel_kivi_k_dots(int isa, int bits, int group, int head_dim, const void *block, int t0, int n,
+                                const float *q, float *dots) {
+    ei_status st;
+    const ei_kernels *k = kivi_kernels(isa, bits, group, &st);
+    if (!k) return st;
+    if ((st = kivi_k_shape(bits, group, head_dim)) != EI_OK) return st;
+    if (t0 < 0 || n < 0 || t0 > group - n)
+        return ei_fail(EI_ERR_INVALID, "tokens [%d, %d + %d) are not in a group of %d", t0, t0, n, group);
+    if (!block || !q || !dots) return ei_fail(EI_ERR_INVALID, "a KIVI key block, query or output is missing");
+    k->kivi_k_dots(bits, group, head_dim, block, t0, n, q, dots);
+    return EI_OK;
+}
+
+ei_status ei_kernel_kivi_quantize_v(int isa, int bits, int group, int head_dim_v, const void *x, void *row) {
+    ei_status st;
+    const ei_kernels *k = kivi_kernels(isa, bits, group, &st);
+    if (!k) return st;
+    if ((st = kivi_v_shape(bits, group, head_dim_v)) != EI_OK) return st;
+    if (!x || !row) return ei_fail(EI_ERR_INVALID, "KIVI values or their row are missing");
+    k->kivi_quantize_v(bits, group, head_dim_v, x, row);
+    return EI_OK;
+}
+
+ei_status ei_kernel_kivi_decode_v(int isa, int bits, int group, int head_dim_v, const void *rows, size_t row_bytes,
+                                  int m, float *out) {
+    ei_status st;
+    const ei_kernels *k = kivi_kernels(isa, bits, group, &st);
+    if (!k) return st;
+    if ((st = kivi_v_shape(bits, group, head_dim_v)) != EI_OK) return st;
+    if (m < 0 || (m > 0 && (!rows || !out || row_bytes < ei_kivi_v_row_bytes(bits, group, head_dim_v))))
+        return ei_fail(EI_ERR_INVALID, "%d KIVI value rows %zu bytes apart overlap or are missing", m, row_bytes);
+    k->kivi_decode_v(bits, group, head_dim_v, rows, row_bytes, m, out);
     return EI_OK;
 }
 

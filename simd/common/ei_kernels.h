@@ -13,6 +13,7 @@
  *   gemm.c     tiles of a matrix product (gemm) and products of interleaved rows (gemm_x16)
  *   ops.c      rms_norm, rope, geglu / swiglu, add, scale
  *   attn.c     attention (attn, attn_group); its scalar middle is common/attn_softmax.h
+ *   kivi.c     KIVI cache quantization: quantizers, key dots, value decoders (common/kivi.h)
  *   kernels.c  the folder's table: ei_kernels_init_<isa>
  *   simd.h     the folder's private header: intrinsics, inline helpers, its files' entry points
  *   blocks.h   weight blocks unpacked for the integer products, shared by quants.c and gemm.c
@@ -119,6 +120,19 @@ struct ei_kernels {
     ei_attn_fn attn;
     ei_attn_group_fn attn_group; /* NULL: attn per query */
     uint32_t attn_types;         /* bit t set: attn and attn_group read cache rows of type t */
+
+    /* KIVI cache quantization (formats and roundings: common/kivi.h): bits 2 or 4, group G
+     * 32, 64 or 128; the caller checks the shapes (ei_kivi_k_block_bytes, ei_kivi_v_group) */
+    /* block = the K group block of G f16 rows of hd values, row_bytes apart */
+    void (*kivi_quantize_k)(int bits, int group, int hd, const ei_f16 *rows, size_t row_bytes, uint8_t *block);
+    /* dots[i] = the raw dot of query q (hd floats) with token t0 + i of a K block, i < n
+     * (0 <= t0, t0 + n <= G: a window may start inside a group) */
+    void (*kivi_k_dots)(int bits, int group, int hd, const uint8_t *block, int t0, int n, const float *q,
+                        float *dots);
+    /* row = the V row of one token's hdv f16 values */
+    void (*kivi_quantize_v)(int bits, int group, int hdv, const ei_f16 *x, uint8_t *row);
+    /* out[j * hdv + i] = value i of V row j decoded, j < m (rows row_bytes apart) */
+    void (*kivi_decode_v)(int bits, int group, int hdv, const uint8_t *rows, size_t row_bytes, int m, float *out);
 };
 
 /* whether the kernels' attention reads cache rows of a type */

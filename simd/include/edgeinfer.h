@@ -198,5 +198,20 @@ EI_EXPORT ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int n_
                                    float scale, float softcap, const float *q, const void *k,
                                    const void *v, float *out);
 EI_EXPORT int ei_partner_type_of(int weight_type);
+/* KIVI cache kernels (simd/common/kivi.h has the formats): bits 2 or 4, group G 32, 64 or 128.
+ * block sizes: a K group block of head_dim channels, a V row of head_dim_v; 0 for no format.
+ * quantize_k: the block of G f16 key rows, row_bytes apart; k_dots: dots[i] = the raw dot of
+ * the f32 query with token t0 + i of a block, i < n; quantize_v: one token's V row from
+ * head_dim_v f16 values; decode_v: m V rows (row_bytes apart) to m * head_dim_v floats. */
+EI_EXPORT size_t ei_kivi_k_block_size(int bits, int group, int head_dim);
+EI_EXPORT size_t ei_kivi_v_row_size(int bits, int group, int head_dim_v);
+EI_EXPORT ei_status ei_kernel_kivi_quantize_k(int isa, int bits, int group, int head_dim, const void *rows,
+                                              size_t row_bytes, void *block);
+EI_EXPORT ei_status ei_kernel_kivi_k_dots(int isa, int bits, int group, int head_dim, const void *block, int t0,
+                                          int n, const float *q, float *dots);
+EI_EXPORT ei_status ei_kernel_kivi_quantize_v(int isa, int bits, int group, int head_dim_v, const void *x,
+                                              void *row);
+EI_EXPORT ei_status ei_kernel_kivi_decode_v(int isa, int bits, int group, int head_dim_v, const void *rows,
+                                            size_t row_bytes, int m, float *out);
 
 #endif

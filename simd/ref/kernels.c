@@ -7,6 +7,7 @@
 void ei_ref_quant_kernels(ei_kernels *k);
 void ei_ref_op_kernels(ei_kernels *k);
 void ei_ref_attn_kernels(ei_kernels *k);
+void ei_ref_kivi_kernels(ei_kernels *k);
 
 void ei_kernels_init_ref(ei_kernels *k) {
     memset(k, 0, sizeof(*k));
@@ -14,4 +15,5 @@ void ei_kernels_init_ref(ei_kernels *k) {
     ei_ref_quant_kernels(k);
     ei_ref_op_kernels(k);
     ei_ref_attn_kernels(k);
+    ei_ref_kivi_kernels(k);
 }

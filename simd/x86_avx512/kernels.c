@@ -6,6 +6,8 @@
 #include "../common/ei_kernels.h"
 #include "simd.h"
 
+void ei_avx512_kivi_kernels(ei_kernels *k); /* kivi.c */
+
 #if defined(EI_AVX512_NO_VNNI) /* tests build the fallback this way */
 static int cpu_has_vnni(void) { return 0; }
 #elif defined(_MSC_VER)
@@ -31,4 +33,5 @@ void ei_kernels_init_avx512(ei_kernels *k) {
     ei_avx512_gemm_kernels(k, vnni);
     ei_avx512_op_kernels(k);
     ei_avx512_attn_kernels(k);
+    ei_avx512_kivi_kernels(k);
 }

@@ -11,6 +11,7 @@
 
 #define CHECK_RNG_SEED 0x243f6a8885a308d3ull
 #include "check_common.h"
+#include "../../simd/common/kivi.h"
 
 #ifndef EI_CHECK_INIT
 #error "define EI_CHECK_INIT as the variant's init function"
@@ -251,6 +252,77 @@ static void check_attn_quantized(const ei_kernels *ref, const ei_kernels *var) {
         }
 }
 
+/* element i of a set of KIVI inputs of one kind: the roundings' corner cases (a constant,
+ * a NaN, infinities, a range below fp16's smallest scale, no number at all, equal
+ * infinities, signed zeros, ties, a tiny but usable range) or plain values */
+static ei_f16 kivi_special(int kind, int i) {
+    const float g = gaussian();
+    switch (kind) {
+    case 0: return ei_fp32_to_fp16(0.75f);
+    case 1: return ei_fp32_to_fp16(i == 3 ? NAN : g);
+    case 2: return ei_fp32_to_fp16(i == 1 ? INFINITY : g);
+    case 3: return ei_fp32_to_fp16(i == 0 ? -INFINITY : g);
+    case 4: return (ei_f16)(i % 2 ? 0x0001 : 0x0000); /* range 2^-24: the scale rounds to 0 */
+    case 5: return (ei_f16)(0x7e00 | (i & 0xff));      /* NaNs only */
+    case 6: return ei_fp32_to_fp16(i % 2 ? INFINITY : -INFINITY);
+    case 7: return ei_fp32_to_fp16(INFINITY);
+    case 8: return (ei_f16)(i % 3 == 0 ? 0x8000 : i % 3 == 1 ? 0x0000 : 0x3c00); /* -0, +0, 1 */
+    case 9: return ei_fp32_to_fp16((float)(i % 31) * 0.5f);                      /* halves: ties */
+    case 10: return ei_fp32_to_fp16(1.0f + (float)(i % 5) / 1024.0f);
+    default: return ei_fp32_to_fp16(g * 3.0f);
+    }
+}
+
+/* KIVI kernels on those inputs, with odd head dimensions, every slice start and length of
+ * a group, and value groups below a vector (scalar tails) */
+static void check_kivi(const ei_kernels *ref, const ei_kernels *var) {
+    enum { G = EI_KIVI_MAX_GROUP, W = 41, KINDS = 12, HV = 64 };
+    static ei_f16 rows[G * W], vals[KINDS][HV];
+    static uint8_t ka[W * (4 + G / 2)], kb[W * (4 + G / 2)], va[KINDS * HV], vb[KINDS * HV];
+    static float q[W], da[G], db[G], oa[KINDS * HV], ob[KINDS * HV];
+    char what[128];
+    for (int t = 0; t < G; t++) /* channel d is of kind d % KINDS */
+        for (int d = 0; d < W; d++) rows[t * W + d] = kivi_special(d % KINDS, t);
+    for (int k = 0; k < KINDS; k++)
+        for (int i = 0; i < HV; i++) vals[k][i] = kivi_special(k, i % 16);
+    for (int i = 0; i < W; i++) q[i] = uniform() * 2.0f;
+    const int hds[] = {1, 3, 5, 12, 17, 33, 41};
+    for (int bits = 2; bits <= 4; bits += 2)
+        for (int group = 32; group <= G; group *= 2) {
+            for (size_t h = 0; h < sizeof(hds) / sizeof(hds[0]); h++) {
+                const int hd = hds[h];
+                ref->kivi_quantize_k(bits, group, hd, rows + W - hd, 2 * W, ka);
+                var->kivi_quantize_k(bits, group, hd, rows + W - hd, 2 * W, kb);
+                snprintf(what, sizeof(what), "kivi_quantize_k bits %d group %d hd %d", bits, group, hd);
+                check(what, memcmp(ka, kb, ei_kivi_k_block_bytes(bits, group, hd)) == 0);
+                for (int t0 = 0; t0 < group; t0 += 7)
+                    for (int n = 0; t0 + n <= group; n += 1 + n / 2) {
+                        ref->kivi_k_dots(bits, group, hd, ka, t0, n, q, da);
+                        var->kivi_k_dots(bits, group, hd, ka, t0, n, q, db);
+                        snprintf(what, sizeof(what), "kivi_k_dots bits %d group %d hd %d tokens %d+%d", bits,
+                                 group, hd, t0, n);
+                        check(what, same_floats(da, db, n));
+                    }
+            }
+            const int hdvs[] = {2, 4, 6, 8, 12, 20, 24, 28, 32, 48, 64};
+            for (size_t h = 0; h < sizeof(hdvs) / sizeof(hdvs[0]); h++) {
+                const int hdv = hdvs[h];
+                const size_t rb = ei_kivi_v_row_bytes(bits, group, hdv);
+                if (!rb) continue; /* no whole bytes (2-bit codes in groups of 2 or 6) or no groups */
+                for (int k = 0; k < KINDS; k++) {
+                    ref->kivi_quantize_v(bits, group, hdv, vals[k] + HV - hdv, va + k * rb);
+                    var->kivi_quantize_v(bits, group, hdv, vals[k] + HV - hdv, vb + k * rb);
+                }
+                snprintf(what, sizeof(what), "kivi_quantize_v bits %d group %d hdv %d", bits, group, hdv);
+                check(what, memcmp(va, vb, KINDS * rb) == 0);
+                ref->kivi_decode_v(bits, group, hdv, va, rb, KINDS, oa);
+                var->kivi_decode_v(bits, group, hdv, va, rb, KINDS, ob);
+                snprintf(what, sizeof(what), "kivi_decode_v bits %d group %d hdv %d", bits, group, hdv);
+                check(what, same_floats(oa, ob, KINDS * hdv));
+            }
+        }
+}
+
 int main(void) {
     ei_kernels ref, var;
     ei_kernels_init_ref(&ref);
@@ -261,6 +333,7 @@ int main(void) {
     check_float_ops(&ref, &var);
     check_attn(&ref, &var);
     check_attn_quantized(&ref, &var);
+    check_kivi(&ref, &var);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

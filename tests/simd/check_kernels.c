@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "check_common.h"
+#include "../../simd/common/kivi.h"
 
 #ifndef EI_CHECK_INIT
 #error "define EI_CHECK_INIT as the variant's init function, e.g. ei_kernels_init_neon"
@@ -120,6 +121,54 @@ static void check_attention(const ei_kernels *ref, const ei_kernels *var, const 
         }
 }
 
+/* KIVI: key blocks from strided rows, their dots (whole groups and slices), value rows and
+ * their decoding, for every bit width and group and heads with and without vector tails */
+static void check_kivi(const ei_kernels *ref, const ei_kernels *var) {
+    enum { G = EI_KIVI_MAX_GROUP, STRIDE = 264, M = 3, HD = EI_MAX_HEAD_DIM };
+    static ei_f16 rows[G * STRIDE];
+    static uint8_t ka[HD * (4 + G / 2)], kb[HD * (4 + G / 2)], va[M * HD], vb[M * HD];
+    static float q[HD], da[G], db[G], oa[M * HD], ob[M * HD];
+    char what[128];
+    for (int i = 0; i < G * STRIDE; i++) rows[i] = ei_fp32_to_fp16(gaussian() * (i % 53 == 0 ? 20.0f : 1.0f));
+    for (int i = 0; i < HD; i++) q[i] = gaussian();
+    const int hds[] = {16, 64, 72, 256};
+    for (int bits = 2; bits <= 4; bits += 2)
+        for (int group = 32; group <= G; group *= 2) {
+            for (size_t h = 0; h < sizeof(hds) / sizeof(hds[0]); h++) {
+                const int hd = hds[h];
+                const size_t kbytes = ei_kivi_k_block_bytes(bits, group, hd);
+                memset(ka, 0x5a, sizeof(ka));
+                memset(kb, 0xa5, sizeof(kb));
+                ref->kivi_quantize_k(bits, group, hd, rows, 2 * STRIDE, ka);
+                var->kivi_quantize_k(bits, group, hd, rows, 2 * STRIDE, kb);
+                snprintf(what, sizeof(what), "kivi_quantize_k bits %d group %d hd %d", bits, group, hd);
+                check_bytes(what, kb, ka, kbytes);
+                const int slices[][2] = {{0, group}, {5, group - 9}, {31, 2}, {group - 1, 1}, {group / 2, group / 2}};
+                for (int sl = 0; sl < 5; sl++) {
+                    const int t0 = slices[sl][0], n = slices[sl][1];
+                    ref->kivi_k_dots(bits, group, hd, ka, t0, n, q, da);
+                    var->kivi_k_dots(bits, group, hd, ka, t0, n, q, db);
+                    snprintf(what, sizeof(what), "kivi_k_dots bits %d group %d hd %d tokens %d+%d", bits, group,
+                             hd, t0, n);
+                    check_floats(what, db, da, n);
+                }
+            }
+            for (int hdv = 16; hdv <= 256; hdv *= 2) {
+                const size_t rb = ei_kivi_v_row_bytes(bits, group, hdv);
+                for (int j = 0; j < M; j++) {
+                    ref->kivi_quantize_v(bits, group, hdv, rows + (size_t)j * STRIDE, va + j * rb);
+                    var->kivi_quantize_v(bits, group, hdv, rows + (size_t)j * STRIDE, vb + j * rb);
+                }
+                snprintf(what, sizeof(what), "kivi_quantize_v bits %d group %d hdv %d", bits, group, hdv);
+                check_bytes(what, vb, va, M * rb);
+                ref->kivi_decode_v(bits, group, hdv, va, rb, M, oa);
+                var->kivi_decode_v(bits, group, hdv, va, rb, M, ob);
+                snprintf(what, sizeof(what), "kivi_decode_v bits %d group %d hdv %d", bits, group, hdv);
+                check_floats(what, ob, oa, M * hdv);
+            }
+        }
+}
+
 int main(void) {
     ei_kernels ref, var;
     ei_kernels_init_ref(&ref);
@@ -202,6 +251,7 @@ int main(void) {
         check_floats("scale", yb, ya, N);
         check_attention(&ref, &var, x[2], x[3]);
     }
+    check_kivi(&ref, &var);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
