@@ -695,6 +695,11 @@ static void move_key(ei_engine *e, uint8_t *dst, const uint8_t *src, const float
     store_kv(e, e->p.kv_type_k, dst, buf, e->kv_dim);
 }
 
+/* whether layer il keeps only its window's blocks (kv_pool.h): a ring */
+static int ring_layer(const ei_engine *e, int il) {
+    return ei_kv_pool_layer_rows(e->kv, il) < e->p.n_ctx;
+}
+
 /* the positions the runs drop below position p (runs in order, apart) */
 static int dropped_below(int n_runs, const int32_t *runs, int p) {
     int d = 0;
@@ -728,6 +733,43 @@ static void evict_layer(ei_engine *e, int s, int il, int from, int n_runs, const
             memcpy(v_row(e, s, il, p - delta), v_row(e, s, il, p), e->v_row_bytes);
         }
     }
+}
+
+/* the sliding-window layers of window w of sequence s: as evict_layer, but a block of
+ * destinations at a time, each source block given back once read, so that moving a window
+ * down needs at most two blocks beyond those the sequence holds (the pool is sized for a
+ * step, not for a second copy of the window) */
+static ei_status evict_window(ei_engine *e, int s, int w, int from, int n_runs, const int32_t *runs, int n_past,
+                              float *cs, float *buf) {
+    const int kept = n_past - dropped_below(n_runs, runs, n_past), B = ei_engine_block_size();
+    int first = -1; /* a layer of the group, and where its moved rows land first */
+    for (int il = 0; il < e->m.n_layer && first < 0; il++)
+        if (e->layers[il].window == w) first = il;
+    int p = from;
+    while (p < n_past && dropped_below(n_runs, runs, p + 1) > dropped_below(n_runs, runs, p)) p++;
+    if (first < 0 || p >= n_past) return EI_OK;
+    const int lo = p - dropped_below(n_runs, runs, p);
+    int next = lo / B + 1; /* the lowest block not yet given back above the destinations */
+    for (int b0 = lo / B * B; b0 < kept; b0 += B) {
+        const int d0 = lo > b0 ? lo : b0, d1 = kept < b0 + B ? kept : b0 + B;
+        const ei_status st = ei_kv_pool_write_layer(e->kv, s, first, d0, d1);
+        if (st != EI_OK) return st;
+        for (int il = first; il < e->m.n_layer; il++) {
+            if (e->layers[il].window != w) continue;
+            int delta = 0;
+            for (int d = d0; d < d1; d++) {
+                const int src = source_of(n_runs, runs, d);
+                if (src == d) continue;
+                if (src - d != delta) rope_row(e, e->layer_base[il], -(delta = src - d), cs);
+                move_key(e, k_row(e, s, il, d), k_row(e, s, il, src), cs, buf);
+                memcpy(v_row(e, s, il, d), v_row(e, s, il, src), e->v_row_bytes);
+            }
+        }
+        const int read = source_of(n_runs, runs, d1 - 1); /* every row up to here was read */
+        if (next <= b0 / B) next = b0 / B + 1;
+        for (; (next + 1) * B - 1 <= read; next++) ei_kv_pool_release_block(e->kv, s, first, next);
+    }
+    return EI_OK;
 }
 
 /* the first position each layer's rows move from: the first run's start, or the oldest row a
@@ -780,15 +822,23 @@ ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const i
     st = !from || !cs || !buf ? ei_fail(EI_ERR_NOMEM, "out of memory for dropping positions")
                               : evict_sources(e, seq, n_runs, runs, n_past, from);
     const int kept = n_past - dropped_below(n_runs, runs, n_past);
-    /* each layer's group makes writable the rows it writes, from its first moved row's new
-     * place on (a sliding window's group no lower: what lies below is not held) */
+    /* a full-attention layer's group holds every destination already (made private here);
+     * the sliding-window groups move a block at a time (evict_window) */
     for (int il = 0; st == EI_OK && il < e->m.n_layer; il++) {
+        if (ring_layer(e, il)) continue;
         int p = from[il];
         while (p < n_past && dropped_below(n_runs, runs, p + 1) > dropped_below(n_runs, runs, p)) p++;
         if (p < n_past) st = ei_kv_pool_write_layer(e->kv, seq, il, p - dropped_below(n_runs, runs, p), kept);
     }
+    for (int il = 0; st == EI_OK && il < e->m.n_layer; il++) {
+        int seen = 0; /* the group's first layer moves them all */
+        for (int j = 0; j < il && !seen; j++) seen = ring_layer(e, j) && e->layers[j].window == e->layers[il].window;
+        if (ring_layer(e, il) && !seen)
+            st = evict_window(e, seq, e->layers[il].window, from[il], n_runs, runs, n_past, cs, buf);
+    }
     if (st == EI_OK) {
-        for (int il = 0; il < e->m.n_layer; il++) evict_layer(e, seq, il, from[il], n_runs, runs, n_past, cs, buf);
+        for (int il = 0; il < e->m.n_layer; il++)
+            if (!ring_layer(e, il)) evict_layer(e, seq, il, from[il], n_runs, runs, n_past, cs, buf);
         if (e->scores) evict_scores(e, seq, n_runs, runs, n_past);
         ei_kv_pool_trim(e->kv, seq, kept);
     }

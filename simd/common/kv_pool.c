@@ -292,6 +292,11 @@ void ei_kv_pool_trim(ei_kv_pool *pool, int s, int pos) {
     }
 }
 
+void ei_kv_pool_release_block(ei_kv_pool *pool, int s, int il, int index) {
+    kv_group *g = &pool->g[pool->layer_group[il]];
+    if (index >= 0 && index < pool->max_blocks) release(pool, g, s, index);
+}
+
 void ei_kv_pool_forget_below(ei_kv_pool *pool, int s, int pos) {
     for (int gi = 0; gi < pool->n_groups; gi++) {
         kv_group *g = &pool->g[gi];

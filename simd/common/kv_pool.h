@@ -67,6 +67,9 @@ void ei_kv_pool_trim(ei_kv_pool *pool, int s, int pos);
 /* after positions moved down (a discard), drops what sequence s holds below position pos in
  * the sliding-window groups: those rows are stale */
 void ei_kv_pool_forget_below(ei_kv_pool *pool, int s, int pos);
+/* lets block `index` of the group of layer il of s go (its rows were read and are not wanted:
+ * an eviction moving a window down frees each source block as soon as it is read) */
+void ei_kv_pool_release_block(ei_kv_pool *pool, int s, int il, int index);
 /* runs[] = the rows [t0, t1) of layer il of s, one per block; k_off, v_off select a head;
  * returns their number */
 int ei_kv_pool_runs(const ei_kv_pool *pool, int s, int il, int t0, int t1, size_t k_off, size_t v_off,

@@ -9,6 +9,7 @@ import pytest
 import edgeinfer
 from edgeinfer import errors
 from edgeinfer.context_policy import ContextPolicy
+from edgeinfer.generation import KVSession
 from tests.kv.texts import python_help_text
 
 
@@ -146,3 +147,22 @@ def test_gemma_chat_past_the_context(gemma_path):
 def test_a_policy_needs_an_engine_that_drops_positions(fixture_models):
     with pytest.raises(errors.InvalidOptionError, match="unknown context_policy"):
         edgeinfer.load(fixture_models["llama"], context_policy="forever")
+
+
+@pytest.mark.parametrize("policy", ["streaming", "h2o"])
+def test_evicting_moves_a_ring_a_block_at_a_time(fixture_models, policy):
+    """A drop larger than the window (n_ctx / 8 = 128 positions, window 16) moves the ring's
+    rows to blocks it does not hold; with a pool sized for a step of 8 tokens there is no room
+    for a second copy of the window, so each source block goes back once read. The logits stay
+    those of the engine whose sliding-window layers keep the whole context."""
+    opts = {"n_ctx": 1024, "n_batch": 8, "context_policy": policy}
+    logits = {}
+    for swa_full in (False, True):
+        with edgeinfer.load(fixture_models["gemma3"], swa_full=swa_full, **opts) as m:
+            assert (m.backend.ring_slack is None) == swa_full
+            session = KVSession(m.backend, n_batch=8, policy=m.context_policy)
+            out = [session.prefill(list(range(3, 40)))[0]]
+            for i in range(1120):
+                out.append(session.decode(5 + i % 90))
+            logits[swa_full] = np.array(out)
+    assert np.array_equal(logits[False], logits[True])
