@@ -144,12 +144,13 @@ class KVSession:
         self, tokens: list[int], cancelled: Callable[[], bool] = _never
     ) -> tuple[np.ndarray, int]:
         """The logits after ``tokens``, evaluating only what the cache does not hold already;
-        returns them and how many tokens of ``history`` were reused.
+        returns them and how many of their tokens were reused.
 
         The cache holds ``history`` less the tokens the policy dropped: a prompt that leaves
         the history where a token is still cached, or right after a dropped run, keeps the
         cache up to there; one that leaves it inside a dropped run, up to that run, which is
-        forgotten."""
+        forgotten. A prompt that keeps nothing of the history takes what the engine's pool
+        still caches of its prefix (another conversation's blocks: a common system prompt)."""
         self.version += 1
         n_common = 0
         for a, b in zip(self.history, tokens, strict=False):
@@ -171,7 +172,18 @@ class KVSession:
             self._evicted = []
         self.tokens = self.tokens[:keep]
         self.history = self.history[:n_common]
+        if keep == 0:
+            n_common = self._reuse(tokens)
+            self.tokens, self.history = tokens[:n_common], tokens[:n_common]
         return self._append(tokens[n_common:], cancelled), n_common
+
+    def _reuse(self, tokens: list[int]) -> int:
+        """Positions of ``tokens`` the engine takes from its cached blocks (the native pool's
+        prefix cache; none elsewhere, nor under h2o, whose scores a cached block lacks)."""
+        reuse = getattr(self.engine, "reuse", None)
+        if reuse is None or self.policy.tracks_attention:
+            return 0
+        return int(reuse(0, tokens))
 
     def decode(self, token: int) -> np.ndarray:
         self.version += 1

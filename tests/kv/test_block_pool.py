@@ -183,3 +183,30 @@ def test_budgets(fixture_models):
         assert m.backend.pool_stats()["groups"][0]["blocks"] == (8 << 20) // (8 * per_block)
     with pytest.raises(errors.InvalidOptionError, match="memory size"):
         edgeinfer.load(path, kv_budget="lots")
+
+
+def test_a_session_takes_a_cached_prefix_after_a_reset(fixture_models):
+    """A conversation after a reset that starts with the same system prompt takes its full
+    blocks from the pool's prefix cache (the first conversation's, released by the reset)
+    and gives a fresh engine's logits bit for bit; h2o, whose scores a cached block lacks,
+    evaluates everything again."""
+    import edgeinfer
+    from edgeinfer.generation import KVSession
+
+    system = [int(t) for t in np.random.default_rng(3).integers(3, 200, 100)]
+    with edgeinfer.load(fixture_models["llama"], n_ctx=256) as m, \
+            edgeinfer.load(fixture_models["llama"], n_ctx=256) as fresh:  # fmt: skip
+        session = KVSession(m.backend)
+        session.evaluate([*system, 7, 8, 9])
+        session.reset()
+        hits = m.backend.pool_stats()["hits"]
+        logits, reused = session.evaluate([*system, 20, 21])
+        assert reused == 100 // BLOCK_SIZE * BLOCK_SIZE
+        assert m.backend.pool_stats()["hits"] - hits == 100 // BLOCK_SIZE
+        assert session.tokens == session.history == [*system, 20, 21]
+        assert np.array_equal(logits, fresh.backend.forward([*system, 20, 21]))
+    with edgeinfer.load(fixture_models["llama"], n_ctx=256, context_policy="h2o") as m:
+        session = KVSession(m.backend, policy=m.context_policy)
+        session.evaluate([*system, 7])
+        session.reset()
+        assert session.evaluate([*system, 20])[1] == 0
