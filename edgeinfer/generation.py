@@ -9,7 +9,6 @@ chunks as well as between tokens. Text concerns (detokenizing, stop strings) liv
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import threading
 import time
@@ -95,28 +94,28 @@ class KVSession:
         self.policy.check(engine.n_ctx)
         self.tokens: list[int] = []
         self.history: list[int] = []
-        # the indices of history the cache no longer holds, in order (one run but for h2o)
-        self._evicted: list[int] = []
+        # the runs (start, length) of history the cache no longer holds: in order, apart (one
+        # run but for h2o), so that a stream of any length keeps a few numbers here
+        self._dropped: list[tuple[int, int]] = []
         self.version = 0
 
     def reset(self) -> None:
         self.version += 1
         self.engine.truncate(0)
-        self.tokens, self.history, self._evicted = [], [], []
+        self.tokens, self.history, self._dropped = [], [], []
 
     @property
     def dropped_run(self) -> tuple[int | None, int]:
         """(start, length) of the run of ``history`` the cache no longer holds (None, 0);
         InvalidOptionError when it lost scattered tokens (h2o), which no state file holds."""
-        ev = self._evicted
-        if not ev:
+        if not self._dropped:
             return None, 0
-        if ev[-1] - ev[0] + 1 != len(ev):
+        if len(self._dropped) > 1:
             raise errors.InvalidOptionError(
-                f"the cache dropped {len(ev)} scattered tokens (the {self.policy.name} policy): "
-                "saving such a state is not supported"
+                f"the cache dropped {len(self._dropped)} scattered runs of tokens (the "
+                f"{self.policy.name} policy): saving such a state is not supported"
             )
-        return ev[0], len(ev)
+        return self._dropped[0]
 
     def restore(self, history: list[int], hole: int | None, dropped: int) -> None:
         """Takes the tokens of a cache the engine was given (edgeinfer.session_state):
@@ -125,7 +124,7 @@ class KVSession:
         self.history = list(history)
         cut = hole if hole is not None else len(history)
         self.tokens = self.history[:cut] + self.history[cut + dropped :]
-        self._evicted = list(range(cut, cut + dropped)) if hole is not None else []
+        self._dropped = [(cut, dropped)] if hole is not None and dropped else []
 
     def prefill(
         self, prompt: list[int], cancelled: Callable[[], bool] = _never
@@ -158,18 +157,16 @@ class KVSession:
                 break
             n_common += 1
         n_common = min(n_common, len(tokens) - 1)  # evaluate one token at least, for logits
-        ev = self._evicted
-        below = bisect.bisect_left(ev, n_common)  # dropped tokens before history[n_common]
-        # leaving inside a dropped run: from the run's start (it is evaluated again)
-        while 0 < below < len(ev) and ev[below] == n_common and ev[below - 1] == n_common - 1:
-            n_common, below = n_common - 1, below - 1
-        del ev[below:]
-        keep = n_common - below  # the cache position of history[n_common]
+        for start, length in self._dropped:  # leaving inside a dropped run: from its start
+            if start < n_common < start + length:
+                n_common = start
+        self._dropped = [(a, n) for a, n in self._dropped if a < n_common]
+        keep = n_common - sum(n for _, n in self._dropped)  # the cache position of it
         self.engine.truncate(keep)
         if self.engine.n_past < keep:  # a ring lost the window behind: from the start
             self.engine.truncate(0)
             keep = n_common = 0
-            self._evicted = []
+            self._dropped = []
         self.tokens = self.tokens[:keep]
         self.history = self.history[:n_common]
         if keep == 0:
@@ -212,12 +209,27 @@ class KVSession:
         runs = make_room(self.engine, self.policy, n_new)
         if not runs:
             return
-        dropped = set(self._evicted)
-        cached = [i for i in range(len(self.history)) if i not in dropped]  # by cache position
+        added = [seg for start, count in runs for seg in self._history_runs(start, count)]
         for start, count in reversed(runs):
             del self.tokens[start : start + count]
-            dropped.update(cached[start : start + count])
-        self._evicted = sorted(dropped)
+        merged: list[tuple[int, int]] = []
+        for start, length in sorted(self._dropped + added):
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((start, length))
+        self._dropped = merged
+
+    def _history_runs(self, start: int, count: int) -> list[tuple[int, int]]:
+        """The runs of history that cache positions [start, start + count) hold."""
+        out: list[tuple[int, int]] = []
+        pos = hist = 0  # cache position ``pos`` holds history[hist]
+        for gap, length in [*self._dropped, (len(self.history), 0)]:
+            lo, hi = max(pos, start), min(pos + gap - hist, start + count)
+            if lo < hi:
+                out.append((hist + lo - pos, hi - lo))
+            pos, hist = pos + gap - hist, gap + length
+        return out
 
 
 class Holder:

@@ -134,7 +134,7 @@ def test_a_long_chat_evaluates_only_each_turns_new_tokens(fixture_models):
 
 
 def _cached_indices(session: KVSession) -> list[int]:
-    dropped = set(session._evicted)
+    dropped = {a + i for a, n in session._dropped for i in range(n)}
     return [i for i in range(len(session.history)) if i not in dropped]
 
 
@@ -176,3 +176,20 @@ def test_a_state_under_h2o_is_refused_not_saved_without_its_scores(fixture_model
         with pytest.raises(errors.InvalidOptionError, match="attention scores are not part"):
             m.save_state(tmp_path / "s.state")
         assert not (tmp_path / "s.state").exists()
+
+
+def test_a_stream_keeps_its_dropped_tokens_as_runs(fixture_models):
+    """The session records what the cache lost as runs of history, not token by token: one run
+    under streaming however long the stream, and runs that tile the lost tokens under h2o."""
+    for policy in ("streaming", "h2o"):
+        with edgeinfer.load(fixture_models["llama"], n_ctx=32, context_policy=policy) as m:
+            session = KVSession(m.backend, policy=m.context_policy)
+            session.prefill(list(range(3, 20)))
+            for i in range(400):
+                session.decode(3 + i % 100)
+            lost = sum(n for _, n in session._dropped)
+            assert lost == len(session.history) - m.backend.n_past
+            cached = _cached_indices(session)
+            assert [session.history[i] for i in cached] == session.tokens
+            if policy == "streaming":
+                assert session.dropped_run == (4, lost)
