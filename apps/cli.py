@@ -633,13 +633,15 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
         r = perplexity(
             model, text, n_ctx=args.ctx, max_windows=args.chunks, save_logits=args.save_logits
         )
-    if args.json:
-        print(json.dumps(r.as_dict(), indent=2))
-    else:
-        print(
-            f"perplexity {r.perplexity:.4f} over {r.scored_tokens} tokens "
-            f"({r.windows} windows of {args.ctx})"
-        )
+    return _report(
+        args, r, f"perplexity {r.perplexity:.4f} over {r.scored_tokens} tokens "
+        f"({r.windows} windows of {args.ctx})",
+    )  # fmt: skip
+
+
+def _report(args: argparse.Namespace, result: Any, line: str) -> int:
+    """A perplexity result: every figure as JSON with --json, else the one line."""
+    print(json.dumps(result.as_dict(), indent=2) if args.json else line)
     return 0
 
 
@@ -655,14 +657,10 @@ def _policy_perplexity(args: argparse.Namespace, text: str, options: dict[str, A
         args.model, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine, **options
     ) as model:
         r = stream_perplexity(model, text, max_tokens=args.chunks and args.chunks * args.ctx)
-    if args.json:
-        print(json.dumps(r.as_dict(), indent=2))
-    else:
-        print(
-            f"perplexity {r.perplexity:.4f} over {r.scored_tokens} tokens streamed through a "
-            f"context of {args.ctx} ({args.context_policy}, {r.tok_s:.1f} tok/s)"
-        )
-    return 0
+    return _report(
+        args, r, f"perplexity {r.perplexity:.4f} over {r.scored_tokens} tokens streamed through "
+        f"a context of {args.ctx} ({args.context_policy}, {r.tok_s:.1f} tok/s)",
+    )  # fmt: skip
 
 
 def _kl_lines(r: Any) -> list[str]:

@@ -209,7 +209,7 @@ class KVSession:
         runs = make_room(self.engine, self.policy, n_new)
         if not runs:
             return
-        added = [seg for start, count in runs for seg in self._history_runs(start, count)]
+        added = self._history_runs(runs)
         for start, count in reversed(runs):
             del self.tokens[start : start + count]
         merged: list[tuple[int, int]] = []
@@ -220,15 +220,22 @@ class KVSession:
                 merged.append((start, length))
         self._dropped = merged
 
-    def _history_runs(self, start: int, count: int) -> list[tuple[int, int]]:
-        """The runs of history that cache positions [start, start + count) hold."""
+    def _history_runs(self, runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The runs of history that the runs (start, count) of cache positions hold, both
+        lists walked once."""
         out: list[tuple[int, int]] = []
-        pos = hist = 0  # cache position ``pos`` holds history[hist]
+        i = pos = hist = 0  # the kept stretch from history[hist] is held from position pos
         for gap, length in [*self._dropped, (len(self.history), 0)]:
-            lo, hi = max(pos, start), min(pos + gap - hist, start + count)
-            if lo < hi:
-                out.append((hist + lo - pos, hi - lo))
-            pos, hist = pos + gap - hist, gap + length
+            n = gap - hist
+            while i < len(runs) and runs[i][0] < pos + n:
+                start, count = runs[i]
+                lo, hi = max(pos, start), min(pos + n, start + count)
+                if lo < hi:
+                    out.append((hist + lo - pos, hi - lo))
+                if start + count > pos + n:
+                    break  # it goes on in the next kept stretch
+                i += 1
+            pos, hist = pos + n, gap + length
         return out
 
 

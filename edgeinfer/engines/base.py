@@ -282,10 +282,8 @@ class SequenceEngine:
             raise errors.InvalidOptionError(
                 f"cannot discard {count} positions from {start} of the {n_past} held"
             )
-        if count == 0:
-            return
-        self._evict(seq, [(start, count)], n_past)
-        self._lengths[seq] = self._highs[seq] = n_past - count
+        if count:
+            self.evict([(start, count)], seq)
 
     def evict(self, runs: list[tuple[int, int]], seq: int = 0) -> None:
         self._check_open()

@@ -715,6 +715,13 @@ static int source_of(int n_runs, const int32_t *runs, int at) {
     return p;
 }
 
+/* the first position from p on that the runs keep */
+static int first_kept(int n_runs, const int32_t *runs, int p) {
+    for (int r = 0; r < n_runs; r++) /* in order, so that a run right after another is passed too */
+        if (runs[2 * r] <= p && p < runs[2 * r] + runs[2 * r + 1]) p = runs[2 * r] + runs[2 * r + 1];
+    return p;
+}
+
 /* layer il of sequence s: the rows of every kept position p >= from (from >= the first run)
  * to p less the positions dropped below it, in order (each lands below the rows still to be
  * read; ei_kv_pool_write made the destinations private), keys rotated back by as much */
@@ -735,20 +742,17 @@ static void evict_layer(ei_engine *e, int s, int il, int from, int n_runs, const
     }
 }
 
-/* the sliding-window layers of window w of sequence s: as evict_layer, but a block of
+/* the sliding-window layers of sequence s with the window of layer `first`, the first of
+ * them (they share a group): as evict_layer, but a block of
  * destinations at a time, each source block given back once read, so that moving a window
  * down needs at most two blocks beyond those the sequence holds (the pool is sized for a
  * step, not for a second copy of the window) */
-static ei_status evict_window(ei_engine *e, int s, int w, int from, int n_runs, const int32_t *runs, int n_past,
-                              float *cs, float *buf) {
+static ei_status evict_window(ei_engine *e, int s, int first, int from, int n_runs, const int32_t *runs,
+                              int n_past, float *cs, float *buf) {
     const int kept = n_past - dropped_below(n_runs, runs, n_past), B = ei_engine_block_size();
-    int first = -1; /* a layer of the group, and where its moved rows land first */
-    for (int il = 0; il < e->m.n_layer && first < 0; il++)
-        if (e->layers[il].window == w) first = il;
-    int p = from;
-    while (p < n_past && dropped_below(n_runs, runs, p + 1) > dropped_below(n_runs, runs, p)) p++;
-    if (first < 0 || p >= n_past) return EI_OK;
-    const int lo = p - dropped_below(n_runs, runs, p);
+    const int w = e->layers[first].window, p = first_kept(n_runs, runs, from);
+    if (p >= n_past) return EI_OK;
+    const int lo = p - dropped_below(n_runs, runs, p); /* where the moved rows land first */
     int next = lo / B + 1; /* the lowest block not yet given back above the destinations */
     for (int b0 = lo / B * B; b0 < kept; b0 += B) {
         const int d0 = lo > b0 ? lo : b0, d1 = kept < b0 + B ? kept : b0 + B;
@@ -808,9 +812,13 @@ static ei_status check_runs(const ei_engine *e, int32_t seq, int32_t n_runs, con
 /* the scores of the kept positions of seq moved as their rows, zero from the new length on */
 static void evict_scores(ei_engine *e, int seq, int n_runs, const int32_t *runs, int n_past) {
     int64_t *sc = e->scores + (size_t)seq * e->p.n_ctx;
-    const int kept = n_past - dropped_below(n_runs, runs, n_past);
-    for (int at = runs[0]; at < kept; at++) sc[at] = sc[source_of(n_runs, runs, at)];
-    for (int at = kept; at < n_past; at++) sc[at] = 0;
+    int delta = 0; /* the kept positions between run r and the next move down by delta */
+    for (int r = 0; r < n_runs; r++) {
+        delta += runs[2 * r + 1];
+        const int end = r + 1 < n_runs ? runs[2 * r + 2] : n_past;
+        for (int p = runs[2 * r] + runs[2 * r + 1]; p < end; p++) sc[p - delta] = sc[p];
+    }
+    for (int at = n_past - delta; at < n_past; at++) sc[at] = 0;
 }
 
 ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const int32_t *runs, int32_t n_past) {
@@ -826,15 +834,13 @@ ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const i
      * the sliding-window groups move a block at a time (evict_window) */
     for (int il = 0; st == EI_OK && il < e->m.n_layer; il++) {
         if (ring_layer(e, il)) continue;
-        int p = from[il];
-        while (p < n_past && dropped_below(n_runs, runs, p + 1) > dropped_below(n_runs, runs, p)) p++;
+        const int p = first_kept(n_runs, runs, from[il]);
         if (p < n_past) st = ei_kv_pool_write_layer(e->kv, seq, il, p - dropped_below(n_runs, runs, p), kept);
     }
     for (int il = 0; st == EI_OK && il < e->m.n_layer; il++) {
         int seen = 0; /* the group's first layer moves them all */
         for (int j = 0; j < il && !seen; j++) seen = ring_layer(e, j) && e->layers[j].window == e->layers[il].window;
-        if (ring_layer(e, il) && !seen)
-            st = evict_window(e, seq, e->layers[il].window, from[il], n_runs, runs, n_past, cs, buf);
+        if (ring_layer(e, il) && !seen) st = evict_window(e, seq, il, from[il], n_runs, runs, n_past, cs, buf);
     }
     if (st == EI_OK) {
         for (int il = 0; il < e->m.n_layer; il++)

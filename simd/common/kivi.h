@@ -179,4 +179,32 @@ static inline void ei_kivi_decode_v_tail(int bits, int gv, const uint8_t *grp, i
     for (int i = i0; i < gv; i++) out[i] = s * (float)ei_kivi_code_at(grp + 4, i, bits) + z;
 }
 
+/* one V group decoded whole (the reference's group decoder) */
+static inline void ei_kivi_decode_v_group(int bits, int gv, const uint8_t *grp, float *out) {
+    ei_kivi_decode_v_tail(bits, gv, grp, 0, out);
+}
+
+/* the row drivers every variant shares: each V group through the variant's own group kernel
+ * (`vec`, for groups a multiple of `lanes` values; the reference's otherwise) */
+typedef void (*ei_kivi_quantize_group_fn)(int bits, int gv, const ei_f16 *x, uint8_t *grp);
+typedef void (*ei_kivi_decode_group_fn)(int bits, int gv, const uint8_t *grp, float *out);
+
+static inline void ei_kivi_quantize_v_row(int bits, int group, int hdv, const ei_f16 *x, uint8_t *row, int lanes,
+                                          ei_kivi_quantize_group_fn vec) {
+    const int gv = ei_kivi_v_group(bits, group, hdv);
+    const size_t gb = ei_kivi_v_group_bytes(bits, gv);
+    const ei_kivi_quantize_group_fn fn = gv % lanes == 0 ? vec : ei_kivi_quantize_v_group;
+    for (int g = 0; g < hdv / gv; g++) fn(bits, gv, x + (size_t)g * gv, row + g * gb);
+}
+
+/* m V rows (row_bytes apart) decoded to floats, hdv apart */
+static inline void ei_kivi_decode_v_rows(int bits, int group, int hdv, const uint8_t *rows, size_t row_bytes, int m,
+                                         float *out, ei_kivi_decode_group_fn fn) {
+    const int gv = ei_kivi_v_group(bits, group, hdv);
+    const size_t gb = ei_kivi_v_group_bytes(bits, gv);
+    for (int j = 0; j < m; j++)
+        for (int g = 0; g < hdv / gv; g++)
+            fn(bits, gv, rows + (size_t)j * row_bytes + g * gb, out + (size_t)j * hdv + (size_t)g * gv);
+}
+
 #endif

@@ -17,19 +17,12 @@ static void ref_kivi_k_dots(int bits, int group, int hd, const uint8_t *block, i
 }
 
 static void ref_kivi_quantize_v(int bits, int group, int hdv, const ei_f16 *x, uint8_t *row) {
-    const int gv = ei_kivi_v_group(bits, group, hdv);
-    const size_t gb = ei_kivi_v_group_bytes(bits, gv);
-    for (int g = 0; g < hdv / gv; g++) ei_kivi_quantize_v_group(bits, gv, x + (size_t)g * gv, row + g * gb);
+    ei_kivi_quantize_v_row(bits, group, hdv, x, row, 1, ei_kivi_quantize_v_group);
 }
 
 static void ref_kivi_decode_v(int bits, int group, int hdv, const uint8_t *rows, size_t row_bytes, int m,
                               float *out) {
-    const int gv = ei_kivi_v_group(bits, group, hdv);
-    const size_t gb = ei_kivi_v_group_bytes(bits, gv);
-    for (int j = 0; j < m; j++)
-        for (int g = 0; g < hdv / gv; g++)
-            ei_kivi_decode_v_tail(bits, gv, rows + (size_t)j * row_bytes + g * gb, 0,
-                                  out + (size_t)j * hdv + (size_t)g * gv);
+    ei_kivi_decode_v_rows(bits, group, hdv, rows, row_bytes, m, out, ei_kivi_decode_v_group);
 }
 
 void ei_ref_kivi_kernels(ei_kernels *k) {

@@ -192,12 +192,7 @@ static void quantize_v_group(int bits, int gv, const ei_f16 *x, uint8_t *grp) {
 }
 
 static void avx512_kivi_quantize_v(int bits, int group, int hdv, const ei_f16 *x, uint8_t *row) {
-    const int gv = ei_kivi_v_group(bits, group, hdv);
-    const size_t gb = ei_kivi_v_group_bytes(bits, gv);
-    for (int g = 0; g < hdv / gv; g++) {
-        if (gv % 16 == 0) quantize_v_group(bits, gv, x + (size_t)g * gv, row + g * gb);
-        else ei_kivi_quantize_v_group(bits, gv, x + (size_t)g * gv, row + g * gb);
-    }
+    ei_kivi_quantize_v_row(bits, group, hdv, x, row, 16, quantize_v_group);
 }
 
 static void decode_v_group(int bits, int gv, const uint8_t *grp, float *out) {
@@ -211,13 +206,9 @@ static void decode_v_group(int bits, int gv, const uint8_t *grp, float *out) {
     ei_kivi_decode_v_tail(bits, gv, grp, i, out);
 }
 
-static void avx512_kivi_decode_v(int bits, int group, int hdv, const uint8_t *rows, size_t row_bytes, int m,
-                                 float *out) {
-    const int gv = ei_kivi_v_group(bits, group, hdv);
-    const size_t gb = ei_kivi_v_group_bytes(bits, gv);
-    for (int j = 0; j < m; j++)
-        for (int g = 0; g < hdv / gv; g++)
-            decode_v_group(bits, gv, rows + (size_t)j * row_bytes + g * gb, out + (size_t)j * hdv + (size_t)g * gv);
+static void avx512_kivi_decode_v(int bits, int group, int hdv, const uint8_t *rows, size_t row_bytes,
+                              int m, float *out) {
+    ei_kivi_decode_v_rows(bits, group, hdv, rows, row_bytes, m, out, decode_v_group);
 }
 
 void ei_avx512_kivi_kernels(ei_kernels *k) {
