@@ -60,7 +60,8 @@ def _add_cache_options(p: argparse.ArgumentParser, policy: bool = True) -> None:
     """The KV cache's types (llama.cpp's -ctk / -ctv) and, with ``policy``, what happens at
     the end of the context."""
     from edgeinfer.context_policy import CONTEXT_POLICIES, DEFAULT_N_SINK
-    from edgeinfer.kv_cache import CACHE_TYPES
+    from edgeinfer.kivi import GROUPS
+    from edgeinfer.kv_cache import CACHE_TYPES, KIVI_GROUP, KIVI_RESIDUAL
 
     g = p.add_argument_group("KV cache")
     g.add_argument(
@@ -80,6 +81,12 @@ def _add_cache_options(p: argparse.ArgumentParser, policy: bool = True) -> None:
     g.add_argument("--swa-full", action="store_true",
                    help="sliding-window layers keep the whole context, not a ring of their "
                    "window + the batch")  # fmt: skip
+    g.add_argument("--kivi-group", type=int, default=None, metavar="G",
+                   help=f"kivi4/kivi2: positions per key group, {'/'.join(map(str, GROUPS))} "
+                   f"(default {KIVI_GROUP})")  # fmt: skip
+    g.add_argument("--kivi-residual", type=_count(0), default=None, metavar="R",
+                   help=f"kivi4/kivi2: the newest positions kept in f16 (default "
+                   f"{KIVI_RESIDUAL})")  # fmt: skip
     if not policy:
         return
     g.add_argument("--kv-budget", default=None, metavar="SIZE",
@@ -103,8 +110,9 @@ def _cache_options(args: argparse.Namespace) -> dict[str, Any]:
         out["cache_type_k"] = args.cache_type_k
     if args.cache_type_v is not None:
         out["cache_type_v"] = args.cache_type_v
-    if getattr(args, "kv_budget", None) is not None:
-        out["kv_budget"] = args.kv_budget
+    for name in ("kv_budget", "kivi_group", "kivi_residual"):
+        if getattr(args, name, None) is not None:
+            out[name] = getattr(args, name)
     if getattr(args, "context_policy", "error") != "error":
         out.update(context_policy=args.context_policy, n_keep=args.n_keep, n_sink=args.n_sink)
     return out

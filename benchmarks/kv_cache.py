@@ -45,16 +45,28 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0")]
+# a KIVI type's name may carry its group: kivi4@64 (the default R = 128 throughout)
+PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"),
+         ("kivi4", "kivi4"), ("kivi4@64", "kivi4@64"), ("kivi2", "kivi2")]  # fmt: skip
 LLAMA_PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")]
 N_BATCH = 512
 ROWS = 32  # logits rows turned into log-probabilities at a time (32 MiB with Gemma's vocabulary)
-TARGETS = {"q8_0/q8_0": "<= +0.5 % perplexity"}
-NOT_BUILT = ["kivi4/kivi4", "kivi2/kivi2"]
+TARGETS = {"q8_0/q8_0": "<= +0.5 % perplexity",
+           "kivi4/kivi4": "KL <= 1/2 llama.cpp q4_0/q4_0",
+           "kivi4@64/kivi4@64": "KL < llama.cpp q4_0/q4_0"}  # fmt: skip
 
 
 def pair_name(pair: tuple[str, str]) -> str:
     return f"{pair[0]}/{pair[1]}"
+
+
+def cache_options(pair: tuple[str, str]) -> dict:
+    """load()'s cache options for a pair (kivi4@64: kivi4 with kivi_group 64)."""
+    (k, _, gk), (v, _, _) = (name.partition("@") for name in pair)
+    out: dict = {"cache_type_k": k, "cache_type_v": v}
+    if gk:
+        out["kivi_group"] = int(gk)
+    return out
 
 
 # --- the two engines behind one interface --------------------------------------------------
@@ -71,7 +83,7 @@ class Ours:
 
         self.model = edgeinfer.load(
             path, n_threads=threads, n_ctx=n_ctx, engine="native", n_batch=N_BATCH,
-            cache_type_k=pair[0], cache_type_v=pair[1], swa_full=not ring, **options,
+            swa_full=not ring, **cache_options(pair), **options,
         )  # fmt: skip
         self.backend = self.model.backend
         self.n_vocab = self.model.n_vocab
@@ -274,6 +286,20 @@ def quality_runs() -> list[tuple[str, tuple[str, str]]]:
     return runs
 
 
+def bits_per_value(path: Path, pair: tuple[str, str], n_ctx: int) -> float:
+    """What a full-attention layer of n_ctx positions costs per value (scales, zero points
+    and a KIVI residual counted: edgeinfer.kv_cache.cache_summary)."""
+    from edgeinfer.gguf import GGUFFile
+    from edgeinfer.kv_cache import cache_summary
+    from edgeinfer.models import config_from_gguf
+
+    opts = cache_options(pair)
+    with GGUFFile(path) as f:
+        cfg = config_from_gguf(f)
+    return cache_summary(cfg, n_ctx, opts["cache_type_k"], opts["cache_type_v"],
+                         kivi_group=opts.get("kivi_group", 32))["bits_per_value"]  # fmt: skip
+
+
 def quality(path: Path, tokens: list[int], bos: int, args) -> dict:
     n_ctx = args.ctx
     windows = windows_of(tokens, bos, n_ctx, args.windows)
@@ -300,6 +326,7 @@ def quality(path: Path, tokens: list[int], bos: int, args) -> dict:
     for engine, pair in runs:
         base = tallies[(engine, ("f16", "f16"))]
         out["runs"].append({"engine": engine, "pair": pair_name(pair),
+                            "bits": bits_per_value(path, pair, n_ctx),
                             **tallies[(engine, pair)].figures(base)})  # fmt: skip
     out["cross_f16"] = cross.figures()
     return out
@@ -327,10 +354,12 @@ def memory(path: Path, contexts: list[int], threads: int) -> list[dict]:
                         groups = ours.backend.pool_stats()["groups"]
                         row["bytes"] = sum(g["blocks"] * g["block_bytes"] for g in groups)
                         cfg = ours.model.config
+                        opts = cache_options(pair)
                         row["computed_bytes"] = cache_bytes(
                             n_layer=cfg.n_layer, n_head_kv=cfg.n_head_kv,
                             head_dim=cfg.head_dim, head_dim_v=cfg.head_dim_v, n_ctx=n_ctx,
-                            k_type=pair[0], v_type=pair[1], n_batch=N_BATCH, ring=ring,
+                            k_type=opts["cache_type_k"], v_type=opts["cache_type_v"],
+                            n_batch=N_BATCH, ring=ring, kivi_group=opts.get("kivi_group", 32),
                             windows=[cfg.layer_window(il) for il in range(cfg.n_layer)],
                         )  # fmt: skip
                         ours.close()
@@ -469,17 +498,16 @@ def quality_table(q: dict) -> list[str]:
     lines = [f"Perplexity at -c {q['n_ctx']}, {q['windows']} windows "
              f"({q['windows'] * (q['n_ctx'] - q['n_ctx'] // 2)} scored tokens); KL and top-1 "
              "against the same engine's f16/f16:", "",
-             "| K/V | engine | perplexity | Δ ppl | mean KL | top-1 | target |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| K/V | engine | bits/value | perplexity | Δ ppl | mean KL | top-1 | target |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in q["runs"]:
         kl = r["kl_mean"]
         kl_s = "—" if kl is None else f"{kl:.5f} ± {r['kl_stderr']:.5f}"
         lines.append(
-            f"| {r['pair']} | {r['engine']} | {r['perplexity']:.4f} | {r['ppl_change']:+.2%} "
-            f"| {kl_s} | {_fmt(r['top1'], '.2%')} | {TARGETS.get(r['pair'], '')} |"
+            f"| {r['pair']} | {r['engine']} | {r.get('bits', 0):g} | {r['perplexity']:.4f} | "
+            f"{r['ppl_change']:+.2%} | {kl_s} | {_fmt(r['top1'], '.2%')} | "
+            f"{TARGETS.get(r['pair'], '')} |"
         )
-    for name in NOT_BUILT:
-        lines.append(f"| {name} | edgeinfer | not built yet | | | | |")
     c = q["cross_f16"]
     lines += ["", f"llama.cpp f16/f16 against ours f16/f16: mean KL {c['kl_mean']:.5f} ± "
               f"{c['kl_stderr']:.5f}, top-1 {c['top1']:.2%}."]  # fmt: skip
@@ -489,6 +517,10 @@ def quality_table(q: dict) -> list[str]:
               if p in ours and theirs[p]["kl_mean"]]  # fmt: skip
     if ratios:
         lines.append("KL ratio ours / llama.cpp, same types: " + ", ".join(ratios) + ".")
+    q4 = theirs.get("q4_0/q4_0", {}).get("kl_mean")
+    kivi = [f"{p} {r['kl_mean'] / q4:.3f}" for p, r in ours.items() if p.startswith("kivi") and q4]
+    if kivi:
+        lines.append("KL ratio ours KIVI / llama.cpp q4_0/q4_0: " + ", ".join(kivi) + ".")
     return lines
 
 
@@ -559,9 +591,20 @@ def main() -> int:
     ap.add_argument("--past-ctx", type=int, default=256)
     ap.add_argument("--stride", type=int, default=64, help="windowed recomputation's stride")
     ap.add_argument("--only", nargs="+", choices=["quality", "memory", "decode", "past"])
+    ap.add_argument(
+        "--pairs",
+        nargs="+",
+        default=None,
+        metavar="K/V",
+        help="only these K/V pairs besides f16/f16, e.g. kivi4/kivi4 q4_0/q4_0",
+    )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--quick", action="store_true", help="a smoke run of every part, small")
     args = ap.parse_args()
+    if args.pairs:  # f16/f16 stays: everything is measured against it
+        keep = {tuple(p.split("/")) for p in args.pairs}
+        PAIRS[:] = [p for p in PAIRS if p == ("f16", "f16") or p in keep]
+        LLAMA_PAIRS[:] = [p for p in LLAMA_PAIRS if p == ("f16", "f16") or p in keep]
     if args.quick:
         args.ctx, args.windows, args.mem_ctx = 512, 1, [4096]
         args.decode_ctx, args.n_gen, args.decode_reps, args.past_ctx = 600, 8, 1, 64

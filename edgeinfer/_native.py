@@ -35,15 +35,19 @@ from edgeinfer.gguf.constants import GGMLType
 from edgeinfer.kv_cache import (
     BLOCK_SIZE,
     CACHE_TYPES,
+    KIVI_GROUP,
+    KIVI_RESIDUAL,
+    WINDOW_SLACK,
     CacheLayout,
     CacheType,
     cache_type,
+    check_kivi_options,
     layer_positions,
 )
 from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 7
+API_VERSION = 8
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = (
@@ -95,6 +99,8 @@ class EngineParams(ctypes.Structure):
           for n in ("n_ctx", "n_threads", "n_seq_max", "n_batch", "kv_type_k", "kv_type_v",
                     "kv_layout", "isa", "ring", "track_attention")],
         ("kv_budget", ctypes.c_int64),
+        ("kivi_group", c_int32),
+        ("kivi_residual", c_int32),
     ]  # fmt: skip
 
 
@@ -134,6 +140,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_engine_seq_publish": (c_int, [c_void_p, c_int32, c_int32]),
     "ei_engine_seq_reuse": (c_int, [c_void_p, c_int32, c_int32, c_void_p, c_void_p]),
     "ei_engine_block_size": (c_int32, []),
+    "ei_engine_block_positions": (c_int32, [c_void_p]),
     "ei_engine_pool_stats": (c_int32, [c_void_p, c_void_p, c_int32]),
     "ei_engine_row_bytes": (c_int, [c_void_p, _P(c_size_t), _P(c_size_t)]),
     "ei_engine_layer_rows": (c_int32, [c_void_p, c_int32]),
@@ -265,7 +272,9 @@ def native_cache_types() -> list[str]:
 
 
 def _native_cache_ok(t: CacheType) -> bool:
-    return t.layout == CacheLayout.ROWS and t.ggml_type in _NATIVE_CACHE_TYPES
+    return t.layout == CacheLayout.KIVI or (
+        t.layout == CacheLayout.ROWS and t.ggml_type in _NATIVE_CACHE_TYPES
+    )
 
 
 def _native_cache_type(kv_type: str | CacheType, what: str = "kv_type") -> CacheType:
@@ -341,11 +350,11 @@ def block_key(parent: int, tokens: Sequence[int]) -> int:
     return int.from_bytes(h.digest(), "little") or 1
 
 
-def block_keys(tokens: Sequence[int]) -> list[int]:
-    """The keys of the full blocks of ``tokens``, in order."""
+def block_keys(tokens: Sequence[int], block: int = BLOCK_SIZE) -> list[int]:
+    """The keys of the full blocks of ``block`` positions of ``tokens``, in order."""
     keys: list[int] = []
-    for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
-        keys.append(block_key(keys[-1] if keys else 0, tokens[start : start + BLOCK_SIZE]))
+    for start in range(0, len(tokens) - block + 1, block):
+        keys.append(block_key(keys[-1] if keys else 0, tokens[start : start + block]))
     return keys
 
 
@@ -358,7 +367,8 @@ class NativeEngine(SequenceEngine):
         self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, *, n_threads: int,
         cache_type_k: str | CacheType = "f16", cache_type_v: str | CacheType = "f16",
         isa: str | None = None, n_batch: int = 512, n_seq_max: int = 1, swa_full: bool = False,
-        kv_budget: int = 0, track_attention: bool = False,
+        kv_budget: int = 0, track_attention: bool = False, kivi_group: int = KIVI_GROUP,
+        kivi_residual: int = KIVI_RESIDUAL,
     ) -> None:  # fmt: skip
         super().__init__(n_ctx, cfg.n_vocab, n_seq_max)
         self._handle: ctypes.c_void_p | None = None
@@ -366,7 +376,9 @@ class NativeEngine(SequenceEngine):
         lib = library()
         kt = _native_cache_type(cache_type_k, "cache_type_k")
         vt = _native_cache_type(cache_type_v, "cache_type_v")
+        kivi_layout = check_kivi_options(kt, vt, kivi_group, kivi_residual)
         self.cache_type_k, self.cache_type_v = kt.name, vt.name
+        self.kivi = (kivi_group, kivi_residual) if kivi_layout else None
         self.cfg = cfg
         self._map = np.frombuffer(gguf.buffer(), dtype=np.uint8)  # keeps the map alive
         base = _ptr(self._map)
@@ -398,9 +410,11 @@ class NativeEngine(SequenceEngine):
         )  # fmt: skip
         params = EngineParams(
             n_ctx=n_ctx, n_threads=n_threads, n_seq_max=n_seq_max, n_batch=n_batch,
-            kv_type_k=int(kt.ggml_type), kv_type_v=int(vt.ggml_type), kv_layout=int(kt.layout),
+            kv_type_k=kt.bits if kivi_layout else int(kt.ggml_type),
+            kv_type_v=vt.bits if kivi_layout else int(vt.ggml_type), kv_layout=int(kt.layout),
             isa=resolve_isa(isa), ring=int(not swa_full), kv_budget=kv_budget,
-            track_attention=int(track_attention),
+            track_attention=int(track_attention), kivi_group=kivi_group,
+            kivi_residual=kivi_residual,
         )  # fmt: skip
         handle = c_void_p()
         check(lib.ei_engine_create(ctypes.byref(m), ctypes.byref(params), ctypes.byref(handle)))
@@ -408,13 +422,17 @@ class NativeEngine(SequenceEngine):
         self.tracks_attention = track_attention
         self._isa = ISA_NAMES[lib.ei_engine_isa(handle)]
         self.n_batch = n_batch
+        self.block_size = int(lib.ei_engine_block_positions(handle))
+        if kivi_layout:  # its f16 residual is a ring: a deeper rewind evaluates again
+            self.ring_slack, self.ring_window = WINDOW_SLACK, kivi_residual + kivi_group
+            self.can_save_rows = self.can_discard = False
         rings = [  # the windows of the layers that release blocks behind them (kv_pool.h)
             w for w in map(cfg.layer_window, range(cfg.n_layer))
             if layer_positions(n_ctx, w, n_batch, not swa_full) < n_ctx
         ]  # fmt: skip
         if rings:
-            self.ring_slack = BLOCK_SIZE  # they keep EI_KV_SLACK positions behind the window
-            self.ring_window = max(rings)
+            self.ring_slack = WINDOW_SLACK  # they keep EI_KV_SLACK positions behind the window
+            self.ring_window = max([*rings, self.ring_window])
         # per sequence: its tokens, the keys of its full blocks, and whether it may key more
         self._tokens: list[list[int]] = [[] for _ in range(n_seq_max)]
         self._keys: list[list[int]] = [[] for _ in range(n_seq_max)]
@@ -451,8 +469,8 @@ class NativeEngine(SequenceEngine):
         n = self._lengths[seq]
         self._tokens[seq] = self._tokens[seq][:n]
         if self._handle:
-            self._forget_keys(seq, n // BLOCK_SIZE, len(self._keys[seq]))
-        self._keys[seq] = self._keys[seq][: n // BLOCK_SIZE]
+            self._forget_keys(seq, n // self.block_size, len(self._keys[seq]))
+        self._keys[seq] = self._keys[seq][: n // self.block_size]
         if n == 0:
             self._unkeyed.discard(seq)
 
@@ -495,8 +513,8 @@ class NativeEngine(SequenceEngine):
         # the moved blocks hold rotated keys, not what evaluating their tokens gives: no block
         # of this sequence gets a key again until it is cleared
         start = runs[0][0]
-        self._forget_keys(seq, start // BLOCK_SIZE, len(self._keys[seq]))
-        self._keys[seq] = self._keys[seq][: start // BLOCK_SIZE]
+        self._forget_keys(seq, start // self.block_size, len(self._keys[seq]))
+        self._keys[seq] = self._keys[seq][: start // self.block_size]
         self._unkeyed.add(seq)
 
     def _attention_scores(self, seq: int) -> np.ndarray:
@@ -520,7 +538,7 @@ class NativeEngine(SequenceEngine):
         check(library().ei_engine_seq_fork(self._handle, src, dst, n))
         self._lengths[dst] = self._highs[dst] = n
         self._tokens[dst] = self._tokens[src][:n]
-        self._keys[dst] = self._keys[src][: n // BLOCK_SIZE]
+        self._keys[dst] = self._keys[src][: n // self.block_size]
         self._unkeyed.discard(dst)
 
     def reuse(self, seq: int, tokens: Sequence[int]) -> int:
@@ -530,7 +548,8 @@ class NativeEngine(SequenceEngine):
         self._check_open()
         self._check_seq(seq)
         ids = [int(t) for t in tokens]
-        keys = block_keys(ids[: (len(ids) - 1) // BLOCK_SIZE * BLOCK_SIZE])
+        b = self.block_size
+        keys = block_keys(ids[: (len(ids) - 1) // b * b], b)
         arr = np.ascontiguousarray(keys, dtype=np.uint64)
         got = ctypes.c_int32()
         check(library().ei_engine_seq_reuse(
@@ -538,7 +557,7 @@ class NativeEngine(SequenceEngine):
         ))  # fmt: skip
         n = got.value
         self._lengths[seq] = self._highs[seq] = n
-        self._tokens[seq], self._keys[seq] = ids[:n], keys[: n // BLOCK_SIZE]
+        self._tokens[seq], self._keys[seq] = ids[:n], keys[: n // self.block_size]
         self._unkeyed.discard(seq)
         return n
 
@@ -556,7 +575,7 @@ class NativeEngine(SequenceEngine):
         ]  # fmt: skip
         lookups, hits = int(out[1]), int(out[2])
         return {
-            "block_size": BLOCK_SIZE, "groups": groups, "lookups": lookups, "hits": hits,
+            "block_size": self.block_size, "groups": groups, "lookups": lookups, "hits": hits,
             "hit_rate": hits / lookups if lookups else 0.0,
             "used": sum(g["used"] for g in groups), "cached": sum(g["cached"] for g in groups),
             "free": sum(g["free"] for g in groups),
@@ -569,13 +588,13 @@ class NativeEngine(SequenceEngine):
         lib, out = library(), {}
         for seq in sorted(set(batch.seqs.tolist()) - self._unkeyed):
             keys = self._keys[seq]
-            tail = self._tokens[seq][len(keys) * BLOCK_SIZE :]
+            tail = self._tokens[seq][len(keys) * self.block_size :]
             tail += batch.tokens[batch.seqs == seq].tolist()
-            if len(tail) < BLOCK_SIZE:
+            if len(tail) < self.block_size:
                 continue
-            keys = list(keys)
-            for start in range(0, len(tail) - BLOCK_SIZE + 1, BLOCK_SIZE):
-                keys.append(block_key(keys[-1] if keys else 0, tail[start : start + BLOCK_SIZE]))
+            keys, b = list(keys), self.block_size
+            for start in range(0, len(tail) - b + 1, b):
+                keys.append(block_key(keys[-1] if keys else 0, tail[start : start + b]))
                 check(lib.ei_engine_seq_set_key(self._handle, seq, len(keys) - 1, keys[-1]))
             out[seq] = keys
         return out

@@ -27,7 +27,14 @@ from edgeinfer.engines.onnxruntime import OnnxFolder
 from edgeinfer.generation import GenerationStats, Holder, KVSession, Turns, typed_memory_errors
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.reader import model_path
-from edgeinfer.kv_cache import CACHE_TYPES, DEFAULT_CACHE_TYPE, cache_type
+from edgeinfer.kv_cache import (
+    CACHE_TYPES,
+    DEFAULT_CACHE_TYPE,
+    KIVI_GROUP,
+    KIVI_RESIDUAL,
+    cache_type,
+    check_kivi_options,
+)
 from edgeinfer.models import config_from_gguf
 from edgeinfer.models.base import DecoderConfig
 from edgeinfer.sampling import Sampler, SamplingParams
@@ -85,6 +92,8 @@ class Model:
         n_keep: int = 0,
         n_sink: int = DEFAULT_N_SINK,
         kv_budget: int | str | None = None,
+        kivi_group: int = KIVI_GROUP,
+        kivi_residual: int = KIVI_RESIDUAL,
     ) -> None:
         t0 = time.perf_counter()
         self._engine: engines.Engine | None = None
@@ -96,6 +105,8 @@ class Model:
         asked_cache_types = _cache_types(kv_type, cache_type_k, cache_type_v)
         policy = ContextPolicy(context_policy, n_keep=n_keep, n_sink=n_sink)
         budget = _kv_budget(kv_budget)
+        kivi_group = _int_option("kivi_group", kivi_group, 1)
+        kivi_residual = _int_option("kivi_residual", kivi_residual, 0)
         if n_ctx is not None:
             n_ctx = _int_option("n_ctx", n_ctx, 1)
         self.path = model_path(path)
@@ -127,10 +138,16 @@ class Model:
             self._kv_types = asked_cache_types or _recommended_cache_types(
                 self.source.metadata, self.path
             )
+            if check_kivi_options(*self._kv_types, kivi_group, kivi_residual) and policy.evicts:
+                raise errors.InvalidOptionError(
+                    f"context_policy {policy.name} is not supported with a KIVI cache "
+                    f"({'/'.join(self._kv_types)}): its groups cannot be moved yet"
+                )
             options = engines.EngineOptions(
                 n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=n_batch,
                 cache_type_k=self._kv_types[0], cache_type_v=self._kv_types[1], isa=isa,
                 swa_full=swa_full, kv_budget=budget, track_attention=policy.tracks_attention,
+                kivi_group=kivi_group, kivi_residual=kivi_residual,
             )  # fmt: skip
             with typed_memory_errors():
                 self._engine = engines.create(spec, self.source, self.config, options)
@@ -479,8 +496,10 @@ def load(
     Further options: ``n_batch`` (prompt tokens per engine call), ``engine`` ("auto" or a name
     in :data:`edgeinfer.engines.ENGINES`: "native", "reference", "onnxruntime"),
     ``cache_type_k`` and ``cache_type_v`` (the KV cache's types for keys and for values, names
-    in :data:`edgeinfer.kv_cache.CACHE_TYPES`: "f16", "f32", "q8_0", "q4_0"; by default those
-    the file recommends, else "f16"), ``kv_type`` (a shorthand setting both), ``swa_full``
+    in :data:`edgeinfer.kv_cache.CACHE_TYPES`: "f16", "f32", "q8_0", "q4_0", "kivi4",
+    "kivi2"; by default those the file recommends, else "f16"), ``kv_type`` (a shorthand
+    setting both), ``kivi_group`` and ``kivi_residual`` (a KIVI cache's positions per key
+    group, 32, 64 or 128, and the newest positions it reads in f16), ``swa_full``
     (sliding-window layers keep the whole context rather than the blocks of their window),
     ``context_policy`` (what a sequence does at the end of the context: "error", "shift"
     keeping ``n_keep`` tokens, "streaming" keeping ``n_sink`` attention sinks, or "h2o"
@@ -498,7 +517,7 @@ def load(
 
 _LOAD_OPTIONS = frozenset({
     "n_batch", "engine", "kv_type", "isa", "cache_type_k", "cache_type_v", "swa_full",
-    "context_policy", "n_keep", "n_sink", "kv_budget",
+    "context_policy", "n_keep", "n_sink", "kv_budget", "kivi_group", "kivi_residual",
 })  # fmt: skip
 
 

@@ -180,19 +180,21 @@ def k_dots(
     n: int | None = None,
 ) -> np.ndarray:  # fmt: skip
     """The raw dots of query q (hd,) with tokens [t0, t0 + n) of a K block, as the kernels
-    round them: the channels' terms added in channel order."""
+    round them: the channels' terms added in channel order. Queries (..., hd) give
+    (..., n)."""
     scale, zero, codes = split_k(block, bits, group, hd)
     q = np.asarray(q, dtype=_F32)
     n = group - t0 if n is None else n
     with np.errstate(invalid="ignore", over="ignore"):
-        u = q * _f16_to_f32(scale)  # (hd,)
+        u = q * _f16_to_f32(scale)  # (..., hd)
         terms = q.astype(np.float64) * _f16_to_f32(zero).astype(np.float64)
-        zsum = _F32(np.add.accumulate(terms)[-1])  # in order, not pairwise
-        acc = np.zeros(group, dtype=_F32)
+        zsum = np.add.accumulate(terms, axis=-1)[..., -1].astype(_F32)  # in order, not pairwise
+        acc = np.zeros(q.shape[:-1] + (group,), dtype=_F32)
+        c = codes.astype(_F32)
         for d in range(hd):
-            acc = acc + u[d] * codes[d].astype(_F32)
-        dots = acc + zsum
-    return dots[t0 : t0 + n]
+            acc = acc + u[..., d, None] * c[d]
+        dots = acc + zsum[..., None]
+    return dots[..., t0 : t0 + n]
 
 
 # --- values --------------------------------------------------------------------------------

@@ -12,10 +12,13 @@ sliding-window layer gives its blocks back once they lie WINDOW_SLACK positions 
 window, so it holds its window, the slack and one step rather than the whole context: the
 cache grows with the context only in the global layers.
 
-Layouts that are not per-token rows (KIVI's keys,
-quantized per channel over groups of ``group`` tokens with a full-precision residual of recent
-tokens) describe themselves through the same fields: a new type is added by listing it here,
-with its layout, and supplying its kernels, never by editing the call sites.
+``kivi4`` and ``kivi2`` (KIVI, arXiv 2402.02750; formats in simd/common/kivi.h) are not rows:
+keys are quantized per channel over groups of ``kivi_group`` (G) positions, values per
+position over groups of channels, to 4 or 2 bits with an f16 scale and zero point. Every
+position enters an f16 residual first; a query at position p reads the groups that end at or
+before ``p + 1 - kivi_residual`` (R) quantized and the rest in f16, so that what it sees
+depends on its position alone. The residual keeps R + G positions (and the slack and a step),
+and the pool's blocks hold G positions. Keys and values are both KIVI or both rows.
 
 The engines, ``edgeinfer info`` and the converters' memory fitting all size the cache with
 :func:`cache_bytes`.
@@ -28,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from edgeinfer import errors
+from edgeinfer import errors, kivi
 from edgeinfer.gguf.constants import BLOCK_LAYOUTS, GGMLType
 
 
@@ -36,6 +39,7 @@ class CacheLayout(enum.IntEnum):
     """How a cache tensor's elements are grouped. Values are those of the C ``EI_KV_*``."""
 
     ROWS = 0  # one row per (position, KV head), encoded as ``ggml_type``
+    KIVI = 1  # KIVI groups of ``bits``-bit codes and an f16 residual (EI_KV_KIVI)
 
 
 @dataclass(frozen=True)
@@ -43,11 +47,13 @@ class CacheType:
     """The element of one cache tensor (keys or values)."""
 
     name: str
-    ggml_type: GGMLType
+    ggml_type: GGMLType  # a row type's encoding; a KIVI type's residual (f16)
     layout: CacheLayout = CacheLayout.ROWS
+    bits: int = 0  # a KIVI type's code bits
 
     def row_bytes(self, n_values: int) -> int:
-        """Bytes of one row of ``n_values`` values (one head of one position)."""
+        """Bytes of one row of ``n_values`` values (one head of one position; KIVI: of the
+        f16 residual)."""
         block = BLOCK_LAYOUTS[self.ggml_type]
         if n_values % block.block_size:
             raise errors.InvalidOptionError(
@@ -60,9 +66,20 @@ class CacheType:
         """Bytes of one layer's cache tensor holding ``n_positions`` positions."""
         return n_positions * n_heads * self.row_bytes(head_dim)
 
-    @property
-    def bits_per_value(self) -> float:
-        """Bits one cached value costs, its block's scales counted (q8_0 8.5, q4_0 4.5)."""
+    def group_bytes(self, n_values: int, group: int, keys: bool) -> int:
+        """Bytes of ``group`` positions of one head of ``n_values`` values as a quantized KIVI
+        group: one key group block, or ``group`` value rows."""
+        if keys:
+            return kivi.k_block_bytes(self.bits, group, n_values)
+        return group * kivi.v_row_bytes(self.bits, group, n_values)
+
+    def bits_per_value(self, n_values: int = 256, group: int = 32, keys: bool = True) -> float:
+        """Bits one cached value costs, its scales and zero points counted (q8_0 8.5, q4_0
+        4.5; kivi4 keys in groups of 32 positions 5). KIVI's depend on the group and, for the
+        values, on the head's channels (``n_values``); the residual is not counted here
+        (:func:`cache_summary` counts it)."""
+        if self.layout == CacheLayout.KIVI:
+            return 8 * self.group_bytes(n_values, group, keys) / (group * n_values)
         block = BLOCK_LAYOUTS[self.ggml_type]
         return 8 * block.type_size / block.block_size
 
@@ -73,6 +90,8 @@ CACHE_TYPES: dict[str, CacheType] = {
     for t in (
         CacheType("f16", GGMLType.F16), CacheType("f32", GGMLType.F32),
         CacheType("q8_0", GGMLType.Q8_0), CacheType("q4_0", GGMLType.Q4_0),
+        CacheType("kivi4", GGMLType.F16, CacheLayout.KIVI, 4),
+        CacheType("kivi2", GGMLType.F16, CacheLayout.KIVI, 2),
     )
 }  # fmt: skip
 DEFAULT_CACHE_TYPE = "f16"
@@ -92,18 +111,61 @@ def cache_type(name: str | CacheType, what: str = "kv_type") -> CacheType:
 
 
 # the native engine's block pool (simd/common/kv_pool.h: EI_KV_BLOCK, EI_KV_SLACK)
-BLOCK_SIZE = 32  # positions per block
+BLOCK_SIZE = 32  # positions per block (a KIVI cache's blocks hold kivi_group)
 WINDOW_SLACK = 32  # positions a sliding-window layer keeps behind its window
+KIVI_GROUP = 32  # KIVI's defaults: positions per key group, and the f16 residual
+KIVI_RESIDUAL = 128
 
 
-def layer_positions(n_ctx: int, window: int, n_batch: int, ring: bool = True) -> int:
+def layer_positions(
+    n_ctx: int, window: int, n_batch: int, ring: bool = True, block: int = BLOCK_SIZE
+) -> int:
     """Positions the pool reserves for one layer of one sequence (simd/common/kv_pool.c): all
     of ``n_ctx`` in whole blocks, or for a sliding-window layer (``ring``) the blocks of its
     window, the slack and a step of ``n_batch``, where that is less."""
-    blocks = -(-n_ctx // BLOCK_SIZE)
+    blocks = -(-n_ctx // block)
     if ring and window > 0 and window + WINDOW_SLACK + n_batch < n_ctx:
-        blocks = min(blocks, -(-(window + WINDOW_SLACK + n_batch) // BLOCK_SIZE) + 2)
-    return blocks * BLOCK_SIZE
+        blocks = min(blocks, -(-(window + WINDOW_SLACK + n_batch) // block) + 2)
+    return blocks * block
+
+
+def _check_pair(k: CacheType, v: CacheType) -> None:
+    if (k.layout == CacheLayout.KIVI) != (v.layout == CacheLayout.KIVI):
+        raise errors.InvalidOptionError(
+            f"keys and values are both KIVI or neither: cache_type_k {k.name}, "
+            f"cache_type_v {v.name}"
+        )
+
+
+def check_kivi_options(
+    k: str | CacheType, v: str | CacheType, kivi_group: int, kivi_residual: int
+) -> bool:
+    """Whether the pair of types is KIVI's, after checking that it is a pair and that the KIVI
+    options are ones the format has (typed errors otherwise)."""
+    kt, vt = cache_type(k, "cache_type_k"), cache_type(v, "cache_type_v")
+    _check_pair(kt, vt)
+    if kivi_group not in kivi.GROUPS:
+        raise errors.InvalidOptionError(
+            f"kivi_group must be one of {', '.join(map(str, kivi.GROUPS))}, not {kivi_group}"
+        )
+    if not isinstance(kivi_residual, int) or kivi_residual < 0:
+        raise errors.InvalidOptionError(f"kivi_residual must be >= 0, not {kivi_residual!r}")
+    return kt.layout == CacheLayout.KIVI
+
+
+def _layer_bytes(
+    k: CacheType, v: CacheType, n_head_kv: int, head_dim: int, head_dim_v: int, n_ctx: int,
+    window: int, n_batch: int, ring: bool, kivi_group: int, kivi_residual: int,
+) -> int:  # fmt: skip
+    """One layer's cache bytes for one sequence (what the pool holds at most)."""
+    rows = k.tensor_bytes(1, n_head_kv, head_dim) + v.tensor_bytes(1, n_head_kv, head_dim_v)
+    if k.layout != CacheLayout.KIVI:
+        return layer_positions(n_ctx, window, n_batch, ring) * rows
+    g = kivi_group
+    groups = layer_positions(n_ctx, window, n_batch, ring, g) // g
+    quantized = n_head_kv * (k.group_bytes(head_dim, g, True) + v.group_bytes(head_dim_v, g, False))
+    residual = layer_positions(n_ctx, kivi_residual + g, n_batch, True, g)
+    return groups * quantized + residual * rows
 
 
 def cache_bytes(
@@ -119,18 +181,24 @@ def cache_bytes(
     windows: Sequence[int] = (),
     n_batch: int = 512,
     ring: bool = True,
+    kivi_group: int = KIVI_GROUP,
+    kivi_residual: int = KIVI_RESIDUAL,
 ) -> int:
     """Bytes of the keys and values of every layer for ``n_ctx`` positions of ``n_seq``
     sequences. ``windows`` holds each layer's sliding window (0: none; empty: no layer has
-    one); such a layer keeps a ring (:func:`layer_positions`) unless ``ring`` is false."""
+    one); such a layer keeps a ring (:func:`layer_positions`) unless ``ring`` is false. A KIVI
+    cache counts its quantized groups and its f16 residual."""
     k = cache_type(k_type)
     v = cache_type(v_type) if v_type is not None else k
-    per_position = k.tensor_bytes(1, n_head_kv, head_dim) + v.tensor_bytes(1, n_head_kv, head_dim_v)
+    _check_pair(k, v)
     layers = list(windows) or [0] * n_layer
     if len(layers) != n_layer:
         raise errors.InvalidOptionError(f"{len(layers)} windows given for {n_layer} layers")
-    positions = sum(layer_positions(n_ctx, w, n_batch, ring) for w in layers)
-    return n_seq * positions * per_position
+    return n_seq * sum(
+        _layer_bytes(k, v, n_head_kv, head_dim, head_dim_v, n_ctx, w, n_batch, ring,
+                     kivi_group, kivi_residual)
+        for w in layers
+    )  # fmt: skip
 
 
 def cache_summary(
@@ -140,28 +208,53 @@ def cache_summary(
     v_type: str | CacheType | None = None,
     n_batch: int = 512,
     ring: bool = True,
+    kivi_group: int = KIVI_GROUP,
+    kivi_residual: int = KIVI_RESIDUAL,
 ) -> dict[str, Any]:
     """What ``edgeinfer info`` and ``bench`` report about the cache of one sequence of a model
-    (a DecoderConfig): its types and their bits per value, the bytes each further token of
-    context costs (the layers without a ring), and the total for ``n_ctx``."""
+    (a DecoderConfig): its types and their bits per value (the formats', then
+    ``bits_per_value``: what a full-attention layer holding ``n_ctx`` positions costs between
+    steps, scales, zero points and a KIVI residual counted), the bytes each further token of
+    context costs (the layers without a ring), and the total the pool reserves for ``n_ctx``
+    (a step of ``n_batch`` included)."""
     k = cache_type(k_type, "cache_type_k")
     v = cache_type(v_type, "cache_type_v") if v_type is not None else k
+    _check_pair(k, v)
     windows = [cfg.layer_window(il) for il in range(cfg.n_layer)]
     shape = {"n_layer": cfg.n_layer, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim,
              "head_dim_v": cfg.head_dim_v, "k_type": k, "v_type": v, "n_batch": n_batch,
-             "ring": ring, "windows": windows}  # fmt: skip
+             "ring": ring, "windows": windows, "kivi_group": kivi_group,
+             "kivi_residual": kivi_residual}  # fmt: skip
     full = layer_positions(n_ctx, 0, n_batch)
     growing = sum(1 for w in windows if layer_positions(n_ctx, w, n_batch, ring) == full)
-    per_layer = k.tensor_bytes(1, cfg.n_head_kv, cfg.head_dim) + v.tensor_bytes(
+    kivi_types = k.layout == CacheLayout.KIVI
+    if kivi_types:
+        group = k.group_bytes(cfg.head_dim, kivi_group, True)
+        group += v.group_bytes(cfg.head_dim_v, kivi_group, False)
+        per_layer = cfg.n_head_kv * group // kivi_group
+    else:
+        per_layer = k.tensor_bytes(1, cfg.n_head_kv, cfg.head_dim) + v.tensor_bytes(
+            1, cfg.n_head_kv, cfg.head_dim_v
+        )
+    total = cache_bytes(n_ctx=n_ctx, **shape)
+    rows = k.tensor_bytes(1, cfg.n_head_kv, cfg.head_dim) + v.tensor_bytes(
         1, cfg.n_head_kv, cfg.head_dim_v
     )
-    return {
+    quantized = max(0, n_ctx - kivi_residual) // kivi_group * kivi_group if kivi_types else 0
+    layer = quantized * per_layer + (n_ctx - quantized) * rows
+    out = {
         "cache_type_k": k.name,
         "cache_type_v": v.name,
-        "bits_per_value_k": k.bits_per_value,
-        "bits_per_value_v": v.bits_per_value,
+        "bits_per_value_k": k.bits_per_value(cfg.head_dim, kivi_group, True),
+        "bits_per_value_v": v.bits_per_value(cfg.head_dim_v, kivi_group, False),
+        "bits_per_value": round(
+            8 * layer / (n_ctx * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)), 3
+        ),
         "rings": ring and growing < cfg.n_layer,
         "bytes_per_token": growing * per_layer,
         "context": n_ctx,
-        "total_bytes": cache_bytes(n_ctx=n_ctx, **shape),
+        "total_bytes": total,
     }
+    if kivi_types:
+        out["kivi_group"], out["kivi_residual"] = kivi_group, kivi_residual
+    return out

@@ -42,13 +42,13 @@ ENGINES: dict[str, EngineSpec] = {
     for spec in (
         EngineSpec(
             "native", "SIMD kernels picked for this CPU (simd/)", ("gguf",),
-            ("f16", "f32", "q8_0", "q4_0"),
+            ("f16", "f32", "q8_0", "q4_0", "kivi4", "kivi2"),
             max_sequences=64, module="edgeinfer.engines.native", probe=_probe_native,
         ),
         EngineSpec(
             "reference", "the numpy forward pass every engine is tested against", ("gguf",),
-            ("f16", "f32", "q8_0", "q4_0"), max_sequences=1, module="edgeinfer.engines.reference",
-            probe=_probe_reference,
+            ("f16", "f32", "q8_0", "q4_0", "kivi4", "kivi2"), max_sequences=1,
+            module="edgeinfer.engines.reference", probe=_probe_reference,
         ),
         EngineSpec(
             "onnxruntime", "an exported ONNX folder on onnxruntime", ("onnx",), (),

@@ -15,6 +15,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from edgeinfer import errors
+from edgeinfer.kv_cache import KIVI_GROUP, KIVI_RESIDUAL
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class EngineOptions:
     swa_full: bool = False  # sliding-window layers keep the whole context, not a ring
     kv_budget: int = 0  # bytes for the native engine's block pool; 0: n_seq_max x n_ctx
     track_attention: bool = False  # sum the attention each position receives (h2o)
+    kivi_group: int = KIVI_GROUP  # kivi4/kivi2 caches: positions per key group
+    kivi_residual: int = KIVI_RESIDUAL  # and the newest positions read in f16
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ class Engine(Protocol):
         """Forgets every position of ``seq`` and frees what its cache held."""
         ...
 
-    can_discard: ClassVar[bool]  # whether ``discard`` works (context policies need it)
+    can_discard: bool  # whether ``discard`` works (context policies need it)
 
     def discard(self, start: int, count: int, seq: int = 0) -> None:
         """Forgets positions [start, start + count) of ``seq``; the later ones move down."""
@@ -156,7 +159,7 @@ class Engine(Protocol):
         ``track_attention``)."""
         ...
 
-    can_save_rows: ClassVar[bool]  # whether the rows methods below work (saved sessions)
+    can_save_rows: bool  # whether the rows methods below work (saved sessions)
 
     def cache_row_bytes(self) -> tuple[int, int]:
         """Bytes of one position's keys and of its values, in the cache's own encoding."""
@@ -264,7 +267,7 @@ class SequenceEngine:
         self._lengths[seq] = self._highs[seq] = 0
         self._clear(seq)
 
-    can_discard: ClassVar[bool] = True  # whether ``discard`` (context policies) works
+    can_discard: bool = True  # whether ``discard`` (context policies) works
 
     def discard_limit(self, start: int, seq: int = 0) -> int:
         """The most positions ``discard(start, ...)`` may drop from ``seq`` now: all after
@@ -287,6 +290,11 @@ class SequenceEngine:
 
     def evict(self, runs: list[tuple[int, int]], seq: int = 0) -> None:
         self._check_open()
+        if not self.can_discard:
+            raise errors.InvalidOptionError(
+                f"the {self.name} engine with a {self.cache_type_k} cache cannot drop cached "
+                "positions"
+            )
         n_past = self.seq_length(seq)
         end = dropped = 0
         for start, count in runs:
@@ -319,7 +327,7 @@ class SequenceEngine:
 
     # --- rows of the cache (saved sessions: edgeinfer.session_state) -----------------------
 
-    can_save_rows: ClassVar[bool] = False
+    can_save_rows: bool = False
 
     def cache_row_bytes(self) -> tuple[int, int]:
         raise errors.InvalidOptionError(f"the {self.spec.name} engine cannot save its cache")

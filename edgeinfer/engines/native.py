@@ -15,6 +15,7 @@ def open_engine(gguf: GGUFFile, cfg: DecoderConfig, options: EngineOptions) -> N
         cache_type_k=options.cache_type_k, cache_type_v=options.cache_type_v, isa=options.isa,
         n_batch=options.n_batch, n_seq_max=options.n_seq_max, swa_full=options.swa_full,
         kv_budget=options.kv_budget, track_attention=options.track_attention,
+        kivi_group=options.kivi_group, kivi_residual=options.kivi_residual,
     )  # fmt: skip
 
 

@@ -21,11 +21,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeinfer import errors, quants
+from edgeinfer import errors, kivi, quants
 from edgeinfer.engines import ENGINES
 from edgeinfer.engines.base import Batch, EngineOptions, SequenceEngine
 from edgeinfer.gguf import GGMLType, GGUFFile
-from edgeinfer.kv_cache import CacheType, cache_type
+from edgeinfer.kv_cache import (
+    KIVI_GROUP,
+    KIVI_RESIDUAL,
+    CacheType,
+    cache_type,
+    check_kivi_options,
+)
 from edgeinfer.models.base import DecoderConfig
 
 F32, F64 = np.float32, np.float64
@@ -239,7 +245,8 @@ class ReferenceEngine(SequenceEngine):
 
     def __init__(
         self, gguf: GGUFFile, cfg: DecoderConfig, n_ctx: int, cache_type_k: str = "f16",
-        cache_type_v: str = "f16", track_attention: bool = False,
+        cache_type_v: str = "f16", track_attention: bool = False, kivi_group: int = KIVI_GROUP,
+        kivi_residual: int = KIVI_RESIDUAL,
     ) -> None:  # fmt: skip
         super().__init__(n_ctx, cfg.n_vocab)
         self.gguf, self.cfg = gguf, cfg
@@ -247,12 +254,26 @@ class ReferenceEngine(SequenceEngine):
         kt, vt = (self._cache_type(w, t) for w, t in (("k", cache_type_k), ("v", cache_type_v)))
         self.cache_type_k, self.cache_type_v = kt.name, vt.name
         self._kv_types = (kt.ggml_type, vt.ggml_type)
+        # a KIVI cache: (key bits, value bits, G, R); the f16 arrays below are its residual,
+        # whole, and each layer's quantized groups are kept once made (simd/common/kivi_attn.c)
+        self._kivi: tuple[int, int, int, int] | None = None
+        if check_kivi_options(kt, vt, kivi_group, kivi_residual):
+            self._kivi = (kt.bits, vt.bits, kivi_group, kivi_residual)
+            self.can_save_rows = False
+            self.can_discard = False
+        self._kivi_groups: list[dict[int, tuple[list[np.ndarray], np.ndarray]]] = [
+            {} for _ in range(cfg.n_layer)
+        ]
         # queries meet the keys as GGML prepares them for the key type (float16, or q8_0
         # blocks for a quantized type); probabilities meet float16 values as float16
         self._query_as = {GGMLType.F16: _round_f16, GGMLType.F32: lambda x: x}.get(
             kt.ggml_type, act_q8_0
         )
-        self._probs_as = _round_f16 if vt.ggml_type == GGMLType.F16 else (lambda x: x)
+        if self._kivi:  # queries and probabilities meet KIVI's parts unrounded
+            self._query_as = lambda x: x
+        self._probs_as = (
+            _round_f16 if vt.ggml_type == GGMLType.F16 and not self._kivi else (lambda x: x)
+        )
         self._store_k, self._store_v = _CACHE_STORE[kt.ggml_type], _CACHE_STORE[vt.ggml_type]
         kv = (n_ctx, cfg.n_head_kv)
         # (n_layer) x (n_ctx, n_head_kv, head_dim)
@@ -477,6 +498,10 @@ class ReferenceEngine(SequenceEngine):
         p0, p1 = pos[0], pos[-1] + 1
         self.k_cache[il][p0:p1] = self._store_k(k)
         self.v_cache[il][p0:p1] = self._store_v(v)
+        if self._kivi:  # groups holding rewritten rows are stale
+            groups = self._kivi_groups[il]
+            for gi in [g for g in groups if (g + 1) * self._kivi[2] > p0]:
+                del groups[gi]
         keys = self.k_cache[il][:p1].astype(F64)  # (T, n_head_kv, hd)
         vals = self.v_cache[il][:p1].astype(F64)
         if cfg.scale_q:
@@ -484,6 +509,13 @@ class ReferenceEngine(SequenceEngine):
         group = cfg.n_head // cfg.n_head_kv
         qg = self._query_as(q).astype(F64).reshape(n, cfg.n_head_kv, group, hd)
         scores = np.einsum("ngrd,tgd->grnt", qg, keys).astype(F32)
+        quantized = None
+        if self._kivi:  # (n, T) whether query i reads key t from a quantized group
+            quantized = np.arange(p1)[None, :] < self._kivi_below(pos)[:, None]
+            kq, vq = self._kivi_parts(il, qg.astype(F32), int(self._kivi_below(pos).max()))
+            scores[..., : kq.shape[-1]] = np.where(
+                quantized[:, : kq.shape[-1]], kq, scores[..., : kq.shape[-1]]
+            )
         if not cfg.scale_q:
             scores *= F32(cfg.kq_scale)
         kpos = np.arange(p1)
@@ -497,9 +529,50 @@ class ReferenceEngine(SequenceEngine):
         if self._scores is not None:  # every query head's probabilities, in fixed point
             fixed = np.floor(probs.astype(F64) * 2.0**32 + 0.5).astype(np.int64)
             self._scores[:p1] += fixed.sum(axis=(0, 1, 2))
-        out = np.einsum("grnt,tgd->ngrd", probs.astype(F64), vals)
+        if quantized is None:
+            out = np.einsum("grnt,tgd->ngrd", probs.astype(F64), vals)
+        else:  # the quantized rows' terms, then the residual's, both in float64
+            pq = np.where(quantized, probs, F32(0)).astype(F64)
+            out = np.einsum("grnt,tgd->ngrd", pq[..., : len(vq)], vq.astype(F64))
+            out += np.einsum("grnt,tgd->ngrd", np.where(quantized, F32(0), probs).astype(F64), vals)
         out = out.astype(F32)  # (n, n_head_kv, group, hd_v)
         return self.linear(out.reshape(n, cfg.n_head * cfg.head_dim_v), lt.wo)
+
+    # --- KIVI (simd/include/edgeinfer.h: EI_KV_KIVI) ----------------------------------------
+
+    def _kivi_below(self, pos: np.ndarray) -> np.ndarray:
+        """The positions below which each query reads quantized groups."""
+        assert self._kivi is not None
+        group, residual = self._kivi[2], self._kivi[3]
+        return np.maximum(pos + 1 - residual, 0) // group * group
+
+    def _kivi_parts(self, il: int, q: np.ndarray, below: int) -> tuple[np.ndarray, np.ndarray]:
+        """Scores of the queries q (n, n_head_kv, group, hd) against the quantized key groups
+        below ``below`` (n_head_kv, group, n, below), and those groups' values decoded
+        (below, n_head_kv, hd_v); each group quantized once from the f16 rows."""
+        assert self._kivi is not None
+        cfg, (kbits, vbits, g, _) = self.cfg, self._kivi
+        n, nkv, group, hd = q.shape
+        scores = np.zeros((nkv, group, n, below), dtype=F32)
+        values = np.zeros((below, nkv, cfg.head_dim_v), dtype=F32)
+        for gi in range(below // g):
+            part = self._kivi_groups[il].get(gi)
+            if part is None:
+                rows = slice(gi * g, (gi + 1) * g)
+                blocks = [kivi.quantize_k(self.k_cache[il][rows, h], kbits) for h in range(nkv)]
+                v16 = self.v_cache[il][rows]  # (G, n_head_kv, hd_v)
+                encoded = np.stack([
+                    np.stack([kivi.quantize_v(v16[t, h], vbits, g) for h in range(nkv)])
+                    for t in range(g)
+                ])  # fmt: skip
+                decoded = kivi.decode_v(encoded.reshape(g * nkv, -1), vbits, g, cfg.head_dim_v)
+                part = self._kivi_groups[il][gi] = (blocks, decoded.reshape(g, nkv, -1))
+            blocks, decoded = part
+            for h in range(nkv):
+                dots = kivi.k_dots(blocks[h], kbits, g, hd, q[:, h])  # (n, group, G)
+                scores[h, :, :, gi * g : (gi + 1) * g] = dots.transpose(1, 0, 2)
+            values[gi * g : (gi + 1) * g] = decoded
+        return scores, values
 
 
 def open_engine(gguf: GGUFFile, cfg: DecoderConfig, options: EngineOptions) -> ReferenceEngine:
@@ -511,4 +584,5 @@ def open_engine(gguf: GGUFFile, cfg: DecoderConfig, options: EngineOptions) -> R
     return ReferenceEngine(
         gguf, cfg, options.n_ctx, cache_type_k=options.cache_type_k,
         cache_type_v=options.cache_type_v, track_attention=options.track_attention,
+        kivi_group=options.kivi_group, kivi_residual=options.kivi_residual,
     )  # fmt: skip

@@ -69,6 +69,7 @@ typedef void (*ei_to_float_fn)(const void *x, float *y, int64_t n);
 typedef struct {
     const void *k, *v; /* the run's first key row and value row */
     int n;             /* its rows */
+    int t0;            /* its first row's place in its block (a KIVI key group: k is the group's) */
 } ei_attn_run;
 
 #define EI_ATTN_MAX_RUNS 64 /* runs of one query: ring wraps and paged blocks stay far below */
@@ -87,6 +88,11 @@ typedef struct {
                                         decoders a quantized cache is read with */
     int64_t *track;                  /* NULL, or per key t of all runs: track[t] += its
                                         probability in units of 2^-32 (ei_attn_track) */
+    /* a KIVI cache (ei_kivi_attn): runs [0, n_kivi_runs) are quantized key groups (k the group
+     * block of the run's KV head, t0 its first token in it) with KIVI value rows
+     * kivi_v_row_bytes apart; the runs after them f16 rows (the residual) */
+    int kivi_bits_k, kivi_bits_v, kivi_group, n_kivi_runs;
+    size_t kivi_v_row_bytes;
 } ei_attn_params;
 
 typedef void (*ei_attn_fn)(const ei_attn_params *p, const float *q, float *out, double *scratch);

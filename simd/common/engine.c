@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ei_internal.h"
+#include "kivi.h"
 #include "kv_pool.h"
 #include "repack.h"
 #include "threadpool.h"
@@ -27,6 +28,14 @@ struct ei_engine {
     size_t k_head_bytes, v_head_bytes;   /* one head of one position: head_dim(_v) values */
     size_t k_row_bytes, v_row_bytes;     /* one position: n_head_kv heads */
     ei_kv_pool *kv;     /* every sequence's cache: tables of blocks from one pool (kv_pool.h) */
+    /* EI_KV_KIVI (edgeinfer.h): pool layer il holds layer il's quantized groups, pool layer
+     * n_layer + il its f16 residual (k_row_bytes and v_row_bytes above are the residual's) */
+    int kivi;
+    size_t kivi_k_block, kivi_v_row; /* one KV head's key group, and value row */
+    int32_t *kivi_done;  /* (3, n_seq_max) the groups of each sequence quantized and valid; then
+                          * kivi_plan's scratch */
+    int32_t *kivi_jobs;  /* (2 * max jobs) the (sequence, group) pairs the step quantizes */
+    int n_kivi_jobs, max_kivi_jobs;
     ei_attn_run *runs;  /* (n_threads, max runs) the runs of rows one query reads */
     int max_runs;
     int q_dim, kv_dim, v_dim, att_dim, max_cols;
@@ -162,7 +171,22 @@ static void note_partner(ei_engine *e, const ei_tensor *t) {
 }
 
 /* the cache types and layout of the parameters: rows this build can write and read */
+static ei_status check_kivi(const ei_engine_params *p, const ei_model_desc *m) {
+    if (!ei_kivi_group_ok(p->kivi_group))
+        return ei_fail(EI_ERR_INVALID, "kivi_group must be 32, 64 or 128, got %d", p->kivi_group);
+    if (p->kivi_residual < 0 || p->kivi_residual > p->n_ctx)
+        return ei_fail(EI_ERR_INVALID, "kivi_residual must lie in [0, n_ctx = %d], got %d", p->n_ctx, p->kivi_residual);
+    if (!ei_kivi_k_block_bytes(p->kv_type_k, p->kivi_group, m->head_dim))
+        return ei_fail(EI_ERR_UNSUPPORTED, "KIVI keys have 2 or 4 bits and at most %d channels, not %d bits and %d",
+                       EI_MAX_HEAD_DIM, p->kv_type_k, m->head_dim);
+    if (!ei_kivi_v_group(p->kv_type_v, p->kivi_group, m->head_dim_v))
+        return ei_fail(EI_ERR_UNSUPPORTED, "KIVI values of %d bits cannot group %d channels by %d", p->kv_type_v,
+                       m->head_dim_v, p->kivi_group);
+    return EI_OK;
+}
+
 static ei_status check_cache(const ei_engine_params *p, const ei_model_desc *m, const ei_kernels *k) {
+    if (p->kv_layout == EI_KV_KIVI) return check_kivi(p, m);
     if (p->kv_layout != EI_KV_ROWS) return ei_fail(EI_ERR_UNSUPPORTED, "KV cache layout %d is not supported", p->kv_layout);
     const int types[2] = {p->kv_type_k, p->kv_type_v}, dims[2] = {m->head_dim, m->head_dim_v};
     for (int i = 0; i < 2; i++) {
@@ -176,7 +200,36 @@ static ei_status check_cache(const ei_engine_params *p, const ei_model_desc *m, 
 }
 
 /* the block pool: layers grouped by window (none where the parameters keep every layer whole) */
+static ei_status create_kivi_pool(ei_engine *e) {
+    const int L = e->m.n_layer, G = e->p.kivi_group, nh = e->m.n_head_kv;
+    size_t *blocks = malloc(4 * sizeof(size_t) * (size_t)L); /* (2 L) key bytes, (2 L) value bytes */
+    int32_t *windows = malloc(2 * sizeof(int32_t) * (size_t)L);
+    int8_t *grouped = malloc(2 * (size_t)L);
+    if (!blocks || !windows || !grouped) {
+        free(blocks); free(windows); free(grouped);
+        return ei_fail(EI_ERR_NOMEM, "out of memory");
+    }
+    size_t *k_blocks = blocks, *v_blocks = blocks + 2 * L;
+    for (int il = 0; il < L; il++) {
+        windows[il] = e->p.ring ? e->layers[il].window : 0;
+        k_blocks[il] = (size_t)nh * e->kivi_k_block;
+        v_blocks[il] = (size_t)G * nh * e->kivi_v_row;
+        grouped[il] = 1;
+        windows[L + il] = e->p.kivi_residual + G; /* the residual: what queries read in f16 */
+        k_blocks[L + il] = (size_t)G * e->k_row_bytes;
+        v_blocks[L + il] = (size_t)G * e->v_row_bytes;
+        grouped[L + il] = 0;
+    }
+    const ei_kv_pool_params kp = {2 * L, e->p.n_seq_max, e->p.n_ctx, e->p.n_batch, windows, 0, 0,
+                                  (size_t)e->p.kv_budget, G, k_blocks, v_blocks, grouped};
+    ei_status st;
+    e->kv = ei_kv_pool_create(&kp, &st);
+    free(blocks); free(windows); free(grouped);
+    return st;
+}
+
 static ei_status create_pool(ei_engine *e) {
+    if (e->kivi) return create_kivi_pool(e);
     int32_t *windows = alloc(e, sizeof(int32_t) * (size_t)e->m.n_layer);
     if (!windows) return ei_fail(EI_ERR_NOMEM, "out of memory");
     for (int il = 0; il < e->m.n_layer; il++) windows[il] = e->p.ring ? e->layers[il].window : 0;
@@ -225,8 +278,18 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     e->max_cols = m->n_embd;
     if (m->n_ff > e->max_cols) e->max_cols = m->n_ff;
     if (e->att_dim > e->max_cols) e->max_cols = e->att_dim;
-    e->k_head_bytes = ei_row_size(p.kv_type_k, m->head_dim);
-    e->v_head_bytes = ei_row_size(p.kv_type_v, m->head_dim_v);
+    e->kivi = p.kv_layout == EI_KV_KIVI;
+    e->k_head_bytes = e->kivi ? 2 * (size_t)m->head_dim : ei_row_size(p.kv_type_k, m->head_dim);
+    e->v_head_bytes = e->kivi ? 2 * (size_t)m->head_dim_v : ei_row_size(p.kv_type_v, m->head_dim_v);
+    if (e->kivi) {
+        e->kivi_k_block = ei_kivi_k_block_bytes(p.kv_type_k, p.kivi_group, m->head_dim);
+        e->kivi_v_row = ei_kivi_v_row_bytes(p.kv_type_v, p.kivi_group, m->head_dim_v);
+        e->max_kivi_jobs = p.n_seq_max * ((p.n_ctx + p.kivi_group - 1) / p.kivi_group);
+        e->kivi_done = alloc(e, 3 * sizeof(int32_t) * (size_t)p.n_seq_max);
+        e->kivi_jobs = alloc(e, 2 * sizeof(int32_t) * (size_t)e->max_kivi_jobs);
+        if (!e->kivi_done || !e->kivi_jobs) goto nomem;
+        memset(e->kivi_done, 0, sizeof(int32_t) * (size_t)p.n_seq_max);
+    }
     e->k_row_bytes = e->k_head_bytes * (size_t)m->n_head_kv;
     e->v_row_bytes = e->v_head_bytes * (size_t)m->n_head_kv;
 
@@ -296,8 +359,19 @@ nomem: {
 }
 }
 
+/* a KIVI sequence's blocks from its first unquantized group on lose the keys given for them:
+ * released with one, a block whose group is not quantized would serve a later prefix its
+ * unwritten codes */
+static void kivi_unkey_stale(ei_engine *e, int s) {
+    if (!e->kivi) return;
+    const int B = ei_kv_pool_block_size(e->kv);
+    for (int i = e->kivi_done[s]; (int64_t)i * B < e->p.n_ctx; i++) ei_kv_pool_set_key(e->kv, s, i, 0);
+}
+
 ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
+    kivi_unkey_stale(e, seq);
+    if (e->kivi) e->kivi_done[seq] = 0;
     ei_kv_pool_clear(e->kv, seq); /* its blocks go back to the pool (keyed ones stay cached) */
     return EI_OK;
 }
@@ -461,10 +535,121 @@ static void qkv_post(ei_engine *e, const step *st, int il, int ith, int nth) {
             if (l->k_norm.data) e->k->rms_norm(m->head_dim, kh, kh, l->k_norm.data, m->norm_eps);
             e->k->rope(m->n_rot, kh, cs, m->rope_neox);
         }
-        store_kv(e, e->p.kv_type_k, k_row(e, st->seq[i], il, st->pos[i]), k, e->kv_dim);
-        store_kv(e, e->p.kv_type_v, v_row(e, st->seq[i], il, st->pos[i]), v, e->v_dim);
+        const int cl = e->kivi ? e->m.n_layer + il : il; /* KIVI: every row enters the residual */
+        store_kv(e, e->kivi ? EI_TYPE_F16 : e->p.kv_type_k, k_row(e, st->seq[i], cl, st->pos[i]), k, e->kv_dim);
+        store_kv(e, e->kivi ? EI_TYPE_F16 : e->p.kv_type_v, v_row(e, st->seq[i], cl, st->pos[i]), v, e->v_dim);
     }
     ei_pool_barrier(e->pool);
+}
+
+/* ---- KIVI (edgeinfer.h: EI_KV_KIVI) ------------------------------------------------------ */
+
+/* the positions below which a query at pos reads quantized groups */
+static int kivi_quantized_below(const ei_engine *e, int pos) {
+    const int n = pos + 1 - e->p.kivi_residual;
+    return n > 0 ? n / e->p.kivi_group * e->p.kivi_group : 0;
+}
+
+/* whether any query reads layer il quantized: not a window no longer than the residual */
+static int kivi_layer_quantized(const ei_engine *e, int il) {
+    const int w = e->layers[il].window;
+    return !w || w > e->p.kivi_residual;
+}
+
+/* the step's groups of layer il quantized from their f16 rows: every KV head's key group and
+ * the value rows of its G positions; one unit per (job, head) */
+static void kivi_quantize(ei_engine *e, int il, int ith, int nth) {
+    const ei_model_desc *m = &e->m;
+    const int G = e->p.kivi_group, L = m->n_layer, nh = m->n_head_kv;
+    int a, b;
+    split(kivi_layer_quantized(e, il) ? e->n_kivi_jobs * nh : 0, ith, nth, &a, &b);
+    for (int w = a; w < b; w++) {
+        const int s = e->kivi_jobs[2 * (w / nh)], p0 = e->kivi_jobs[2 * (w / nh) + 1] * G, h = w % nh;
+        const ei_f16 *keys = (const ei_f16 *)(k_row(e, s, L + il, p0) + (size_t)h * e->k_head_bytes);
+        e->k->kivi_quantize_k(e->p.kv_type_k, G, m->head_dim, keys, e->k_row_bytes,
+                              k_row(e, s, il, p0) + (size_t)h * e->kivi_k_block);
+        for (int t = 0; t < G; t++)
+            e->k->kivi_quantize_v(e->p.kv_type_v, G, m->head_dim_v,
+                                  (const ei_f16 *)(v_row(e, s, L + il, p0 + t) + (size_t)h * e->v_head_bytes),
+                                  v_row(e, s, il, p0 + t) + (size_t)h * e->kivi_v_row);
+    }
+    ei_pool_barrier(e->pool);
+}
+
+/* the quantized groups the query of token i reads for KV head g, then its f16 residual rows */
+static int kivi_query_runs(const ei_engine *e, const step *st, int il, int i, int g, ei_attn_run *runs,
+                           ei_attn_params *ap) {
+    const int window = e->layers[il].window, pos = st->pos[i], s = st->seq[i];
+    const int t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    const int below = kivi_quantized_below(e, pos), split_at = below > t0 ? below : t0;
+    if (e->scores) ap->track = e->scores + (size_t)s * e->p.n_ctx + t0;
+    ap->n_kivi_runs = ei_kv_pool_runs(e->kv, s, il, t0, split_at, (size_t)g * e->kivi_k_block,
+                                      (size_t)g * e->kivi_v_row, runs);
+    return ap->n_kivi_runs + ei_kv_pool_runs(e->kv, s, e->m.n_layer + il, split_at, pos + 1,
+                                             (size_t)g * e->k_head_bytes, (size_t)g * e->v_head_bytes,
+                                             runs + ap->n_kivi_runs);
+}
+
+static void kivi_attention(ei_engine *e, const step *st, int il, ei_attn_params *ap, double *scratch, int ith,
+                           int nth) {
+    const ei_model_desc *m = &e->m;
+    const int group = m->n_head / m->n_head_kv;
+    ap->kivi_bits_k = e->p.kv_type_k;
+    ap->kivi_bits_v = e->p.kv_type_v;
+    ap->kivi_group = e->p.kivi_group;
+    ap->kivi_v_row_bytes = e->kivi_v_row * (size_t)m->n_head_kv;
+    ap->k_type = ap->v_type = EI_TYPE_F16;
+    int a, b;
+    split(st->n * m->n_head, ith, nth, &a, &b);
+    for (int w = a; w < b; w++) {
+        const int i = w / m->n_head, h = w % m->n_head;
+        ap->n_runs = kivi_query_runs(e, st, il, i, h / group, (ei_attn_run *)ap->runs, ap);
+        ei_kivi_attn(ap, e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim,
+                     e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v, scratch);
+    }
+    ei_pool_barrier(e->pool);
+}
+
+/* what a KIVI cache cannot do yet: its groups would have to be decoded, moved and quantized
+ * again, and saved states hold rows */
+static ei_status kivi_unsupported(const char *what) {
+    return ei_fail(EI_ERR_UNSUPPORTED, "%s is not supported with a KIVI cache", what);
+}
+
+/* the step's KIVI work, planned before it runs: a token at a position of a quantized group
+ * makes that group stale; each sequence then quantizes the groups its last query reads so
+ * that are not yet. The residual must still hold their rows (a rewind deeper than the slack
+ * is refused, as for a sliding window). */
+static ei_status kivi_plan(ei_engine *e, const step *st) {
+    const int G = e->p.kivi_group, L = e->m.n_layer;
+    const int n_seq = e->p.n_seq_max;
+    int32_t *done = e->kivi_done + n_seq, *ends = e->kivi_done + 2 * n_seq; /* the plan's */
+    for (int s = 0; s < n_seq; s++) done[s] = e->kivi_done[s], ends[s] = -1;
+    for (int i = 0; i < st->n; i++) {
+        const int s = st->seq[i];
+        if (st->pos[i] / G < done[s]) done[s] = st->pos[i] / G;
+        if (st->pos[i] + 1 > ends[s]) ends[s] = st->pos[i] + 1;
+    }
+    int n_jobs = 0;
+    for (int s = 0; s < n_seq; s++) {
+        if (ends[s] < 0) continue;
+        const int upto = kivi_quantized_below(e, ends[s] - 1) / G;
+        if (upto > done[s] && done[s] * G < ei_kv_pool_oldest(e->kv, s, L))
+            return ei_fail(EI_ERR_INVALID, "sequence %d needs the f16 rows of position %d to quantize them, which its "
+                           "KIVI residual no longer holds (it rewound too far)", s, done[s] * G);
+        for (int g = done[s]; g < upto; g++) {
+            for (int il = 0; il < L; il++) {
+                const ei_status w = ei_kv_pool_write_layer(e->kv, s, il, g * G, (g + 1) * G);
+                if (w != EI_OK) return w;
+            }
+            e->kivi_jobs[2 * n_jobs] = s;
+            e->kivi_jobs[2 * n_jobs++ + 1] = g;
+        }
+        if (upto > done[s]) done[s] = upto;
+    }
+    for (int s = 0; s < n_seq; s++) e->kivi_done[s] = done[s];
+    e->n_kivi_jobs = n_jobs;
+    return EI_OK;
 }
 
 /* the runs of cache rows the query of token i sees for KV head g, one per block of its window;
@@ -493,6 +678,10 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     ap.v_row_bytes = e->v_row_bytes;
     ap.scale = m->scale_q ? 1.0f : m->kq_scale;
     ap.kt = e->k;
+    if (e->kivi) {
+        kivi_attention(e, st, il, &ap, scratch, ith, nth);
+        return;
+    }
     int a, b;
     if (e->k->attn_group && group > 1 && st->n >= nth) {
         /* one unit per (token, KV head): the group's query heads read each cache row once */
@@ -588,6 +777,7 @@ static void forward_task(void *raw, int ith, int nth) {
         const mm_job qkv[3] = {{&l->wq, e->q, e->q_dim}, {&l->wk, e->kk, e->kv_dim}, {&l->wv, e->vv, e->v_dim}};
         matmul_group(e, qkv, 3, e->h, E, n, ith, nth);
         qkv_post(e, st, il, ith, nth);
+        if (e->kivi) kivi_quantize(e, il, ith, nth);
         attention(e, st, il, ith, nth);
         if (il == m->n_layer - 1 && st->n_out < n) n = keep_output_rows(e, st, ith);
         const mm_job wo = {&l->wo, e->t, E};
@@ -645,7 +835,10 @@ static ei_status prepare_step(ei_engine *e, const step *st) {
     for (int i = 0; i < st->n; i++) /* first, so that no write lands below what is held */
         for (int il = 0; il < e->m.n_layer; il++) {
             const int w = e->layers[il].window, t0 = w && st->pos[i] - w + 1 > 0 ? st->pos[i] - w + 1 : 0;
-            if (t0 < ei_kv_pool_oldest(e->kv, st->seq[i], il))
+            const int below = e->kivi ? kivi_quantized_below(e, st->pos[i]) : 0;
+            const int f16_from = below > t0 ? below : t0, cl = e->m.n_layer + il;
+            if (t0 < ei_kv_pool_oldest(e->kv, st->seq[i], il) ||
+                (e->kivi && f16_from < ei_kv_pool_oldest(e->kv, st->seq[i], cl)))
                 return ei_fail(EI_ERR_INVALID, "sequence %d at position %d needs keys of layer %d from position %d, "
                                "which its sliding-window cache no longer holds (it rewound too far)",
                                st->seq[i], st->pos[i], il, t0);
@@ -655,7 +848,7 @@ static ei_status prepare_step(ei_engine *e, const step *st) {
         if (s != EI_OK) return s;
         if (e->scores) e->scores[(size_t)st->seq[i] * e->p.n_ctx + st->pos[i]] = 0; /* a new row */
     }
-    return EI_OK;
+    return e->kivi ? kivi_plan(e, st) : EI_OK;
 }
 
 ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const int32_t *pos,
@@ -824,6 +1017,7 @@ static void evict_scores(ei_engine *e, int seq, int n_runs, const int32_t *runs,
 ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const int32_t *runs, int32_t n_past) {
     ei_status st = check_runs(e, seq, n_runs, runs, n_past);
     if (st != EI_OK || n_runs == 0) return st;
+    if (e->kivi) return kivi_unsupported("discarding positions");
     int *from = malloc(sizeof(int) * (size_t)e->m.n_layer);
     float *cs = malloc(sizeof(float) * (size_t)e->m.n_rot);
     float *buf = malloc(sizeof(float) * (size_t)e->kv_dim);
@@ -873,7 +1067,12 @@ ei_status ei_engine_seq_fork(ei_engine *e, int32_t src, int32_t dst, int32_t n) 
     if (!e || src < 0 || src >= e->p.n_seq_max || dst < 0 || dst >= e->p.n_seq_max || src == dst)
         return ei_fail(EI_ERR_INVALID, "cannot fork sequence %d into %d", src, dst);
     if (n < 0 || n > e->p.n_ctx) return ei_fail(EI_ERR_INVALID, "cannot share %d positions", n);
+    kivi_unkey_stale(e, dst);
     ei_kv_pool_fork(e->kv, src, dst, n);
+    if (e->kivi) { /* the groups it shares are quantized as src's are */
+        e->kivi_done[dst] = e->kivi_done[src] < n / e->p.kivi_group ? e->kivi_done[src] : n / e->p.kivi_group;
+        kivi_unkey_stale(e, dst);
+    }
     if (e->scores) /* the shared prefix has received the same attention */
         memcpy(e->scores + (size_t)dst * e->p.n_ctx, e->scores + (size_t)src * e->p.n_ctx, sizeof(int64_t) * (size_t)n);
     return EI_OK;
@@ -881,7 +1080,7 @@ ei_status ei_engine_seq_fork(ei_engine *e, int32_t src, int32_t dst, int32_t n) 
 
 ei_status ei_engine_seq_set_key(ei_engine *e, int32_t seq, int32_t block, uint64_t key) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
-    if (block < 0 || (int64_t)block * EI_KV_BLOCK >= e->p.n_ctx)
+    if (block < 0 || (int64_t)block * ei_kv_pool_block_size(e->kv) >= e->p.n_ctx)
         return ei_fail(EI_ERR_INVALID, "no block %d to key", block);
     ei_kv_pool_set_key(e->kv, seq, block, key);
     return EI_OK;
@@ -889,18 +1088,22 @@ ei_status ei_engine_seq_set_key(ei_engine *e, int32_t seq, int32_t block, uint64
 
 ei_status ei_engine_seq_publish(ei_engine *e, int32_t seq, int32_t n_blocks) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
-    ei_kv_pool_publish(e->kv, seq, n_blocks);
+    /* a KIVI block is final once its group is quantized */
+    ei_kv_pool_publish(e->kv, seq, e->kivi && e->kivi_done[seq] < n_blocks ? e->kivi_done[seq] : n_blocks);
     return EI_OK;
 }
 
 ei_status ei_engine_seq_reuse(ei_engine *e, int32_t seq, int32_t n, const uint64_t *keys, int32_t *positions) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max || n < 0 || (n && !keys) || !positions)
         return ei_fail(EI_ERR_INVALID, "bad arguments");
+    kivi_unkey_stale(e, seq);
     *positions = ei_kv_pool_reuse(e->kv, seq, n, keys);
+    if (e->kivi) e->kivi_done[seq] = *positions / e->p.kivi_group; /* only quantized blocks are cached */
     return EI_OK;
 }
 
 int32_t ei_engine_block_size(void) { return EI_KV_BLOCK; }
+int32_t ei_engine_block_positions(const ei_engine *e) { return e ? ei_kv_pool_block_size(e->kv) : -1; }
 
 int32_t ei_engine_pool_stats(const ei_engine *e, int64_t *out, int32_t n) {
     return e && out ? ei_kv_pool_stats(e->kv, out, n) : 0;
@@ -915,6 +1118,7 @@ int32_t ei_engine_pool_stats(const ei_engine *e, int64_t *out, int32_t n) {
 
 ei_status ei_engine_row_bytes(const ei_engine *e, size_t *k_bytes, size_t *v_bytes) {
     if (!e || !k_bytes || !v_bytes) return ei_fail(EI_ERR_INVALID, "bad arguments");
+    if (e->kivi) return kivi_unsupported("copying cache rows");
     *k_bytes = e->k_row_bytes;
     *v_bytes = e->v_row_bytes;
     return EI_OK;
@@ -929,6 +1133,7 @@ ei_status ei_engine_seq_rows(ei_engine *e, int32_t seq, int32_t layer, int32_t p
                              void *k_rows, void *v_rows, int32_t write) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
     if (layer < 0 || layer >= e->m.n_layer) return ei_fail(EI_ERR_INVALID, "no layer %d", layer);
+    if (e->kivi) return kivi_unsupported("copying cache rows");
     /* more than a ring's rows at once would name some rows twice */
     const int kept = ei_kv_pool_layer_rows(e->kv, layer);
     if (pos0 < 0 || n < 0 || n > kept || pos0 > e->p.n_ctx - n)

@@ -207,4 +207,7 @@ static inline void ei_kivi_decode_v_rows(int bits, int group, int hdv, const uin
             fn(bits, gv, rows + (size_t)j * row_bytes + g * gb, out + (size_t)j * hdv + (size_t)g * gv);
 }
 
+/* one query head against a KIVI cache (common/kivi_attn.c states the rounding) */
+void ei_kivi_attn(const ei_attn_params *p, const float *q, float *out, double *scratch);
+
 #endif

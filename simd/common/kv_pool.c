@@ -11,8 +11,7 @@
 typedef struct {
     int window;          /* 0: full attention */
     int n_layers;
-    size_t layer_bytes;  /* one layer's rows of a block: EI_KV_BLOCK keys, then EI_KV_BLOCK values */
-    size_t block_bytes;  /* n_layers * layer_bytes */
+    size_t block_bytes;  /* its layers' keys and values of one block, layer after layer */
     int n_blocks;
     uint8_t **slabs;     /* (n_blocks / EI_KV_SLAB, rounded up), allocated on first use */
     int32_t *ref;        /* (n_blocks) sequences holding each block */
@@ -24,8 +23,11 @@ typedef struct {
 
 struct ei_kv_pool {
     int n_layer, n_seq_max, n_ctx, max_blocks, n_groups;
-    size_t k_row, v_row;
-    int *layer_group, *layer_slot; /* (n_layer) */
+    int block; /* positions per block */
+    int *layer_group;              /* (n_layer) */
+    size_t *k_bytes, *v_bytes;     /* (n_layer) one layer's keys (values) of one block */
+    size_t *layer_off;             /* (n_layer) where a layer's keys start in its group's blocks */
+    int8_t *k_grouped;             /* (n_layer) 1: a block's keys are one group (kv_pool.h) */
     kv_group g[EI_KV_MAX_GROUPS];
     /* (n_seq_max, max_blocks) the key each full block of a sequence has, given by the caller
      * before the step that fills it: a block gets it when the sequence lets it go (a sliding
@@ -44,20 +46,29 @@ static uint8_t *block_base(const kv_group *g, int b) {
     return g->slabs[b / EI_KV_SLAB] + (size_t)(b % EI_KV_SLAB) * g->block_bytes;
 }
 
+static int params_block(const ei_kv_pool_params *p) { return p->block > 0 ? p->block : EI_KV_BLOCK; }
+
 /* blocks one sequence of a group needs at most: all of n_ctx, or a window's worth */
 static int blocks_per_seq(const ei_kv_pool_params *p, int window, int max_blocks) {
     if (!window) return max_blocks;
+    const int B = params_block(p);
     const int64_t live = (int64_t)window + EI_KV_SLACK + p->n_batch;
-    const int64_t n = (live + EI_KV_BLOCK - 1) / EI_KV_BLOCK + 2;
+    const int64_t n = (live + B - 1) / B + 2;
     return n < max_blocks ? (int)n : max_blocks;
+}
+
+/* layer il's window as its group has it: 0 where it would never release a block */
+static int layer_window(const ei_kv_pool_params *p, int il) {
+    const int w = p->windows ? p->windows[il] : 0;
+    return w < 0 || (int64_t)w + EI_KV_SLACK + p->n_batch >= p->n_ctx ? 0 : w;
 }
 
 /* the distinct windows of the layers, in order of first appearance */
 static int group_windows(const ei_kv_pool_params *p, int windows[EI_KV_MAX_GROUPS], int *layer_group) {
     int n = 0;
     for (int il = 0; il < p->n_layer; il++) {
-        int w = p->windows ? p->windows[il] : 0, g = 0;
-        if (w < 0 || (int64_t)w + EI_KV_SLACK + p->n_batch >= p->n_ctx) w = 0; /* never released */
+        const int w = layer_window(p, il);
+        int g = 0;
         while (g < n && windows[g] != w) g++;
         if (g == n) {
             if (n == EI_KV_MAX_GROUPS) return -1;
@@ -68,21 +79,68 @@ static int group_windows(const ei_kv_pool_params *p, int windows[EI_KV_MAX_GROUP
     return n;
 }
 
+/* the bytes of layer il's keys and values in one block */
+static size_t layer_k_bytes(const ei_kv_pool_params *p, int il) {
+    return p->k_blocks ? p->k_blocks[il] : (size_t)params_block(p) * p->k_row_bytes;
+}
+static size_t layer_v_bytes(const ei_kv_pool_params *p, int il) {
+    return p->v_blocks ? p->v_blocks[il] : (size_t)params_block(p) * p->v_row_bytes;
+}
+
 size_t ei_kv_pool_budget_default(const ei_kv_pool_params *p) {
     int windows[EI_KV_MAX_GROUPS];
-    const int n = group_windows(p, windows, NULL);
-    const int max_blocks = (p->n_ctx + EI_KV_BLOCK - 1) / EI_KV_BLOCK;
+    const int n = group_windows(p, windows, NULL), B = params_block(p);
+    const int max_blocks = (p->n_ctx + B - 1) / B;
     size_t total = 0;
     for (int gi = 0; gi < n; gi++) {
-        int layers = 0;
-        for (int il = 0; il < p->n_layer; il++) {
-            const int w = p->windows ? p->windows[il] : 0;
-            layers += (w < 0 || (int64_t)w + EI_KV_SLACK + p->n_batch >= p->n_ctx ? 0 : w) == windows[gi];
-        }
-        const size_t block = (size_t)layers * EI_KV_BLOCK * (p->k_row_bytes + p->v_row_bytes);
+        size_t block = 0;
+        for (int il = 0; il < p->n_layer; il++)
+            if (layer_window(p, il) == windows[gi]) block += layer_k_bytes(p, il) + layer_v_bytes(p, il);
         total += (size_t)p->n_seq_max * (size_t)blocks_per_seq(p, windows[gi], max_blocks) * block;
     }
     return total;
+}
+
+/* the layers' places in their groups' blocks */
+static void place_layers(ei_kv_pool *pool, const ei_kv_pool_params *p) {
+    for (int il = 0; il < p->n_layer; il++) {
+        kv_group *g = &pool->g[pool->layer_group[il]];
+        pool->k_bytes[il] = layer_k_bytes(p, il);
+        pool->v_bytes[il] = layer_v_bytes(p, il);
+        pool->layer_off[il] = g->block_bytes;
+        pool->k_grouped[il] = p->k_grouped ? p->k_grouped[il] : 0;
+        g->block_bytes += pool->k_bytes[il] + pool->v_bytes[il];
+        g->n_layers++;
+    }
+}
+
+/* the tables of group gi, its share of the budget in blocks; EI_OK or the failure */
+static ei_status create_group(ei_kv_pool *pool, const ei_kv_pool_params *p, int gi, int window, size_t budget,
+                              size_t wanted) {
+    kv_group *g = &pool->g[gi];
+    g->window = window;
+    /* the budget shared in proportion to what n_seq_max sequences of n_ctx need */
+    const double need = (double)p->n_seq_max * blocks_per_seq(p, g->window, pool->max_blocks);
+    const double blocks = need * ((double)budget / (double)wanted);
+    if (blocks > (double)INT32_MAX)
+        return ei_fail(EI_ERR_NOMEM, "out of memory: a KV budget of %zu bytes wants %.0f blocks", budget, blocks);
+    g->n_blocks = (int)blocks;
+    if (g->n_blocks < 1)
+        return ei_fail(EI_ERR_INVALID, "a KV budget of %zu bytes holds no block of %zu bytes", budget, g->block_bytes);
+    const size_t nb = (size_t)g->n_blocks, n_slabs = (nb + EI_KV_SLAB - 1) / EI_KV_SLAB;
+    const size_t table = (size_t)p->n_seq_max * (size_t)pool->max_blocks;
+    g->slabs = calloc(n_slabs, sizeof(uint8_t *));
+    g->ref = calloc(nb, sizeof(int32_t));
+    g->key = calloc(nb, sizeof(uint64_t));
+    g->used = calloc(nb, sizeof(uint64_t));
+    g->table = malloc(sizeof(int32_t) * table);
+    g->lo = calloc((size_t)p->n_seq_max, sizeof(int32_t));
+    if (!g->slabs || !g->ref || !g->key || !g->used || !g->table || !g->lo)
+        return ei_fail(EI_ERR_NOMEM, "out of memory: %zu bytes wanted for the KV block pool's tables",
+                       n_slabs * sizeof(uint8_t *) + nb * 20 + sizeof(int32_t) * table);
+    memset(g->table, 0xff, sizeof(int32_t) * table);
+    pool->bytes += n_slabs * sizeof(uint8_t *) + nb * 20 + sizeof(int32_t) * (size_t)p->n_seq_max * (pool->max_blocks + 1);
+    return EI_OK;
 }
 
 ei_kv_pool *ei_kv_pool_create(const ei_kv_pool_params *p, ei_status *status) {
@@ -92,59 +150,37 @@ ei_kv_pool *ei_kv_pool_create(const ei_kv_pool_params *p, ei_status *status) {
         *status = ei_fail(EI_ERR_UNSUPPORTED, "more than %d distinct attention windows", EI_KV_MAX_GROUPS);
         return NULL;
     }
-    size_t tables = 0; /* the bytes the tables want, for the message */
     ei_kv_pool *pool = calloc(1, sizeof(*pool));
     if (!pool) goto nomem;
     pool->n_layer = p->n_layer;
     pool->n_seq_max = p->n_seq_max;
     pool->n_ctx = p->n_ctx;
-    pool->max_blocks = (p->n_ctx + EI_KV_BLOCK - 1) / EI_KV_BLOCK;
-    pool->k_row = p->k_row_bytes;
-    pool->v_row = p->v_row_bytes;
+    pool->block = params_block(p);
+    pool->max_blocks = (p->n_ctx + pool->block - 1) / pool->block;
     pool->layer_group = calloc((size_t)p->n_layer, sizeof(int));
-    pool->layer_slot = calloc((size_t)p->n_layer, sizeof(int));
+    pool->k_bytes = calloc((size_t)p->n_layer, sizeof(size_t));
+    pool->v_bytes = calloc((size_t)p->n_layer, sizeof(size_t));
+    pool->layer_off = calloc((size_t)p->n_layer, sizeof(size_t));
+    pool->k_grouped = calloc((size_t)p->n_layer, 1);
     pool->seq_keys = calloc((size_t)p->n_seq_max * (size_t)pool->max_blocks, sizeof(uint64_t));
-    if (!pool->layer_group || !pool->layer_slot || !pool->seq_keys) goto nomem;
+    if (!pool->layer_group || !pool->k_bytes || !pool->v_bytes || !pool->layer_off || !pool->k_grouped ||
+        !pool->seq_keys)
+        goto nomem;
     pool->n_groups = group_windows(p, windows, pool->layer_group);
-    for (int il = 0; il < p->n_layer; il++) pool->layer_slot[il] = pool->g[pool->layer_group[il]].n_layers++;
-    const size_t budget = p->budget ? p->budget : ei_kv_pool_budget_default(p);
-    const size_t wanted = ei_kv_pool_budget_default(p);
+    place_layers(pool, p);
+    const size_t wanted = ei_kv_pool_budget_default(p), budget = p->budget ? p->budget : wanted;
     for (int gi = 0; gi < pool->n_groups; gi++) {
-        kv_group *g = &pool->g[gi];
-        g->window = windows[gi];
-        g->layer_bytes = EI_KV_BLOCK * (p->k_row_bytes + p->v_row_bytes);
-        g->block_bytes = (size_t)g->n_layers * g->layer_bytes;
-        /* the budget shared in proportion to what n_seq_max sequences of n_ctx need */
-        const double need = (double)p->n_seq_max * blocks_per_seq(p, g->window, pool->max_blocks);
-        const double blocks = need * ((double)budget / (double)wanted);
-        if (blocks > (double)INT32_MAX) {
+        const ei_status st = create_group(pool, p, gi, windows[gi], budget, wanted);
+        if (st != EI_OK) {
             ei_kv_pool_free(pool);
-            *status = ei_fail(EI_ERR_NOMEM, "out of memory: a KV budget of %zu bytes wants %.0f blocks", budget, blocks);
+            *status = st;
             return NULL;
         }
-        g->n_blocks = (int)blocks;
-        if (g->n_blocks < 1) {
-            ei_kv_pool_free(pool);
-            *status = ei_fail(EI_ERR_INVALID, "a KV budget of %zu bytes holds no block of %zu bytes", budget,
-                              g->block_bytes);
-            return NULL;
-        }
-        const size_t nb = (size_t)g->n_blocks, n_slabs = (nb + EI_KV_SLAB - 1) / EI_KV_SLAB;
-        tables = n_slabs * sizeof(uint8_t *) + nb * 20;
-        g->slabs = calloc(n_slabs, sizeof(uint8_t *));
-        g->ref = calloc(nb, sizeof(int32_t));
-        g->key = calloc(nb, sizeof(uint64_t));
-        g->used = calloc(nb, sizeof(uint64_t));
-        g->table = malloc(sizeof(int32_t) * (size_t)p->n_seq_max * (size_t)pool->max_blocks);
-        g->lo = calloc((size_t)p->n_seq_max, sizeof(int32_t));
-        if (!g->slabs || !g->ref || !g->key || !g->used || !g->table || !g->lo) goto nomem;
-        memset(g->table, 0xff, sizeof(int32_t) * (size_t)p->n_seq_max * (size_t)pool->max_blocks);
-        pool->bytes += n_slabs * sizeof(uint8_t *) + nb * 20 + sizeof(int32_t) * (size_t)p->n_seq_max * (pool->max_blocks + 1);
     }
     return pool;
 nomem:
     ei_kv_pool_free(pool);
-    *status = ei_fail(EI_ERR_NOMEM, "out of memory: %zu bytes wanted for the KV block pool's tables", tables);
+    *status = ei_fail(EI_ERR_NOMEM, "out of memory: the KV block pool's tables");
     return NULL;
 }
 
@@ -156,7 +192,8 @@ void ei_kv_pool_free(ei_kv_pool *pool) {
             for (int i = 0; i < (g->n_blocks + EI_KV_SLAB - 1) / EI_KV_SLAB; i++) free(g->slabs[i]);
         free(g->slabs); free(g->ref); free(g->key); free(g->used); free(g->table); free(g->lo);
     }
-    free(pool->layer_group); free(pool->layer_slot); free(pool->seq_keys);
+    free(pool->layer_group); free(pool->k_bytes); free(pool->v_bytes); free(pool->layer_off); free(pool->k_grouped);
+    free(pool->seq_keys);
     free(pool);
 }
 
@@ -217,8 +254,8 @@ static ei_status pool_full(const kv_group *g) {
 /* ei_kv_pool_write for one group */
 static ei_status write_group(ei_kv_pool *pool, kv_group *g, int s, int p0, int p1) {
     /* a window's blocks are held from lo on: one that holds none starts where it writes */
-    if (g->window && *slot_of(pool, g, s, g->lo[s]) < 0) g->lo[s] = p0 / EI_KV_BLOCK;
-    for (int i = p0 / EI_KV_BLOCK; i <= (p1 - 1) / EI_KV_BLOCK; i++) {
+    if (g->window && *slot_of(pool, g, s, g->lo[s]) < 0) g->lo[s] = p0 / pool->block;
+    for (int i = p0 / pool->block; i <= (p1 - 1) / pool->block; i++) {
         int32_t *slot = slot_of(pool, g, s, i);
         if (*slot >= 0 && g->ref[*slot] == 1) {
             g->key[*slot] = 0; /* its rows are about to change */
@@ -252,10 +289,10 @@ ei_status ei_kv_pool_write_layer(ei_kv_pool *pool, int s, int il, int p0, int p1
 
 static uint8_t *row(const ei_kv_pool *pool, int s, int il, int pos, int value) {
     const kv_group *g = &pool->g[pool->layer_group[il]];
-    const int b = *slot_of(pool, g, s, pos / EI_KV_BLOCK);
-    uint8_t *base = block_base(g, b) + (size_t)pool->layer_slot[il] * g->layer_bytes;
-    const int r = pos % EI_KV_BLOCK;
-    return value ? base + EI_KV_BLOCK * pool->k_row + (size_t)r * pool->v_row : base + (size_t)r * pool->k_row;
+    const int B = pool->block, b = *slot_of(pool, g, s, pos / B);
+    uint8_t *base = block_base(g, b) + pool->layer_off[il];
+    const size_t r = (size_t)(pos % B);
+    return value ? base + pool->k_bytes[il] + r * (pool->v_bytes[il] / B) : base + r * (pool->k_bytes[il] / B);
 }
 
 uint8_t *ei_kv_pool_k(const ei_kv_pool *pool, int s, int il, int pos) { return row(pool, s, il, pos, 0); }
@@ -268,13 +305,13 @@ int ei_kv_pool_layer_rows(const ei_kv_pool *pool, int il) {
 
 int ei_kv_pool_holds(const ei_kv_pool *pool, int s, int il, int p0, int p1) {
     const kv_group *g = &pool->g[pool->layer_group[il]];
-    for (int i = p0 / EI_KV_BLOCK; p1 > p0 && i <= (p1 - 1) / EI_KV_BLOCK; i++)
+    for (int i = p0 / pool->block; p1 > p0 && i <= (p1 - 1) / pool->block; i++)
         if (*slot_of(pool, g, s, i) < 0) return 0;
     return 1;
 }
 
 int ei_kv_pool_oldest(const ei_kv_pool *pool, int s, int il) {
-    return pool->g[pool->layer_group[il]].lo[s] * EI_KV_BLOCK;
+    return pool->g[pool->layer_group[il]].lo[s] * pool->block;
 }
 
 /* releases blocks [lo, below) of s in group g */
@@ -288,7 +325,7 @@ void ei_kv_pool_trim(ei_kv_pool *pool, int s, int pos) {
         kv_group *g = &pool->g[gi];
         if (!g->window) continue;
         const int keep = pos - g->window - EI_KV_SLACK; /* the first position still wanted */
-        if (keep > 0) release_below(pool, g, s, keep / EI_KV_BLOCK);
+        if (keep > 0) release_below(pool, g, s, keep / pool->block);
     }
 }
 
@@ -300,27 +337,29 @@ void ei_kv_pool_release_block(ei_kv_pool *pool, int s, int il, int index) {
 void ei_kv_pool_forget_below(ei_kv_pool *pool, int s, int pos) {
     for (int gi = 0; gi < pool->n_groups; gi++) {
         kv_group *g = &pool->g[gi];
-        if (g->window && pos > 0) release_below(pool, g, s, pos / EI_KV_BLOCK);
+        if (g->window && pos > 0) release_below(pool, g, s, pos / pool->block);
     }
 }
 
 int ei_kv_pool_runs(const ei_kv_pool *pool, int s, int il, int t0, int t1, size_t k_off, size_t v_off,
                     ei_attn_run *runs) {
     const kv_group *g = &pool->g[pool->layer_group[il]];
-    const size_t lb = (size_t)pool->layer_slot[il] * g->layer_bytes, vstart = EI_KV_BLOCK * pool->k_row;
+    const int B = pool->block;
+    const size_t k_row = pool->k_grouped[il] ? 0 : pool->k_bytes[il] / B, v_row = pool->v_bytes[il] / B;
     int n = 0;
     for (int t = t0; t < t1;) {
-        const int i = t / EI_KV_BLOCK, r = t % EI_KV_BLOCK;
-        const int m = t1 - t < EI_KV_BLOCK - r ? t1 - t : EI_KV_BLOCK - r;
-        const uint8_t *base = block_base(g, *slot_of(pool, g, s, i)) + lb;
-        runs[n++] = (ei_attn_run){base + (size_t)r * pool->k_row + k_off,
-                                  base + vstart + (size_t)r * pool->v_row + v_off, m};
+        const int i = t / B, r = t % B;
+        const int m = t1 - t < B - r ? t1 - t : B - r;
+        const uint8_t *base = block_base(g, *slot_of(pool, g, s, i)) + pool->layer_off[il];
+        runs[n++] = (ei_attn_run){base + (size_t)r * k_row + k_off, base + pool->k_bytes[il] + (size_t)r * v_row + v_off,
+                                  m, r};
         t += m;
     }
     return n;
 }
 
 int ei_kv_pool_max_runs(const ei_kv_pool *pool) { return pool->max_blocks + 1; }
+int ei_kv_pool_block_size(const ei_kv_pool *pool) { return pool->block; }
 
 /* gives back the memory of the slabs of g whose blocks are neither held nor cached */
 static void free_idle_slabs(ei_kv_pool *pool, kv_group *g) {
@@ -348,7 +387,7 @@ void ei_kv_pool_clear(ei_kv_pool *pool, int s) {
 
 void ei_kv_pool_fork(ei_kv_pool *pool, int src, int dst, int n) {
     ei_kv_pool_clear(pool, dst);
-    const int blocks = (n + EI_KV_BLOCK - 1) / EI_KV_BLOCK;
+    const int blocks = (n + pool->block - 1) / pool->block;
     for (int gi = 0; gi < pool->n_groups; gi++) {
         kv_group *g = &pool->g[gi];
         for (int i = g->lo[src]; i < blocks; i++) {
@@ -359,7 +398,7 @@ void ei_kv_pool_fork(ei_kv_pool *pool, int src, int dst, int n) {
         }
         g->lo[dst] = g->lo[src];
     }
-    for (int i = 0; i < n / EI_KV_BLOCK; i++) *seq_key(pool, dst, i) = *seq_key(pool, src, i);
+    for (int i = 0; i < n / pool->block; i++) *seq_key(pool, dst, i) = *seq_key(pool, src, i);
 }
 
 void ei_kv_pool_set_key(ei_kv_pool *pool, int s, int index, uint64_t key) {
@@ -385,22 +424,22 @@ static int find_key(const kv_group *g, uint64_t key) {
 }
 
 /* the first index a sequence at position end needs in group g */
-static int first_needed(const kv_group *g, int end) {
+static int first_needed(const ei_kv_pool *pool, const kv_group *g, int end) {
     if (!g->window) return 0;
     const int t = end - g->window + 1;
-    return t > 0 ? t / EI_KV_BLOCK : 0;
+    return t > 0 ? t / pool->block : 0;
 }
 
 /* how many leading blocks of keys[0..m) group g can give a sequence that goes on after them:
  * all of them for full attention; for a window, those behind the end */
-static int reusable(const kv_group *g, const uint64_t *keys, int m) {
+static int reusable(const ei_kv_pool *pool, const kv_group *g, const uint64_t *keys, int m) {
     if (!g->window) {
         int i = 0;
         while (i < m && find_key(g, keys[i]) >= 0) i++;
         return i;
     }
     for (int end = m; end > 0; end--) {
-        int i = first_needed(g, end * EI_KV_BLOCK);
+        int i = first_needed(pool, g, end * pool->block);
         while (i < end && find_key(g, keys[i]) >= 0) i++;
         if (i == end) return end;
     }
@@ -412,12 +451,12 @@ int ei_kv_pool_reuse(ei_kv_pool *pool, int s, int n, const uint64_t *keys) {
     int m = n < pool->max_blocks ? n : pool->max_blocks;
     pool->lookups += m;
     for (int gi = 0; gi < pool->n_groups && m > 0; gi++) {
-        const int r = reusable(&pool->g[gi], keys, m);
+        const int r = reusable(pool, &pool->g[gi], keys, m);
         if (r < m) m = r;
     }
     for (int gi = 0; gi < pool->n_groups; gi++) {
         kv_group *g = &pool->g[gi];
-        const int lo = first_needed(g, m * EI_KV_BLOCK);
+        const int lo = first_needed(pool, g, m * pool->block);
         for (int i = lo; i < m; i++) {
             const int b = find_key(g, keys[i]);
             g->ref[b]++;
@@ -428,7 +467,7 @@ int ei_kv_pool_reuse(ei_kv_pool *pool, int s, int n, const uint64_t *keys) {
     }
     for (int i = 0; i < m; i++) *seq_key(pool, s, i) = keys[i];
     pool->hits += m;
-    return m * EI_KV_BLOCK;
+    return m * pool->block;
 }
 
 int ei_kv_pool_stats(const ei_kv_pool *pool, int64_t *out, int n) {

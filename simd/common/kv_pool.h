@@ -1,5 +1,5 @@
 /* The KV cache as a pool of blocks: every sequence's cache is a table of blocks of EI_KV_BLOCK
- * positions drawn from one pool, so that sequences share the pool without each reserving
+ * positions (ei_kv_pool_params.block) drawn from one pool, so that sequences share the pool without each reserving
  * n_ctx, and share the blocks of a common prefix by reference count.
  *
  * Layers are grouped by their attention window: the full-attention layers form one group, the
@@ -37,6 +37,12 @@ typedef struct {
     const int32_t *windows; /* (n_layer) each layer's window, 0: full attention */
     size_t k_row_bytes, v_row_bytes; /* one position of one layer */
     size_t budget; /* bytes of blocks in all; 0: what n_seq_max sequences of n_ctx need */
+    int32_t block; /* positions per block; 0: EI_KV_BLOCK */
+    /* (n_layer) the bytes of each layer's keys (values) in one block, for layers whose blocks
+     * are not rows of k_row_bytes (v_row_bytes) per position (KIVI's key groups); NULL: rows */
+    const size_t *k_blocks, *v_blocks;
+    const int8_t *k_grouped; /* (n_layer) or NULL: 1 where a block's keys are one group, which
+                              * every run of the block starts at (ei_attn_run.t0 says where) */
 } ei_kv_pool_params;
 
 /* NULL with the reason recorded (ei_fail) when the budget holds too few blocks or memory runs
@@ -46,7 +52,8 @@ void ei_kv_pool_free(ei_kv_pool *pool);
 size_t ei_kv_pool_bytes(const ei_kv_pool *pool); /* slabs allocated and the tables */
 size_t ei_kv_pool_budget_default(const ei_kv_pool_params *p);
 
-/* the key (value) row of position pos of layer il in sequence s, whose block the sequence holds */
+/* the key (value) row of position pos of layer il in sequence s, whose block the sequence holds
+ * (for a layer of k_blocks, the block's keys at its first position) */
 uint8_t *ei_kv_pool_k(const ei_kv_pool *pool, int s, int il, int pos);
 uint8_t *ei_kv_pool_v(const ei_kv_pool *pool, int s, int il, int pos);
 
@@ -75,6 +82,7 @@ void ei_kv_pool_release_block(ei_kv_pool *pool, int s, int il, int index);
 int ei_kv_pool_runs(const ei_kv_pool *pool, int s, int il, int t0, int t1, size_t k_off, size_t v_off,
                     ei_attn_run *runs);
 int ei_kv_pool_max_runs(const ei_kv_pool *pool); /* the most one query can need */
+int ei_kv_pool_block_size(const ei_kv_pool *pool);
 
 void ei_kv_pool_clear(ei_kv_pool *pool, int s);
 /* dst (emptied first) shares the blocks of src's first n positions */

@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 7
+#define EI_API_VERSION 8
 
 /* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
 #define EI_MAX_THREADS 512
@@ -90,9 +90,10 @@ typedef struct {
     int32_t n_threads; /* worker threads including the caller's */
     int32_t n_seq_max; /* sequences that may hold cache at once */
     int32_t n_batch;   /* most tokens per internal step; longer calls are split */
-    int32_t kv_type_k; /* GGML type of a key cache element (F16, F32, Q8_0, Q4_0) */
+    int32_t kv_type_k; /* GGML type of a key cache element (F16, F32, Q8_0, Q4_0); under
+                        * EI_KV_KIVI the bits of a key code (2 or 4) */
     int32_t kv_type_v; /* of a value cache element */
-    int32_t kv_layout; /* EI_KV_ROWS: one row per (position, KV head) */
+    int32_t kv_layout; /* EI_KV_ROWS: one row per (position, KV head); EI_KV_KIVI: KIVI */
     int32_t isa;       /* EI_ISA_* to use, or -1 for the best supported */
     int32_t ring;      /* 1: a sliding-window layer releases the blocks behind its window (it
                         * keeps window + EI_KV_SLACK positions and the step's), so a sequence
@@ -101,10 +102,19 @@ typedef struct {
     int32_t track_attention; /* 1: each sequence sums the attention its positions receive
                               * (ei_engine_attention_scores), the H2O policy's heavy hitters */
     int64_t kv_budget; /* bytes for the KV cache's block pool; 0: n_seq_max sequences of n_ctx */
+    int32_t kivi_group;    /* EI_KV_KIVI: tokens per key group G (32, 64, 128), the block size */
+    int32_t kivi_residual; /* EI_KV_KIVI: the newest positions R read in f16 (>= 0) */
 } ei_engine_params;
 
-/* how a cache tensor's elements are grouped (edgeinfer/kv_cache.py: CacheLayout) */
-enum { EI_KV_ROWS = 0 };
+/* how a cache tensor's elements are grouped (edgeinfer/kv_cache.py: CacheLayout).
+ * EI_KV_KIVI (arXiv 2402.02750, formats in simd/common/kivi.h): keys quantized per channel
+ * over groups of G positions, values per position, both to kv_type_k / kv_type_v bits. Every
+ * position is first stored in f16 (the residual); a query at position p reads the groups that
+ * end at or before p + 1 - R quantized and every later position in f16, so that what a query
+ * sees depends on its position alone, never on how the tokens were batched. A group is
+ * quantized in the step in which a query first reads it so, and its f16 rows are let go once
+ * no query needs them (the residual is a window of R + G positions). */
+enum { EI_KV_ROWS = 0, EI_KV_KIVI = 1 };
 
 typedef struct ei_engine ei_engine;
 
@@ -150,7 +160,9 @@ EI_EXPORT ei_status ei_engine_seq_set_key(ei_engine *e, int32_t seq, int32_t blo
 EI_EXPORT ei_status ei_engine_seq_publish(ei_engine *e, int32_t seq, int32_t n_blocks);
 EI_EXPORT ei_status ei_engine_seq_reuse(ei_engine *e, int32_t seq, int32_t n, const uint64_t *keys,
                                         int32_t *positions);
-EI_EXPORT int32_t ei_engine_block_size(void);
+EI_EXPORT int32_t ei_engine_block_size(void); /* the least positions a block holds */
+/* the positions a block of this engine's pool holds (kivi_group under EI_KV_KIVI) */
+EI_EXPORT int32_t ei_engine_block_positions(const ei_engine *e);
 EI_EXPORT int32_t ei_engine_pool_stats(const ei_engine *e, int64_t *out, int32_t n);
 /* forgets positions [start, start + count) of sequence seq, which holds n_past: the later ones
  * move down by count, their keys rotated back by count so that RoPE sees their new positions

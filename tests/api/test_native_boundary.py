@@ -111,7 +111,10 @@ def test_a_cache_type_the_engine_lacks_is_an_option_error(fixture_models):
     q5 = CacheType("q5_0", GGMLType.Q5_0)  # a GGML type, not a cache type of the engine
     with pytest.raises(errors.InvalidOptionError, match=r"unknown kv_type 'q5_0'"):
         edgeinfer.load(fixture_models["llama"], engine="native", kv_type="q5_0")
-    why = r"cache_type_v q5_0 is not supported by the native engine \(one of f16, f32, q8_0, q4_0\)"
+    why = (
+        r"cache_type_v q5_0 is not supported by the native engine "
+        r"\(one of f16, f32, q8_0, q4_0, kivi4, kivi2\)"
+    )
     with (
         GGUFFile(fixture_models["llama"]) as gguf,
         pytest.raises(errors.InvalidOptionError, match=why),

@@ -100,13 +100,20 @@ def test_cached_blocks_serve_a_later_sequence(gemma_path, gemma_text):
     np.testing.assert_array_equal(got, _fresh_logits(gemma_path, second, **opts))
 
 
-def test_random_operations_leak_nothing_and_keep_the_logits(fixture_models):
+@pytest.mark.parametrize(
+    "cache",
+    [{}, {"kv_type": "kivi4", "kivi_residual": 16}, {"kv_type": "kivi2", "kivi_group": 64,
+                                                     "kivi_residual": 0}],
+    ids=["f16", "kivi4", "kivi2-g64"],
+)  # fmt: skip
+def test_random_operations_leak_nothing_and_keep_the_logits(fixture_models, cache):
     """Fork, truncate, clear, reuse and batched decodes at random on four sequences of a
     small pool; afterwards every sequence's next logits are a fresh engine's for its tokens,
-    and with every sequence cleared no block is held."""
+    and with every sequence cleared no block is held. A KIVI cache's quantized groups are
+    shared, copied on write and made stale by a rewind like any block."""
     path = fixture_models["gemma3"]  # it has sliding-window layers: two groups of blocks
     rng = np.random.default_rng(7)
-    opts = {"n_ctx": 160, "n_batch": 16}
+    opts = {"n_ctx": 160, "n_batch": 16, **_kivi_options(cache)}
     gguf, eng = _engine(path, n_seq_max=4, **opts)
     tokens: list[list[int]] = [[] for _ in range(4)]
     try:
@@ -146,6 +153,14 @@ def test_random_operations_leak_nothing_and_keep_the_logits(fixture_models):
     finally:
         eng.close()
         gguf.close()
+
+
+def _kivi_options(cache: dict) -> dict:
+    """EngineOptions' fields for a cache given as load() options."""
+    out = dict(cache)
+    if "kv_type" in out:
+        out["cache_type_k"] = out["cache_type_v"] = out.pop("kv_type")
+    return out
 
 
 def _batch(new: dict[int, list[int]], tokens: list[list[int]]) -> Batch:

@@ -1,0 +1,72 @@
+/* Attention over a KIVI cache (EI_KV_KIVI): one query head against quantized key groups and
+ * value rows, then the f16 residual of the newest positions, read in place. The quantized
+ * parts go through the kernel table's KIVI kernels (each instruction set's kivi.c, which are
+ * bit-identical), so this middle is written once for all of them, as attn_softmax.h is for
+ * the row caches. The numpy reference engine computes the same values:
+ *
+ * scores: a quantized key's dot is kivi_k_dots' (common/kivi.h), a residual key's
+ * sum_d (double)q[d] * k[d] rounded once to float (the query is not rounded: KIVI's queries
+ * meet both parts in full precision); each times scale, optionally soft-capped. Softmax as
+ * attn_softmax.h, probabilities (float)(w / sum), not rounded further. out = sum_t p[t] v[t]
+ * in double, in order of t, a quantized value row entering decoded (kivi_decode_v), rounded
+ * once to float. */
+#include "attn_softmax.h"
+#include "kivi.h"
+
+static void kivi_scores(const ei_attn_params *p, const float *q, float *scores) {
+    const int hd = p->head_dim;
+    int at = 0;
+    for (int r = 0; r < p->n_runs; r++) {
+        const ei_attn_run *run = &p->runs[r];
+        if (r < p->n_kivi_runs) {
+            p->kt->kivi_k_dots(p->kivi_bits_k, p->kivi_group, hd, run->k, run->t0, run->n, q, scores + at);
+            for (int t = 0; t < run->n; t++) scores[at + t] = ei_attn_score(scores[at + t], p);
+            at += run->n;
+            continue;
+        }
+        for (int t = 0; t < run->n; t++) {
+            const ei_f16 *row = (const ei_f16 *)((const uint8_t *)run->k + (size_t)t * p->k_row_bytes);
+            double dot = 0.0;
+            for (int d = 0; d < hd; d++) dot += (double)q[d] * ei_fp16_to_fp32(row[d]);
+            scores[at++] = ei_attn_score((float)dot, p);
+        }
+    }
+}
+
+/* acc[d] += pr[t] * v[t][d] over one run's rows, in order of t */
+static void kivi_accumulate(const ei_attn_params *p, const ei_attn_run *run, int quantized, const double *pr,
+                            double *acc) {
+    const int hv = p->head_dim_v;
+    if (!quantized) {
+        for (int t = 0; t < run->n; t++) {
+            const ei_f16 *row = (const ei_f16 *)((const uint8_t *)run->v + (size_t)t * p->v_row_bytes);
+            for (int d = 0; d < hv; d++) acc[d] += pr[t] * ei_fp16_to_fp32(row[d]);
+        }
+        return;
+    }
+    float buf[EI_ATTN_CHUNK * EI_MAX_HEAD_DIM];
+    for (int t0 = 0; t0 < run->n; t0 += EI_ATTN_CHUNK) {
+        const int m = run->n - t0 < EI_ATTN_CHUNK ? run->n - t0 : EI_ATTN_CHUNK;
+        p->kt->kivi_decode_v(p->kivi_bits_v, p->kivi_group, hv, (const uint8_t *)run->v + (size_t)t0 * p->kivi_v_row_bytes,
+                             p->kivi_v_row_bytes, m, buf);
+        for (int j = 0; j < m; j++)
+            for (int d = 0; d < hv; d++) acc[d] += pr[t0 + j] * buf[(size_t)j * hv + d];
+    }
+}
+
+void ei_kivi_attn(const ei_attn_params *p, const float *q, float *out, double *scratch) {
+    const int n = ei_attn_keys(p);
+    float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
+    kivi_scores(p, q, scores);
+    const double sum = ei_attn_softmax(scores, n, scratch);
+    for (int t = 0; t < n; t++) scratch[t] = ei_attn_prob(scratch[t], sum, EI_TYPE_F32);
+    ei_attn_track_weights(p, scratch, n);
+    double acc[EI_MAX_HEAD_DIM];
+    for (int d = 0; d < p->head_dim_v; d++) acc[d] = 0.0;
+    int at = 0;
+    for (int r = 0; r < p->n_runs; r++) {
+        kivi_accumulate(p, &p->runs[r], r < p->n_kivi_runs, scratch + at, acc);
+        at += p->runs[r].n;
+    }
+    for (int d = 0; d < p->head_dim_v; d++) out[d] = (float)acc[d];
+}

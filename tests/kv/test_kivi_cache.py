@@ -1,0 +1,102 @@
+"""KIVI caches (kivi4, kivi2) in the engines: keys quantized per channel over groups of G
+positions, values per position, the newest R positions read in f16 (simd/include/edgeinfer.h:
+EI_KV_KIVI).
+
+- Against transformers: tests/converters/test_kivi_attention.py.
+- The engines: native (every instruction set here) and numpy give the same bits; the logits
+  do not depend on how the tokens were batched.
+- Sizes, options and what a KIVI cache refuses are typed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import edgeinfer
+from edgeinfer import errors
+from edgeinfer._native import ISA_NAMES, library
+from edgeinfer.gguf import GGUFFile
+from edgeinfer.kv_cache import cache_summary
+from edgeinfer.models import config_from_gguf
+from tests.converters.conftest import prompt_tokens
+
+CONFIGS = [  # (kv_type, kivi_group, kivi_residual)
+    ("kivi4", 32, 0),
+    ("kivi4", 32, 40),
+    ("kivi2", 64, 8),
+    ("kivi4", 128, 0),
+]
+
+
+def _native_isas() -> list[str]:
+    lib = library()
+    return [name for i, name in enumerate(ISA_NAMES) if lib.ei_isa_supported(i)]
+
+
+def _logits(path, tokens, engine="native", n_batch=512, **kw):
+    with edgeinfer.load(path, engine=engine, n_ctx=256, n_batch=n_batch, **kw) as m:
+        return m.logits(tokens)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "llama"])
+@pytest.mark.parametrize("kv_type, group, residual", CONFIGS)
+def test_the_engines_give_the_same_bits(fixture_models, arch, kv_type, group, residual):
+    """gemma3's fixture has sliding-window layers of 16 positions (a ring of quantized
+    groups) and soft-capping; qwen3 q/k norms; llama grouped queries."""
+    path = fixture_models[arch]
+    with GGUFFile(path) as f:
+        tokens = prompt_tokens(len(f.metadata["tokenizer.ggml.tokens"]), 200, seed=group)
+    kw = {"kv_type": kv_type, "kivi_group": group, "kivi_residual": residual}
+    want = _logits(path, tokens, "reference", **kw)
+    for isa in _native_isas():
+        got = _logits(path, tokens, isa=isa, n_batch=37, **kw)
+        np.testing.assert_array_equal(got, want, err_msg=isa)
+
+
+def test_logits_do_not_depend_on_the_batching(fixture_models):
+    path = fixture_models["gemma3"]
+    tokens = prompt_tokens(256, 150, seed=1)
+    kw = {"kv_type": "kivi4", "kivi_residual": 24}
+    whole = _logits(path, tokens, **kw)
+    for n_batch in (1, 7, 64):
+        np.testing.assert_array_equal(_logits(path, tokens, n_batch=n_batch, **kw), whole)
+    # a query's view moves with its position: groups older than R are read quantized
+    differs = np.abs(whole - _logits(path, tokens, kv_type="f32")).max(axis=1) > 1e-4
+    assert not differs[: 24 + 32 - 1].any() or differs[24 + 32 :].all()
+
+
+# ---- sizes, options and refusals -----------------------------------------------------------
+
+
+def test_bits_per_value_count_scales_zero_points_and_the_residual(gemma_path):
+    with GGUFFile(gemma_path) as f:
+        cfg = config_from_gguf(f)
+    assert (cfg.head_dim, cfg.head_dim_v) == (256, 256)
+    s = cache_summary(cfg, 4096, "kivi4", "kivi4")
+    assert (s["bits_per_value_k"], s["bits_per_value_v"]) == (5.0, 5.0)
+    # 3,968 positions in groups (5 bits), the newest 128 in f16
+    assert s["bits_per_value"] == round((3968 * 5 + 128 * 16) / 4096, 3)
+    g64 = cache_summary(cfg, 4096, "kivi4", "kivi4", kivi_group=64)
+    assert g64["bits_per_value_k"] == 4.5 == cache_summary(cfg, 4096, "q4_0")["bits_per_value_k"]
+    assert cache_summary(cfg, 4096, "kivi2", "kivi2", kivi_group=128)["bits_per_value_k"] == 2.25
+
+
+def test_options_and_refusals_are_typed(fixture_models, tmp_path):
+    path = fixture_models["llama"]
+    with pytest.raises(errors.InvalidOptionError, match="both KIVI"):
+        edgeinfer.load(path, cache_type_k="kivi4", cache_type_v="f16")
+    with pytest.raises(errors.InvalidOptionError, match="kivi_group"):
+        edgeinfer.load(path, kv_type="kivi4", kivi_group=48)
+    with pytest.raises(errors.InvalidOptionError, match="kivi_residual"):
+        edgeinfer.load(path, kv_type="kivi4", kivi_residual=-1)
+    for policy in ("shift", "streaming", "h2o"):
+        with pytest.raises(errors.InvalidOptionError, match="KIVI"):
+            edgeinfer.load(path, kv_type="kivi2", context_policy=policy)
+    with edgeinfer.load(path, kv_type="kivi4", n_ctx=128) as m:
+        m.generate("hello", max_tokens=4)
+        with pytest.raises(errors.EdgeInferError):
+            m.save_state(tmp_path / "state.bin")
+        assert not (tmp_path / "state.bin").exists()
+        with pytest.raises(errors.InvalidOptionError, match="cannot drop"):
+            m.backend.discard(1, 2)
