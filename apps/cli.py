@@ -499,18 +499,31 @@ def model_info(
     cache_type_v: str | None = None,
     n_batch: int = 512,
     ring: bool = True,
+    kivi_group: int | None = None,
+    kivi_residual: int | None = None,
 ) -> dict[str, Any]:
     from edgeinfer.api import DEFAULT_N_CTX
     from edgeinfer.gguf import GGUFFile
-    from edgeinfer.kv_cache import DEFAULT_CACHE_TYPE, cache_summary
+    from edgeinfer.kv_cache import (
+        DEFAULT_CACHE_TYPE,
+        KIVI_GROUP,
+        KIVI_RESIDUAL,
+        cache_summary,
+        check_kivi_options,
+    )
     from edgeinfer.models import config_from_gguf
 
+    group = KIVI_GROUP if kivi_group is None else kivi_group
+    residual = KIVI_RESIDUAL if kivi_residual is None else kivi_residual
     with GGUFFile(path) as f:
         cfg = config_from_gguf(f)
         ctx = n_ctx or min(cfg.n_ctx_train, DEFAULT_N_CTX)
         weights = sum(t.nbytes for t in f.tensors.values())
         k_type = cache_type_k or DEFAULT_CACHE_TYPE
-        cache = cache_summary(cfg, ctx, k_type, cache_type_v or k_type, n_batch, ring)
+        check_kivi_options(k_type, cache_type_v or k_type, group, residual)
+        cache = cache_summary(
+            cfg, ctx, k_type, cache_type_v or k_type, n_batch, ring, group, residual
+        )
         kv = cache["total_bytes"]
         windows = sorted({cfg.layer_window(il) for il in range(cfg.n_layer)} - {0})
         types = Counter(t.ggml_type.name for t in f.tensors.values())
@@ -545,8 +558,9 @@ def model_info(
 
 def cmd_info(args: argparse.Namespace) -> int:
     info = model_info(
-        args.model, args.ctx, args.cache_type_k, args.cache_type_v, args.batch, not args.swa_full
-    )
+        args.model, args.ctx, args.cache_type_k, args.cache_type_v, args.batch, not args.swa_full,
+        args.kivi_group, args.kivi_residual,
+    )  # fmt: skip
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -578,10 +592,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _cache_line(c: dict[str, Any]) -> str:
     """K/V types, bits per value, bytes per token of context and the total."""
     rings = ", sliding-window layers in rings" if c["rings"] else ""
+    kivi = (
+        f" in groups of {c['kivi_group']}, the newest {c['kivi_residual']} in f16"
+        if "kivi_group" in c else ""
+    )  # fmt: skip
     return (
         f"K {c['cache_type_k']} ({c['bits_per_value_k']:g} bits), V {c['cache_type_v']} "
-        f"({c['bits_per_value_v']:g} bits): {c['bytes_per_token'] / 1024:.1f} KiB per token"
-        f"{rings}, {c['total_bytes'] / 1e6:.1f} MB at context {c['context']}"
+        f"({c['bits_per_value_v']:g} bits){kivi}; {c['bits_per_value']:g} bits a value at "
+        f"context {c['context']}: {c['bytes_per_token'] / 1024:.2f} KiB per token{rings}, "
+        f"{c['total_bytes'] / 1e6:.1f} MB in all"
     )
 
 

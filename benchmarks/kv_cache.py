@@ -427,8 +427,10 @@ def past_context(path: Path, tokens: list[int], bos: int, args) -> dict:
     text = [bos] + tokens[: 8 * n_ctx - 1]
     rows = []
     methods = [("shift", "f16", {"n_keep": 1}), ("streaming", "f16", {"n_sink": 4}),
-               ("streaming", "q8_0", {"n_sink": 4}), ("h2o", "f16", {"n_sink": 4}),
+               ("streaming", "q8_0", {"n_sink": 4}), ("streaming", "kivi4", {"n_sink": 4}),
+               ("h2o", "f16", {"n_sink": 4}), ("h2o", "kivi4", {"n_sink": 4}),
                ("recompute", "f16", {}), ("dense", "f16", {})]  # fmt: skip
+    methods = [m for m in methods if (m[1], m[1]) in PAIRS]  # as --pairs chose
     for method, kv, params in methods:
         size = len(text) if method == "dense" else n_ctx
         tracking = {"context_policy": "h2o"} if method == "h2o" else {}  # the engine sums

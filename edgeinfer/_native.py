@@ -425,7 +425,7 @@ class NativeEngine(SequenceEngine):
         self.block_size = int(lib.ei_engine_block_positions(handle))
         if kivi_layout:  # its f16 residual is a ring: a deeper rewind evaluates again
             self.ring_slack, self.ring_window = WINDOW_SLACK, kivi_residual + kivi_group
-            self.can_save_rows = self.can_discard = False
+            self.can_save_rows = False
         rings = [  # the windows of the layers that release blocks behind them (kv_pool.h)
             w for w in map(cfg.layer_window, range(cfg.n_layer))
             if layer_positions(n_ctx, w, n_batch, not swa_full) < n_ctx

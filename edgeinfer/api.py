@@ -138,11 +138,7 @@ class Model:
             self._kv_types = asked_cache_types or _recommended_cache_types(
                 self.source.metadata, self.path
             )
-            if check_kivi_options(*self._kv_types, kivi_group, kivi_residual) and policy.evicts:
-                raise errors.InvalidOptionError(
-                    f"context_policy {policy.name} is not supported with a KIVI cache "
-                    f"({'/'.join(self._kv_types)}): its groups cannot be moved yet"
-                )
+            check_kivi_options(*self._kv_types, kivi_group, kivi_residual)
             options = engines.EngineOptions(
                 n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=n_batch,
                 cache_type_k=self._kv_types[0], cache_type_v=self._kv_types[1], isa=isa,

@@ -111,6 +111,7 @@ def run(
                 eng.cache_type_v,
                 n_batch,
                 eng.ring_slack is not None,
+                *(getattr(eng, "kivi", None) or ()),
             ),
             "policy": policy.name,
             "dropped_tokens": dropped,

@@ -210,6 +210,7 @@ class SequenceEngine:
         self.ring_window = 0
         self.cache_type_k: str | None = None
         self.cache_type_v: str | None = None
+        self.kivi: tuple[int, int] | None = None  # a KIVI cache's (kivi_group, kivi_residual)
 
     @property
     def name(self) -> str:

@@ -259,8 +259,8 @@ class ReferenceEngine(SequenceEngine):
         self._kivi: tuple[int, int, int, int] | None = None
         if check_kivi_options(kt, vt, kivi_group, kivi_residual):
             self._kivi = (kt.bits, vt.bits, kivi_group, kivi_residual)
+            self.kivi = (kivi_group, kivi_residual)
             self.can_save_rows = False
-            self.can_discard = False
         self._kivi_groups: list[dict[int, tuple[list[np.ndarray], np.ndarray]]] = [
             {} for _ in range(cfg.n_layer)
         ]
@@ -471,11 +471,15 @@ class ReferenceEngine(SequenceEngine):
                 dst - src, cfg.n_rot, cfg.layer_rope_base(il), cfg.layer_rope_scale(il),
                 self._freq_factors,
             )  # fmt: skip
-            keys = self.k_cache[il][src].astype(F32)
+            if self._kivi:  # the rows as the cache holds them, from its groups or its residual
+                held_k, held_v = self._kivi_hold(il, n_past, runs[0][0])
+                keys, values = held_k[src], held_v[src].astype(np.float16)
+            else:
+                keys, values = self.k_cache[il][src].astype(F32), self.v_cache[il][src]
             self.k_cache[il][dst] = self._store_k(
                 apply_rope(keys, cos, sin, cfg.n_rot, cfg.rope_neox)
             )
-            self.v_cache[il][dst] = self.v_cache[il][src]
+            self.v_cache[il][dst] = values
         if self._scores is not None:
             kept = self._scores[:n_past][keep]
             self._scores[: len(kept)] = kept
@@ -540,6 +544,48 @@ class ReferenceEngine(SequenceEngine):
 
     # --- KIVI (simd/include/edgeinfer.h: EI_KV_KIVI) ----------------------------------------
 
+    def _kivi_group(self, il: int, gi: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """Group gi of layer il, quantized once from its f16 rows: each KV head's key block,
+        and its values decoded (G, n_head_kv, hd_v)."""
+        assert self._kivi is not None
+        (kbits, vbits, g, _), nkv = self._kivi, self.cfg.n_head_kv
+        part = self._kivi_groups[il].get(gi)
+        if part is None:
+            rows = slice(gi * g, (gi + 1) * g)
+            blocks = [kivi.quantize_k(self.k_cache[il][rows, h], kbits) for h in range(nkv)]
+            v16 = self.v_cache[il][rows]  # (G, n_head_kv, hd_v)
+            encoded = np.stack([
+                np.stack([kivi.quantize_v(v16[t, h], vbits, g) for h in range(nkv)])
+                for t in range(g)
+            ])  # fmt: skip
+            decoded = kivi.decode_v(encoded.reshape(g * nkv, -1), vbits, g, self.cfg.head_dim_v)
+            part = self._kivi_groups[il][gi] = (blocks, decoded.reshape(g, nkv, -1))
+        return part
+
+    def _kivi_hold(self, il: int, n_past: int, first: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer il's keys and values (n_past, n_head_kv, d) float32 as the cache holds them
+        before positions from ``first`` on move: decoded from their groups where a query at
+        n_past reads them quantized, else the f16 rows. The positions of those groups that stay
+        (below ``first``) take them as their f16 rows, and the groups from first's on are made
+        again from the moved rows (simd/common/engine.c: kivi_evict)."""
+        assert self._kivi is not None
+        cfg, (kbits, _, g, residual) = self.cfg, self._kivi
+        keys = self.k_cache[il][:n_past].astype(F32)
+        values = self.v_cache[il][:n_past].astype(F32)
+        window = cfg.layer_window(il)
+        if not window or window > residual:  # a layer whose groups a query reads
+            for gi in range(first // g, max(n_past - residual, 0) // g):
+                blocks, decoded = self._kivi_group(il, gi)
+                rows = slice(gi * g, (gi + 1) * g)
+                keys[rows] = np.stack([kivi.decode_k(b, kbits, g, cfg.head_dim) for b in blocks], 1)
+                values[rows] = decoded
+        stay = slice(first // g * g, first)
+        self.k_cache[il][stay] = keys[stay].astype(np.float16)
+        self.v_cache[il][stay] = values[stay].astype(np.float16)
+        for gi in [x for x in self._kivi_groups[il] if x >= first // g]:
+            del self._kivi_groups[il][gi]
+        return keys, values
+
     def _kivi_below(self, pos: np.ndarray) -> np.ndarray:
         """The positions below which each query reads quantized groups."""
         assert self._kivi is not None
@@ -551,23 +597,12 @@ class ReferenceEngine(SequenceEngine):
         below ``below`` (n_head_kv, group, n, below), and those groups' values decoded
         (below, n_head_kv, hd_v); each group quantized once from the f16 rows."""
         assert self._kivi is not None
-        cfg, (kbits, vbits, g, _) = self.cfg, self._kivi
+        cfg, (kbits, _, g, _) = self.cfg, self._kivi
         n, nkv, group, hd = q.shape
         scores = np.zeros((nkv, group, n, below), dtype=F32)
         values = np.zeros((below, nkv, cfg.head_dim_v), dtype=F32)
         for gi in range(below // g):
-            part = self._kivi_groups[il].get(gi)
-            if part is None:
-                rows = slice(gi * g, (gi + 1) * g)
-                blocks = [kivi.quantize_k(self.k_cache[il][rows, h], kbits) for h in range(nkv)]
-                v16 = self.v_cache[il][rows]  # (G, n_head_kv, hd_v)
-                encoded = np.stack([
-                    np.stack([kivi.quantize_v(v16[t, h], vbits, g) for h in range(nkv)])
-                    for t in range(g)
-                ])  # fmt: skip
-                decoded = kivi.decode_v(encoded.reshape(g * nkv, -1), vbits, g, cfg.head_dim_v)
-                part = self._kivi_groups[il][gi] = (blocks, decoded.reshape(g, nkv, -1))
-            blocks, decoded = part
+            blocks, decoded = self._kivi_group(il, gi)
             for h in range(nkv):
                 dots = kivi.k_dots(blocks[h], kbits, g, hd, q[:, h])  # (n, group, G)
                 scores[h, :, :, gi * g : (gi + 1) * g] = dots.transpose(1, 0, 2)

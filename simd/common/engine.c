@@ -1014,10 +1014,130 @@ static void evict_scores(ei_engine *e, int seq, int n_runs, const int32_t *runs,
     for (int at = n_past - delta; at < n_past; at++) sc[at] = 0;
 }
 
+/* ---- discarding positions from a KIVI cache ---------------------------------------------
+ * Each kept position's key and value as the cache holds them (decoded from its quantized
+ * group where that group is quantized, else its f16 residual row), the key rotated back by
+ * the positions dropped below it, rounded to f16: these rows are then what the positions
+ * hold, the groups a query at the new length reads quantized quantized again from them and
+ * the rest written to the residual. Layer by layer, from the group of the first run on (the
+ * numpy engine does the same: edgeinfer/engines/reference.py). */
+
+typedef struct {
+    int G, kept, done, done_new, g0; /* groups quantized before and after; the first changed */
+} kivi_move;
+
+/* the first new position layer il needs: the first changed group's, or its window's */
+static int kivi_move_lo(const ei_engine *e, const kivi_move *mv, int il) {
+    const int w = e->layers[il].window, lo = mv->g0 * mv->G;
+    const int win = w && mv->kept - w > 0 ? (mv->kept - w) / mv->G * mv->G : 0;
+    return win > lo ? win : lo;
+}
+
+/* whether position p of layer il of s is read from its quantized group */
+static int kivi_from_group(const ei_engine *e, const kivi_move *mv, int il, int p) {
+    return kivi_layer_quantized(e, il) && p < mv->done * mv->G;
+}
+
+/* refuses a move whose sources the cache no longer holds, then makes every destination
+ * private, before anything changes */
+static ei_status kivi_move_prepare(ei_engine *e, int s, const kivi_move *mv, int n_runs, const int32_t *runs) {
+    const int L = e->m.n_layer, G = mv->G;
+    for (int il = 0; il < L; il++)
+        for (int i = kivi_move_lo(e, mv, il); i < mv->kept; i++) {
+            const int p = source_of(n_runs, runs, i), part = kivi_from_group(e, mv, il, p) ? il : L + il;
+            if (!ei_kv_pool_holds(e->kv, s, part, p, p + 1))
+                return ei_fail(EI_ERR_UNSUPPORTED, "layer %d no longer holds position %d, which the dropping of "
+                               "positions would keep (drop fewer, or keep the whole context)", il, p);
+        }
+    const int r_lo = mv->done_new * G > mv->g0 * G ? mv->done_new * G : mv->g0 * G;
+    ei_status st = ei_kv_pool_write_layer(e->kv, s, L, r_lo, mv->kept);
+    for (int il = 0; st == EI_OK && il < L; il++)
+        if (kivi_layer_quantized(e, il) && kivi_move_lo(e, mv, il) < mv->done_new * G)
+            st = ei_kv_pool_write_layer(e->kv, s, il, kivi_move_lo(e, mv, il), mv->done_new * G);
+    return st;
+}
+
+/* the key and value of position p of layer il of s as the cache holds them, as floats */
+static void kivi_source(ei_engine *e, int s, int il, const kivi_move *mv, int p, float *k, float *v) {
+    const ei_model_desc *m = &e->m;
+    const int G = mv->G, bits = e->p.kv_type_k, L = m->n_layer;
+    if (!kivi_from_group(e, mv, il, p)) {
+        e->k->to_float[EI_TYPE_F16](k_row(e, s, L + il, p), k, e->kv_dim);
+        e->k->to_float[EI_TYPE_F16](v_row(e, s, L + il, p), v, e->v_dim);
+        return;
+    }
+    const uint8_t *groups = k_row(e, s, il, p / G * G);
+    const size_t cb = ei_kivi_k_channel_bytes(bits, G);
+    for (int h = 0; h < m->n_head_kv; h++) {
+        const uint8_t *block = groups + (size_t)h * e->kivi_k_block;
+        for (int d = 0; d < m->head_dim; d++) {
+            const float sc = ei_kivi_f16_at(block + 2 * (size_t)d), z = ei_kivi_f16_at(block + 2 * ((size_t)m->head_dim + d));
+            const unsigned code = ei_kivi_code_at(block + 4 * (size_t)m->head_dim + (size_t)d * cb, p % G, bits);
+            k[(size_t)h * m->head_dim + d] = sc * (float)code + z;
+        }
+        e->k->kivi_decode_v(e->p.kv_type_v, G, m->head_dim_v, v_row(e, s, il, p) + (size_t)h * e->kivi_v_row,
+                            e->kivi_v_row, 1, v + (size_t)h * m->head_dim_v);
+    }
+}
+
+/* layer il: its new rows from lo on, in tk / tv (f16, from position g0 * G), then written */
+static void kivi_move_layer(ei_engine *e, int s, int il, const kivi_move *mv, int n_runs, const int32_t *runs,
+                            ei_f16 *tk, ei_f16 *tv, float *kf, float *vf, float *cs) {
+    const ei_model_desc *m = &e->m;
+    const int G = mv->G, L = m->n_layer, lo = kivi_move_lo(e, mv, il), base = mv->g0 * G;
+    int delta = 0;
+    for (int i = lo; i < mv->kept; i++) {
+        const int p = source_of(n_runs, runs, i);
+        kivi_source(e, s, il, mv, p, kf, vf);
+        if (p - i != delta) rope_row(e, e->layer_base[il], -(delta = p - i), cs);
+        if (delta)
+            for (int h = 0; h < m->n_head_kv; h++) e->k->rope(m->n_rot, kf + (size_t)h * m->head_dim, cs, m->rope_neox);
+        e->k->from_float[EI_TYPE_F16](kf, tk + (size_t)(i - base) * e->kv_dim, e->kv_dim);
+        e->k->from_float[EI_TYPE_F16](vf, tv + (size_t)(i - base) * e->v_dim, e->v_dim);
+    }
+    if (kivi_layer_quantized(e, il))
+        for (int g = lo / G; g < mv->done_new; g++)
+            for (int h = 0; h < m->n_head_kv; h++) {
+                e->k->kivi_quantize_k(e->p.kv_type_k, G, m->head_dim, tk + (size_t)(g * G - base) * e->kv_dim + (size_t)h * m->head_dim,
+                                      e->k_row_bytes, k_row(e, s, il, g * G) + (size_t)h * e->kivi_k_block);
+                for (int t = g * G; t < (g + 1) * G; t++)
+                    e->k->kivi_quantize_v(e->p.kv_type_v, G, m->head_dim_v,
+                                          tv + (size_t)(t - base) * e->v_dim + (size_t)h * m->head_dim_v,
+                                          v_row(e, s, il, t) + (size_t)h * e->kivi_v_row);
+            }
+    const int r_lo = mv->done_new * G > lo ? mv->done_new * G : lo;
+    for (int i = r_lo; i < mv->kept; i++) {
+        memcpy(k_row(e, s, L + il, i), tk + (size_t)(i - base) * e->kv_dim, e->k_row_bytes);
+        memcpy(v_row(e, s, L + il, i), tv + (size_t)(i - base) * e->v_dim, e->v_row_bytes);
+    }
+}
+
+static ei_status kivi_evict(ei_engine *e, int s, int n_runs, const int32_t *runs, int n_past) {
+    const int G = e->p.kivi_group, held = kivi_quantized_below(e, n_past - 1) / G;
+    kivi_move mv = {G, n_past - dropped_below(n_runs, runs, n_past), e->kivi_done[s], 0, runs[0] / G};
+    if (mv.done > held) mv.done = held; /* groups past it are stale (a rewind) */
+    mv.done_new = mv.kept > 0 ? kivi_quantized_below(e, mv.kept - 1) / G : 0;
+    ei_status st = kivi_move_prepare(e, s, &mv, n_runs, runs);
+    if (st != EI_OK) return st;
+    const size_t rows = (size_t)(mv.kept - mv.g0 * G);
+    ei_f16 *tk = malloc(2 * rows * (size_t)e->kv_dim + 1), *tv = malloc(2 * rows * (size_t)e->v_dim + 1);
+    float *kf = malloc(sizeof(float) * (size_t)(e->kv_dim + e->v_dim)), *cs = malloc(sizeof(float) * (size_t)e->m.n_rot);
+    if (!tk || !tv || !kf || !cs) st = ei_fail(EI_ERR_NOMEM, "out of memory for dropping positions");
+    for (int il = 0; st == EI_OK && il < e->m.n_layer; il++)
+        kivi_move_layer(e, s, il, &mv, n_runs, runs, tk, tv, kf, kf + e->kv_dim, cs);
+    free(tk); free(tv); free(kf); free(cs);
+    if (st != EI_OK) return st;
+    e->kivi_done[s] = mv.done_new;
+    kivi_unkey_stale(e, s);
+    if (e->scores) evict_scores(e, s, n_runs, runs, n_past);
+    ei_kv_pool_trim(e->kv, s, mv.kept);
+    return EI_OK;
+}
+
 ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const int32_t *runs, int32_t n_past) {
     ei_status st = check_runs(e, seq, n_runs, runs, n_past);
     if (st != EI_OK || n_runs == 0) return st;
-    if (e->kivi) return kivi_unsupported("discarding positions");
+    if (e->kivi) return kivi_evict(e, seq, n_runs, runs, n_past);
     int *from = malloc(sizeof(int) * (size_t)e->m.n_layer);
     float *cs = malloc(sizeof(float) * (size_t)e->m.n_rot);
     float *buf = malloc(sizeof(float) * (size_t)e->kv_dim);

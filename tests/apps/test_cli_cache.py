@@ -30,6 +30,24 @@ def test_info_reports_the_cache_of_the_chosen_types(gemma_path):
     assert "K q4_0 (4.5 bits), V q4_0 (4.5 bits)" in text and "in rings" in text
 
 
+def test_info_and_run_with_a_kivi_cache(gemma_path, fixture_models):
+    """kivi4 in groups of 64: 4.5 bits a value (4 + 32 / 64); at 4,096 positions the newest
+    128 stay in f16, counted in the cache's bits per value."""
+    out = json.loads(cli("info", gemma_path, "--json", "-c", "4096", "-ctk", "kivi4", "-ctv",
+                         "kivi4", "--kivi-group", "64").stdout)  # fmt: skip
+    kv = out["kv_cache"]
+    assert (kv["bits_per_value_k"], kv["bits_per_value_v"]) == (4.5, 4.5)
+    assert (kv["kivi_group"], kv["kivi_residual"]) == (64, 128)
+    assert kv["bits_per_value"] == round((3968 * 4.5 + 128 * 16) / 4096, 3)
+    # 3 global layers of a K group (scales, zeros, codes) and 64 V rows of 4 channel groups
+    assert kv["bytes_per_token"] == 3 * (256 * 4 + 256 * 64 // 2 + 64 * 4 * (4 + 64 // 2)) // 64
+    proc = cli("run", fixture_models["llama"], "-p", "Hello", "-n", "8", "--temp", "0", "-ctk",
+               "kivi2", "-ctv", "kivi2", "--kivi-residual", "0", *engine_args())  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    mixed = cli("run", fixture_models["llama"], "-p", "x", "-ctk", "kivi4", "-ctv", "f16")
+    assert "both KIVI" in assert_one_line_error(mixed, status=2)
+
+
 def test_bench_reports_the_cache_and_the_policy(fixture_models):
     args = ["-p", "16", "-n", "40", "-c", "32", "-r", "1", "--context-policy", "streaming"]
     proc = cli("bench", fixture_models["llama"], *args, "-ctk", "q8_0", "--json", *engine_args())
