@@ -423,8 +423,9 @@ class NativeEngine(SequenceEngine):
         self._isa = ISA_NAMES[lib.ei_engine_isa(handle)]
         self.n_batch = n_batch
         self.block_size = int(lib.ei_engine_block_positions(handle))
-        if kivi_layout:  # its f16 residual is a ring: a deeper rewind evaluates again
-            self.ring_slack, self.ring_window = WINDOW_SLACK, kivi_residual + kivi_group
+        if kivi_layout:  # its f16 residual is a ring: a deeper rewind evaluates again (what
+            # a drop keeps is held as quantized groups or residual rows: no window to keep)
+            self.ring_slack = WINDOW_SLACK
             self.can_save_rows = False
         rings = [  # the windows of the layers that release blocks behind them (kv_pool.h)
             w for w in map(cfg.layer_window, range(cfg.n_layer))

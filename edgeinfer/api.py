@@ -105,8 +105,8 @@ class Model:
         asked_cache_types = _cache_types(kv_type, cache_type_k, cache_type_v)
         policy = ContextPolicy(context_policy, n_keep=n_keep, n_sink=n_sink)
         budget = _kv_budget(kv_budget)
-        kivi_group = _int_option("kivi_group", kivi_group, 1)
-        kivi_residual = _int_option("kivi_residual", kivi_residual, 0)
+        kivi_group = _int_option("kivi_group", kivi_group, 1, 1 << 20)
+        kivi_residual = _int_option("kivi_residual", kivi_residual, 0, 1 << 30)
         if n_ctx is not None:
             n_ctx = _int_option("n_ctx", n_ctx, 1)
         self.path = model_path(path)

@@ -126,6 +126,11 @@ struct ei_kernels {
     ei_attn_fn attn;
     ei_attn_group_fn attn_group; /* NULL: attn per query */
     uint32_t attn_types;         /* bit t set: attn and attn_group read cache rows of type t */
+    /* acc[d] += p[t] * v[t][d] for t in [0, n) in order, d in [0, hv): rows of f32 (f32 = 1)
+     * or fp16 values, row_bytes apart; the weights have at most float's bits, so each product
+     * is exact in double and a fused add rounds as a separate one (KIVI's attention) */
+    void (*attn_weighted_sum)(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int hv,
+                              double *acc);
 
     /* KIVI cache quantization (formats and roundings: common/kivi.h): bits 2 or 4, group G
      * 32, 64 or 128; the caller checks the shapes (ei_kivi_k_block_bytes, ei_kivi_v_group) */

@@ -174,8 +174,8 @@ static void note_partner(ei_engine *e, const ei_tensor *t) {
 static ei_status check_kivi(const ei_engine_params *p, const ei_model_desc *m) {
     if (!ei_kivi_group_ok(p->kivi_group))
         return ei_fail(EI_ERR_INVALID, "kivi_group must be 32, 64 or 128, got %d", p->kivi_group);
-    if (p->kivi_residual < 0 || p->kivi_residual > p->n_ctx)
-        return ei_fail(EI_ERR_INVALID, "kivi_residual must lie in [0, n_ctx = %d], got %d", p->n_ctx, p->kivi_residual);
+    if (p->kivi_residual < 0) /* one of n_ctx or more reads every position in f16 */
+        return ei_fail(EI_ERR_INVALID, "kivi_residual must be >= 0, got %d", p->kivi_residual);
     if (!ei_kivi_k_block_bytes(p->kv_type_k, p->kivi_group, m->head_dim))
         return ei_fail(EI_ERR_UNSUPPORTED, "KIVI keys have 2 or 4 bits and at most %d channels, not %d bits and %d",
                        EI_MAX_HEAD_DIM, p->kv_type_k, m->head_dim);
@@ -215,7 +215,8 @@ static ei_status create_kivi_pool(ei_engine *e) {
         k_blocks[il] = (size_t)nh * e->kivi_k_block;
         v_blocks[il] = (size_t)G * nh * e->kivi_v_row;
         grouped[il] = 1;
-        windows[L + il] = e->p.kivi_residual + G; /* the residual: what queries read in f16 */
+        /* the residual: what queries read in f16 (all of the context for a long one) */
+        windows[L + il] = e->p.kivi_residual < e->p.n_ctx ? e->p.kivi_residual + G : 0;
         k_blocks[L + il] = (size_t)G * e->k_row_bytes;
         v_blocks[L + il] = (size_t)G * e->v_row_bytes;
         grouped[L + il] = 0;

@@ -13,6 +13,8 @@
 #include "attn_softmax.h"
 #include "kivi.h"
 
+#define KIVI_CHUNK 16 /* value rows decoded at a time: 16 KiB of floats at most, in L1 */
+
 static void kivi_scores(const ei_attn_params *p, const float *q, float *scores) {
     const int hd = p->head_dim;
     int at = 0;
@@ -33,24 +35,20 @@ static void kivi_scores(const ei_attn_params *p, const float *q, float *scores) 
     }
 }
 
-/* acc[d] += pr[t] * v[t][d] over one run's rows, in order of t */
+/* acc[d] += pr[t] * v[t][d] over one run's rows, in order of t (the table's weighted sum) */
 static void kivi_accumulate(const ei_attn_params *p, const ei_attn_run *run, int quantized, const double *pr,
                             double *acc) {
     const int hv = p->head_dim_v;
     if (!quantized) {
-        for (int t = 0; t < run->n; t++) {
-            const ei_f16 *row = (const ei_f16 *)((const uint8_t *)run->v + (size_t)t * p->v_row_bytes);
-            for (int d = 0; d < hv; d++) acc[d] += pr[t] * ei_fp16_to_fp32(row[d]);
-        }
+        p->kt->attn_weighted_sum(pr, run->v, 0, p->v_row_bytes, run->n, hv, acc);
         return;
     }
-    float buf[EI_ATTN_CHUNK * EI_MAX_HEAD_DIM];
-    for (int t0 = 0; t0 < run->n; t0 += EI_ATTN_CHUNK) {
-        const int m = run->n - t0 < EI_ATTN_CHUNK ? run->n - t0 : EI_ATTN_CHUNK;
+    float buf[KIVI_CHUNK * EI_MAX_HEAD_DIM];
+    for (int t0 = 0; t0 < run->n; t0 += KIVI_CHUNK) {
+        const int m = run->n - t0 < KIVI_CHUNK ? run->n - t0 : KIVI_CHUNK;
         p->kt->kivi_decode_v(p->kivi_bits_v, p->kivi_group, hv, (const uint8_t *)run->v + (size_t)t0 * p->kivi_v_row_bytes,
                              p->kivi_v_row_bytes, m, buf);
-        for (int j = 0; j < m; j++)
-            for (int d = 0; d < hv; d++) acc[d] += pr[t0 + j] * buf[(size_t)j * hv + d];
+        p->kt->attn_weighted_sum(pr + t0, (const uint8_t *)buf, 1, (size_t)hv * 4, m, hv, acc);
     }
 }
 

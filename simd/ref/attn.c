@@ -65,7 +65,16 @@ static void ref_attn(const ei_attn_params *p, const float *q, float *out, double
     for (int d = 0; d < p->head_dim_v; d++) out[d] = (float)acc[d];
 }
 
+static void ref_weighted_sum(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int hv,
+                             double *acc) {
+    for (int t = 0; t < n; t++) {
+        const uint8_t *row = v + (size_t)t * row_bytes;
+        for (int d = 0; d < hv; d++) acc[d] += p[t] * kv_at(row, f32 ? EI_TYPE_F32 : EI_TYPE_F16, d);
+    }
+}
+
 void ei_ref_attn_kernels(ei_kernels *k) {
     k->attn = ref_attn;
+    k->attn_weighted_sum = ref_weighted_sum;
     k->attn_types = EI_ATTN_ALL;
 }

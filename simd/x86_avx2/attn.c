@@ -198,7 +198,13 @@ static void avx2_attn(const ei_attn_params *p, const float *q, float *out, doubl
     for (; d < hv; d++) out[d] = (float)acc[d];
 }
 
+static void avx2_weighted_sum(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int hv,
+                              double *acc) {
+    (f32 ? weighted_sum_f32 : weighted_sum_f16)(p, v, row_bytes, n, hv, acc);
+}
+
 void ei_avx2_attn_kernels(ei_kernels *k) {
     k->attn = avx2_attn;
+    k->attn_weighted_sum = avx2_weighted_sum;
     k->attn_types = EI_ATTN_ALL;
 }

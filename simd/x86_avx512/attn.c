@@ -316,8 +316,14 @@ static void attn_group(const ei_attn_params *p, int nq, const float *q, size_t q
     }
 }
 
+static void avx512_weighted_sum(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int hv,
+                                double *acc) {
+    weighted_sum(p, v, f32, row_bytes, n, hv, acc);
+}
+
 void ei_avx512_attn_kernels(ei_kernels *k) {
     k->attn = attn;
+    k->attn_weighted_sum = avx512_weighted_sum;
     k->attn_group = attn_group;
     k->attn_types = EI_ATTN_ALL;
 }

@@ -120,6 +120,19 @@ def test_generating_past_the_context_gives_the_reference_tokens(fixture_models, 
     assert tokens["native"] == tokens["reference"]
 
 
+def test_a_context_within_the_residual_goes_past_its_end(fixture_models):
+    """n_ctx 64 with the default residual of 128: every position is read in f16, and the
+    policy may still drop (a residual is no window that must stay)."""
+    with edgeinfer.load(fixture_models["llama"], n_ctx=64, kv_type="kivi4",
+                        context_policy="streaming") as m:  # fmt: skip
+        session = KVSession(m.backend, policy=m.context_policy)
+        session.prefill(list(range(3, 30)))
+        for i in range(3 * 64):
+            session.decode(5 + i % 50)
+            assert m.backend.n_past <= 64
+        assert len(session.history) == 27 + 3 * 64
+
+
 # ---- sizes, options and refusals -----------------------------------------------------------
 
 
