@@ -144,12 +144,18 @@ def check_kivi_options(
     options are ones the format has (typed errors otherwise)."""
     kt, vt = cache_type(k, "cache_type_k"), cache_type(v, "cache_type_v")
     _check_pair(kt, vt)
-    if kivi_group not in kivi.GROUPS:
+    if isinstance(kivi_group, bool) or kivi_group not in kivi.GROUPS:
         raise errors.InvalidOptionError(
-            f"kivi_group must be one of {', '.join(map(str, kivi.GROUPS))}, not {kivi_group}"
+            f"kivi_group must be one of {', '.join(map(str, kivi.GROUPS))}, not {kivi_group!r}"
         )
-    if not isinstance(kivi_residual, int) or kivi_residual < 0:
-        raise errors.InvalidOptionError(f"kivi_residual must be >= 0, not {kivi_residual!r}")
+    if (
+        isinstance(kivi_residual, bool)
+        or not isinstance(kivi_residual, int)
+        or not (0 <= kivi_residual < 1 << 31)
+    ):
+        raise errors.InvalidOptionError(
+            f"kivi_residual must lie in [0, 2**31), not {kivi_residual!r}"
+        )
     return kt.layout == CacheLayout.KIVI
 
 

@@ -309,6 +309,8 @@ class SequenceEngine:
         if runs:
             self._evict(seq, list(runs), n_past)
             self._lengths[seq] = self._highs[seq] = n_past - dropped
+            if self.kivi is not None:  # the rows behind were moved, not kept: a rewind below
+                self._highs[seq] += self.ring_slack or 0  # them evaluates again
 
     can_track_attention: ClassVar[bool] = False
     tracks_attention = False  # whether this engine was created with track_attention

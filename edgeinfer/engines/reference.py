@@ -259,6 +259,8 @@ class ReferenceEngine(SequenceEngine):
         self._kivi: tuple[int, int, int, int] | None = None
         if check_kivi_options(kt, vt, kivi_group, kivi_residual):
             self._kivi = (kt.bits, vt.bits, kivi_group, kivi_residual)
+            kivi.k_block_bytes(kt.bits, kivi_group, cfg.head_dim)  # typed errors for shapes
+            kivi.v_group(vt.bits, kivi_group, cfg.head_dim_v)  # the format has not
             self.kivi = (kivi_group, kivi_residual)
             self.can_save_rows = False
         self._kivi_groups: list[dict[int, tuple[list[np.ndarray], np.ndarray]]] = [

@@ -1025,6 +1025,8 @@ static void evict_scores(ei_engine *e, int seq, int n_runs, const int32_t *runs,
 
 typedef struct {
     int G, kept, done, done_new, g0; /* groups quantized before and after; the first changed */
+    int r_lo; /* the first residual row written: every row still held from the first changed
+               * group on, so that no stale row is held after the move */
 } kivi_move;
 
 /* the first new position layer il needs: the first changed group's, or its window's */
@@ -1039,19 +1041,36 @@ static int kivi_from_group(const ei_engine *e, const kivi_move *mv, int il, int 
     return kivi_layer_quantized(e, il) && p < mv->done * mv->G;
 }
 
+/* the first new position whose key and value layer il computes: its own first, or the
+ * residual's first written row if lower */
+static int kivi_move_start(const ei_engine *e, const kivi_move *mv, int il) {
+    const int lo = kivi_move_lo(e, mv, il);
+    return mv->r_lo < lo ? mv->r_lo : lo;
+}
+
+/* the residual rows rewritten: from the first changed group, or from the first row the
+ * residual holds after the move's trim, but at least those a query at the new length reads */
+static int kivi_residual_from(const ei_engine *e, int s, const kivi_move *mv) {
+    const int L = e->m.n_layer, G = mv->G, rows = ei_kv_pool_layer_rows(e->kv, L);
+    int held = ei_kv_pool_oldest(e->kv, s, L);
+    const int trimmed = rows < e->p.n_ctx && mv->kept - rows > 0 ? (mv->kept - rows) / G * G : 0;
+    if (trimmed > held) held = trimmed;
+    const int need = held < mv->done_new * G ? held : mv->done_new * G;
+    return need > mv->g0 * G ? need : mv->g0 * G;
+}
+
 /* refuses a move whose sources the cache no longer holds, then makes every destination
  * private, before anything changes */
 static ei_status kivi_move_prepare(ei_engine *e, int s, const kivi_move *mv, int n_runs, const int32_t *runs) {
     const int L = e->m.n_layer, G = mv->G;
     for (int il = 0; il < L; il++)
-        for (int i = kivi_move_lo(e, mv, il); i < mv->kept; i++) {
+        for (int i = kivi_move_start(e, mv, il); i < mv->kept; i++) {
             const int p = source_of(n_runs, runs, i), part = kivi_from_group(e, mv, il, p) ? il : L + il;
             if (!ei_kv_pool_holds(e->kv, s, part, p, p + 1))
                 return ei_fail(EI_ERR_UNSUPPORTED, "layer %d no longer holds position %d, which the dropping of "
                                "positions would keep (drop fewer, or keep the whole context)", il, p);
         }
-    const int r_lo = mv->done_new * G > mv->g0 * G ? mv->done_new * G : mv->g0 * G;
-    ei_status st = ei_kv_pool_write_layer(e->kv, s, L, r_lo, mv->kept);
+    ei_status st = ei_kv_pool_write_layer(e->kv, s, L, mv->r_lo, mv->kept);
     for (int il = 0; st == EI_OK && il < L; il++)
         if (kivi_layer_quantized(e, il) && kivi_move_lo(e, mv, il) < mv->done_new * G)
             st = ei_kv_pool_write_layer(e->kv, s, il, kivi_move_lo(e, mv, il), mv->done_new * G);
@@ -1087,7 +1106,7 @@ static void kivi_move_layer(ei_engine *e, int s, int il, const kivi_move *mv, in
     const ei_model_desc *m = &e->m;
     const int G = mv->G, L = m->n_layer, lo = kivi_move_lo(e, mv, il), base = mv->g0 * G;
     int delta = 0;
-    for (int i = lo; i < mv->kept; i++) {
+    for (int i = kivi_move_start(e, mv, il); i < mv->kept; i++) {
         const int p = source_of(n_runs, runs, i);
         kivi_source(e, s, il, mv, p, kf, vf);
         if (p - i != delta) rope_row(e, e->layer_base[il], -(delta = p - i), cs);
@@ -1106,8 +1125,7 @@ static void kivi_move_layer(ei_engine *e, int s, int il, const kivi_move *mv, in
                                           tv + (size_t)(t - base) * e->v_dim + (size_t)h * m->head_dim_v,
                                           v_row(e, s, il, t) + (size_t)h * e->kivi_v_row);
             }
-    const int r_lo = mv->done_new * G > lo ? mv->done_new * G : lo;
-    for (int i = r_lo; i < mv->kept; i++) {
+    for (int i = mv->r_lo; i < mv->kept; i++) {
         memcpy(k_row(e, s, L + il, i), tk + (size_t)(i - base) * e->kv_dim, e->k_row_bytes);
         memcpy(v_row(e, s, L + il, i), tv + (size_t)(i - base) * e->v_dim, e->v_row_bytes);
     }
@@ -1115,9 +1133,10 @@ static void kivi_move_layer(ei_engine *e, int s, int il, const kivi_move *mv, in
 
 static ei_status kivi_evict(ei_engine *e, int s, int n_runs, const int32_t *runs, int n_past) {
     const int G = e->p.kivi_group, held = kivi_quantized_below(e, n_past - 1) / G;
-    kivi_move mv = {G, n_past - dropped_below(n_runs, runs, n_past), e->kivi_done[s], 0, runs[0] / G};
+    kivi_move mv = {G, n_past - dropped_below(n_runs, runs, n_past), e->kivi_done[s], 0, runs[0] / G, 0};
     if (mv.done > held) mv.done = held; /* groups past it are stale (a rewind) */
     mv.done_new = mv.kept > 0 ? kivi_quantized_below(e, mv.kept - 1) / G : 0;
+    mv.r_lo = kivi_residual_from(e, s, &mv);
     ei_status st = kivi_move_prepare(e, s, &mv, n_runs, runs);
     if (st != EI_OK) return st;
     const size_t rows = (size_t)(mv.kept - mv.g0 * G);
@@ -1128,6 +1147,12 @@ static ei_status kivi_evict(ei_engine *e, int s, int n_runs, const int32_t *runs
         kivi_move_layer(e, s, il, &mv, n_runs, runs, tk, tv, kf, kf + e->kv_dim, cs);
     free(tk); free(tv); free(kf); free(cs);
     if (st != EI_OK) return st;
+    /* a sliding window's groups from the first changed one up to those moved are stale: let
+     * them go, and what lies below them (a later query that would need them is refused as a
+     * rewind too deep) */
+    for (int il = 0; il < e->m.n_layer; il++)
+        if (ring_layer(e, il) && kivi_move_lo(e, &mv, il) > mv.g0 * G)
+            ei_kv_pool_release_below(e->kv, s, il, kivi_move_lo(e, &mv, il));
     e->kivi_done[s] = mv.done_new;
     kivi_unkey_stale(e, s);
     if (e->scores) evict_scores(e, s, n_runs, runs, n_past);

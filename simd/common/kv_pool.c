@@ -329,6 +329,11 @@ void ei_kv_pool_trim(ei_kv_pool *pool, int s, int pos) {
     }
 }
 
+void ei_kv_pool_release_below(ei_kv_pool *pool, int s, int il, int pos) {
+    kv_group *g = &pool->g[pool->layer_group[il]];
+    if (g->window && pos > 0) release_below(pool, g, s, pos / pool->block);
+}
+
 void ei_kv_pool_release_block(ei_kv_pool *pool, int s, int il, int index) {
     kv_group *g = &pool->g[pool->layer_group[il]];
     if (index >= 0 && index < pool->max_blocks) release(pool, g, s, index);

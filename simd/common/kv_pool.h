@@ -74,6 +74,9 @@ void ei_kv_pool_trim(ei_kv_pool *pool, int s, int pos);
 /* after positions moved down (a discard), drops what sequence s holds below position pos in
  * the sliding-window groups: those rows are stale */
 void ei_kv_pool_forget_below(ei_kv_pool *pool, int s, int pos);
+/* releases the blocks of the group of layer il of s that lie wholly below position pos (rows
+ * that are stale after positions moved down), raising the lowest position it holds */
+void ei_kv_pool_release_below(ei_kv_pool *pool, int s, int il, int pos);
 /* lets block `index` of the group of layer il of s go (its rows were read and are not wanted:
  * an eviction moving a window down frees each source block as soon as it is read) */
 void ei_kv_pool_release_block(ei_kv_pool *pool, int s, int il, int index);

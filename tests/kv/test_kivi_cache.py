@@ -62,9 +62,11 @@ def test_logits_do_not_depend_on_the_batching(fixture_models):
     whole = _logits(path, tokens, **kw)
     for n_batch in (1, 7, 64):
         np.testing.assert_array_equal(_logits(path, tokens, n_batch=n_batch, **kw), whole)
-    # a query's view moves with its position: groups older than R are read quantized
-    differs = np.abs(whole - _logits(path, tokens, kv_type="f32")).max(axis=1) > 1e-4
-    assert not differs[: 24 + 32 - 1].any() or differs[24 + 32 :].all()
+    # a query's view moves with its position: the first group is read quantized from the
+    # query at R + G - 1 on; before it every query reads f16 rows only, as with R >= n_ctx
+    every_f16 = _logits(path, tokens, kv_type="kivi4", kivi_residual=1000)
+    np.testing.assert_array_equal(whole[: 24 + 32 - 1], every_f16[: 24 + 32 - 1])
+    assert (np.abs(whole[24 + 32 - 1 :] - every_f16[24 + 32 - 1 :]).max(axis=1) > 0).all()
 
 
 # ---- past the context -----------------------------------------------------------------------
@@ -94,6 +96,34 @@ def test_dropping_positions_is_the_same_in_both_engines(fixture_models, arch, kv
             out[engine] = (logits, eng.forward([10]), eng.attention_scores())
     for a, b in zip(out["reference"], out["native"], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_prefix_of_a_moved_cache_is_what_the_move_made(fixture_models):
+    """After a drop, a fork that keeps fewer positions than the sequence holds reads rows
+    below the new end that the move rewrote (the residual's too, not only the groups a query
+    at the new end reads): the numpy engine, truncated there, gives the same logits."""
+    from edgeinfer import engines
+    from edgeinfer.engines import ENGINES
+    from edgeinfer.engines.base import Batch, EngineOptions
+
+    path, tokens = fixture_models["llama"], prompt_tokens(256, 400, seed=9)
+    opts = {"n_ctx": 512, "cache_type_k": "kivi4", "cache_type_v": "kivi4"}
+    with edgeinfer.load(path, engine="reference", n_ctx=512, kv_type="kivi4") as m:
+        m.backend.forward(tokens)
+        m.backend.evict([(100, 10)])
+        m.backend.truncate(380)
+        want = m.backend.forward([5])
+    with GGUFFile(path) as gguf:
+        eng = engines.create(ENGINES["native"], gguf, config_from_gguf(gguf),
+                             EngineOptions(n_threads=2, n_seq_max=2, **opts))  # fmt: skip
+        try:
+            eng.forward(tokens)
+            eng.evict([(100, 10)])
+            eng.fork(0, 1, 380)
+            got = eng.decode(Batch.sequence([5], 380, seq=1))[0]
+        finally:
+            eng.close()
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("policy", ["streaming", "shift", "h2o"])
