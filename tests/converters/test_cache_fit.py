@@ -213,8 +213,8 @@ def test_dry_run_shows_the_cache_bytes(checkpoints, capsys):
     "argv, match, status",
     [(["--kv-type", "q8_0", "-ctk", "f16"], "--kv-type q8_0 sets both cache types; "
       "--cache-type-k f16 disagrees", 2),
-     (["--kv-type", "int8"], "not a cache type of GGUF output (f16, f32, q8_0, q4_0); int8 is "
-      "one of ONNX output", 2),
+     (["--kv-type", "int8"], "not a cache type of GGUF output (f16, f32, q8_0, q4_0, kivi4, "
+      "kivi2); int8 is one of ONNX output", 2),
      (["--format", "onnx", "-ctv", "q8_0"], "--cache-type-v 'q8_0' is not a cache type of ONNX "
       "output (f32, f16, int8, int4)", 2),
      (["--format", "onnx", "-ctk", "int8", "-ctv", "f16"], "keeps keys and values in one type",
