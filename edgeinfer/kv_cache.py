@@ -159,6 +159,16 @@ def check_kivi_options(
     return kt.layout == CacheLayout.KIVI
 
 
+def _kivi_group_bytes(
+    k: CacheType, v: CacheType, n_head_kv: int, head_dim: int, head_dim_v: int, group: int
+) -> int:
+    """One layer's quantized KIVI group of ``group`` positions: each KV head's key block and
+    value rows."""
+    return n_head_kv * (
+        k.group_bytes(head_dim, group, True) + v.group_bytes(head_dim_v, group, False)
+    )
+
+
 def _layer_bytes(
     k: CacheType, v: CacheType, n_head_kv: int, head_dim: int, head_dim_v: int, n_ctx: int,
     window: int, n_batch: int, ring: bool, kivi_group: int, kivi_residual: int,
@@ -169,7 +179,7 @@ def _layer_bytes(
         return layer_positions(n_ctx, window, n_batch, ring) * rows
     g = kivi_group
     groups = layer_positions(n_ctx, window, n_batch, ring, g) // g
-    quantized = n_head_kv * (k.group_bytes(head_dim, g, True) + v.group_bytes(head_dim_v, g, False))
+    quantized = _kivi_group_bytes(k, v, n_head_kv, head_dim, head_dim_v, g)
     residual = layer_positions(n_ctx, kivi_residual + g, n_batch, True, g)
     return groups * quantized + residual * rows
 
@@ -234,18 +244,14 @@ def cache_summary(
     full = layer_positions(n_ctx, 0, n_batch)
     growing = sum(1 for w in windows if layer_positions(n_ctx, w, n_batch, ring) == full)
     kivi_types = k.layout == CacheLayout.KIVI
-    if kivi_types:
-        group = k.group_bytes(cfg.head_dim, kivi_group, True)
-        group += v.group_bytes(cfg.head_dim_v, kivi_group, False)
-        per_layer = cfg.n_head_kv * group // kivi_group
-    else:
-        per_layer = k.tensor_bytes(1, cfg.n_head_kv, cfg.head_dim) + v.tensor_bytes(
-            1, cfg.n_head_kv, cfg.head_dim_v
-        )
-    total = cache_bytes(n_ctx=n_ctx, **shape)
     rows = k.tensor_bytes(1, cfg.n_head_kv, cfg.head_dim) + v.tensor_bytes(
         1, cfg.n_head_kv, cfg.head_dim_v
     )
+    per_layer = rows
+    if kivi_types:
+        shares = (k, v, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v, kivi_group)
+        per_layer = _kivi_group_bytes(*shares) // kivi_group
+    total = cache_bytes(n_ctx=n_ctx, **shape)
     quantized = max(0, n_ctx - kivi_residual) // kivi_group * kivi_group if kivi_types else 0
     layer = quantized * per_layer + (n_ctx - quantized) * rows
     out = {

@@ -557,22 +557,28 @@ static int kivi_layer_quantized(const ei_engine *e, int il) {
     return !w || w > e->p.kivi_residual;
 }
 
-/* the step's groups of layer il quantized from their f16 rows: every KV head's key group and
- * the value rows of its G positions; one unit per (job, head) */
+/* KV head h of the group at position p0 of layer il of s quantized from G f16 rows of keys
+ * and of values (that head's, k_row_bytes and v_row_bytes apart) */
+static void kivi_quantize_head(ei_engine *e, int s, int il, int p0, int h, const uint8_t *keys,
+                               const uint8_t *values) {
+    const int G = e->p.kivi_group;
+    e->k->kivi_quantize_k(e->p.kv_type_k, G, e->m.head_dim, (const ei_f16 *)keys, e->k_row_bytes,
+                          k_row(e, s, il, p0) + (size_t)h * e->kivi_k_block);
+    for (int t = 0; t < G; t++)
+        e->k->kivi_quantize_v(e->p.kv_type_v, G, e->m.head_dim_v, (const ei_f16 *)(values + (size_t)t * e->v_row_bytes),
+                              v_row(e, s, il, p0 + t) + (size_t)h * e->kivi_v_row);
+}
+
+/* the step's groups of layer il quantized from their f16 residual rows (a group's rows lie in
+ * one block, consecutive); one unit per (job, head) */
 static void kivi_quantize(ei_engine *e, int il, int ith, int nth) {
-    const ei_model_desc *m = &e->m;
-    const int G = e->p.kivi_group, L = m->n_layer, nh = m->n_head_kv;
+    const int G = e->p.kivi_group, L = e->m.n_layer, nh = e->m.n_head_kv;
     int a, b;
     split(kivi_layer_quantized(e, il) ? e->n_kivi_jobs * nh : 0, ith, nth, &a, &b);
     for (int w = a; w < b; w++) {
         const int s = e->kivi_jobs[2 * (w / nh)], p0 = e->kivi_jobs[2 * (w / nh) + 1] * G, h = w % nh;
-        const ei_f16 *keys = (const ei_f16 *)(k_row(e, s, L + il, p0) + (size_t)h * e->k_head_bytes);
-        e->k->kivi_quantize_k(e->p.kv_type_k, G, m->head_dim, keys, e->k_row_bytes,
-                              k_row(e, s, il, p0) + (size_t)h * e->kivi_k_block);
-        for (int t = 0; t < G; t++)
-            e->k->kivi_quantize_v(e->p.kv_type_v, G, m->head_dim_v,
-                                  (const ei_f16 *)(v_row(e, s, L + il, p0 + t) + (size_t)h * e->v_head_bytes),
-                                  v_row(e, s, il, p0 + t) + (size_t)h * e->kivi_v_row);
+        kivi_quantize_head(e, s, il, p0, h, k_row(e, s, L + il, p0) + (size_t)h * e->k_head_bytes,
+                           v_row(e, s, L + il, p0) + (size_t)h * e->v_head_bytes);
     }
     ei_pool_barrier(e->pool);
 }
@@ -611,8 +617,7 @@ static void kivi_attention(ei_engine *e, const step *st, int il, ei_attn_params 
     ei_pool_barrier(e->pool);
 }
 
-/* what a KIVI cache cannot do yet: its groups would have to be decoded, moved and quantized
- * again, and saved states hold rows */
+/* what a KIVI cache cannot do yet: saved states hold rows, and its groups are not rows */
 static ei_status kivi_unsupported(const char *what) {
     return ei_fail(EI_ERR_UNSUPPORTED, "%s is not supported with a KIVI cache", what);
 }
@@ -1117,14 +1122,10 @@ static void kivi_move_layer(ei_engine *e, int s, int il, const kivi_move *mv, in
     }
     if (kivi_layer_quantized(e, il))
         for (int g = lo / G; g < mv->done_new; g++)
-            for (int h = 0; h < m->n_head_kv; h++) {
-                e->k->kivi_quantize_k(e->p.kv_type_k, G, m->head_dim, tk + (size_t)(g * G - base) * e->kv_dim + (size_t)h * m->head_dim,
-                                      e->k_row_bytes, k_row(e, s, il, g * G) + (size_t)h * e->kivi_k_block);
-                for (int t = g * G; t < (g + 1) * G; t++)
-                    e->k->kivi_quantize_v(e->p.kv_type_v, G, m->head_dim_v,
-                                          tv + (size_t)(t - base) * e->v_dim + (size_t)h * m->head_dim_v,
-                                          v_row(e, s, il, t) + (size_t)h * e->kivi_v_row);
-            }
+            for (int h = 0; h < m->n_head_kv; h++)
+                kivi_quantize_head(e, s, il, g * G, h,
+                                   (const uint8_t *)(tk + (size_t)(g * G - base) * e->kv_dim) + (size_t)h * e->k_head_bytes,
+                                   (const uint8_t *)(tv + (size_t)(g * G - base) * e->v_dim) + (size_t)h * e->v_head_bytes);
     for (int i = mv->r_lo; i < mv->kept; i++) {
         memcpy(k_row(e, s, L + il, i), tk + (size_t)(i - base) * e->kv_dim, e->k_row_bytes);
         memcpy(v_row(e, s, L + il, i), tv + (size_t)(i - base) * e->v_dim, e->v_row_bytes);
