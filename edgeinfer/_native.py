@@ -148,6 +148,13 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         c_int,
         [c_void_p, c_int32, c_int32, c_int32, c_int32, c_void_p, c_void_p, c_int32],
     ),
+    "ei_engine_group_bytes": (c_int, [c_void_p, _P(c_size_t), _P(c_size_t)]),
+    "ei_engine_layer_groups": (c_int32, [c_void_p, c_int32]),
+    "ei_engine_seq_groups": (
+        c_int,
+        [c_void_p, c_int32, c_int32, c_int32, c_int32, c_void_p, c_void_p, c_int32],
+    ),
+    "ei_engine_seq_quantized": (c_int, [c_void_p, c_int32, _P(c_int32), c_int32]),
     "ei_engine_isa": (c_int, [c_void_p]),
     "ei_engine_memory": (c_size_t, [c_void_p]),
     "ei_engine_weight_copies": (c_size_t, [c_void_p]),
@@ -426,7 +433,6 @@ class NativeEngine(SequenceEngine):
         if kivi_layout:  # its f16 residual is a ring: a deeper rewind evaluates again (what
             # a drop keeps is held as quantized groups or residual rows: no window to keep)
             self.ring_slack = WINDOW_SLACK
-            self.can_save_rows = False
         rings = [  # the windows of the layers that release blocks behind them (kv_pool.h)
             w for w in map(cfg.layer_window, range(cfg.n_layer))
             if layer_positions(n_ctx, w, n_batch, not swa_full) < n_ctx
@@ -622,18 +628,54 @@ class NativeEngine(SequenceEngine):
         return rows
 
     def _read_rows(self, seq: int, layer: int, pos0: int, n: int) -> tuple[bytes, bytes]:
-        kb, vb = self.cache_row_bytes()
-        k = np.empty(n * kb, dtype=np.uint8)  # (n, kb)
-        v = np.empty(n * vb, dtype=np.uint8)  # (n, vb)
-        check(library().ei_engine_seq_rows(self._handle, seq, layer, pos0, n, _ptr(k), _ptr(v), 0))
-        return k.tobytes(), v.tobytes()
+        sizes = self.cache_row_bytes()
+        return self._copy_out(library().ei_engine_seq_rows, sizes, seq, layer, pos0, n)
 
     def _write_rows(self, seq: int, layer: int, pos0: int, n: int, k: bytes, v: bytes) -> None:
-        ka = np.frombuffer(k, dtype=np.uint8).copy()  # (n, kb): C gets a pointer it may read
-        va = np.frombuffer(v, dtype=np.uint8).copy()  # (n, vb)
-        check(library().ei_engine_seq_rows(
-            self._handle, seq, layer, pos0, n, _ptr(ka), _ptr(va), 1
-        ))  # fmt: skip
+        self._copy_in(library().ei_engine_seq_rows, seq, layer, pos0, n, k, v)
+
+    def _copy_out(
+        self, copy: Any, sizes: tuple[int, int], seq: int, layer: int, first: int, n: int
+    ) -> tuple[bytes, bytes]:
+        """n rows (or groups) of ``layer`` from ``first`` on, through ``copy``, the C entry
+        point that copies them (ei_engine_seq_rows or ei_engine_seq_groups)."""
+        k = np.empty(n * sizes[0], dtype=np.uint8)  # (n, key bytes)
+        v = np.empty(n * sizes[1], dtype=np.uint8)  # (n, value bytes)
+        check(copy(self._handle, seq, layer, first, n, _ptr(k), _ptr(v), 0))
+        return k.tobytes(), v.tobytes()
+
+    def _copy_in(
+        self, copy: Any, seq: int, layer: int, first: int, n: int, k: bytes, v: bytes
+    ) -> None:
+        ka = np.frombuffer(k, dtype=np.uint8).copy()  # (n, key bytes): C may read the pointer
+        va = np.frombuffer(v, dtype=np.uint8).copy()  # (n, value bytes)
+        check(copy(self._handle, seq, layer, first, n, _ptr(ka), _ptr(va), 1))
+
+    def _group_bytes(self) -> tuple[int, int]:
+        self._check_open()
+        k, v = c_size_t(), c_size_t()
+        check(library().ei_engine_group_bytes(self._handle, ctypes.byref(k), ctypes.byref(v)))
+        return int(k.value), int(v.value)
+
+    def _layer_groups(self, layer: int) -> int:
+        return int(library().ei_engine_layer_groups(self._handle, layer))
+
+    def _quantized_groups(self, seq: int) -> int:
+        self._check_open()
+        n = c_int32()
+        check(library().ei_engine_seq_quantized(self._handle, seq, ctypes.byref(n), 0))
+        return int(n.value)
+
+    def _read_groups(self, seq: int, layer: int, g0: int, n: int) -> tuple[bytes, bytes]:
+        sizes = self._group_bytes()
+        return self._copy_out(library().ei_engine_seq_groups, sizes, seq, layer, g0, n)
+
+    def _write_groups(self, seq: int, layer: int, g0: int, n: int, k: bytes, v: bytes) -> None:
+        self._copy_in(library().ei_engine_seq_groups, seq, layer, g0, n, k, v)
+
+    def _set_quantized_groups(self, seq: int, n: int) -> None:
+        self._check_open()
+        check(library().ei_engine_seq_quantized(self._handle, seq, ctypes.byref(c_int32(n)), 1))
 
     def close(self) -> None:
         if self._handle:

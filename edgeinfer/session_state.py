@@ -10,18 +10,24 @@ Only sequence 0 is saved (the one generation and chat use). A file is::
     tokens   int32    (n_history) every token evaluated, a dropped run included
     rows     bytes    per layer: the keys, then the values, of its last ``held`` positions
                       (held = min(n_past, positions the layer keeps)), oldest first, each row
-                      k_row_bytes / v_row_bytes in the cache's own encoding
+                      k_row_bytes / v_row_bytes in the cache's own encoding (a KIVI cache's f16
+                      residual)
+    groups   bytes    a KIVI cache only, per layer: the keys, then the values, of its last
+                      quantized groups (those of the positions the layer keeps, below
+                      n_groups * kivi_group), each group_k_bytes / group_v_bytes as the cache
+                      holds it
     sha256   32 bytes of everything before it
 
 all little-endian. The header names the model by the SHA-256 of its GGUF header and tensor
 table (the bytes before the tensor data: every hyper-parameter, the vocabulary, each tensor's
 name, type, shape and offset), the cache's types and row sizes, the context, each layer's
 window and the positions it keeps (a sliding-window layer's ring keeps window + n_batch), the
-batch size and the context policy. A file that does not check out raises
-:class:`~edgeinfer.errors.StateFileError`; an intact one written for another model or other
-cache settings raises :class:`~edgeinfer.errors.StateMismatchError` (llama.cpp restores such
-files silently, as a no-op or as garbage). Nothing is written into the engine before the whole
-file has been checked.
+batch size, the context policy and, for a KIVI cache, its group, residual and the groups
+quantized (so that the next queries read exactly what they would have read). A file that
+does not check out raises :class:`~edgeinfer.errors.StateFileError`; an intact one written
+for another model or other cache settings raises :class:`~edgeinfer.errors.StateMismatchError`
+(llama.cpp restores such files silently, as a no-op or as garbage). Nothing is written into
+the engine before the whole file has been checked.
 
 Rows move through the engines' rows interface (``read_rows`` / ``write_rows``), which knows
 nothing of how an engine lays its cache out; the native and numpy engines write the same
@@ -47,14 +53,14 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer import errors
+from edgeinfer import errors, kivi
 from edgeinfer.atomic_file import atomic_file
 from edgeinfer.generation import KVSession
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.models.base import DecoderConfig
 
 MAGIC = b"EISTATE\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: KIVI caches (the group fields)
 _PREFIX = struct.Struct("<8sII")  # magic, version, header length
 DIGEST_BYTES = 32
 MAX_HEADER_BYTES = 1 << 20  # a real header is well under a kilobyte per layer
@@ -89,25 +95,49 @@ class StateHeader:
     n_history: int  # tokens evaluated: n_past + dropped
     hole: int  # where the dropped run of history starts (-1: none)
     dropped: int
+    kivi_group: int  # a KIVI cache's G and R; 0 for a cache of rows
+    kivi_residual: int
+    n_groups: int  # groups quantized: the same for every layer that keeps groups
+    group_k_bytes: int
+    group_v_bytes: int
+    group_kept: tuple[int, ...]  # (n_layer) positions whose groups each layer keeps (0: none)
 
     def held(self, layer: int) -> int:
         """Rows of ``layer`` in the file: those of positions [n_past - held, n_past)."""
         return min(self.n_past, self.kept[layer])
 
+    def held_groups(self, layer: int) -> int:
+        """Groups of ``layer`` in the file: [n_groups - held_groups, n_groups)."""
+        return _groups_kept(self, self.group_kept[layer])
+
     @property
     def body_bytes(self) -> int:
         rows = sum(self.held(il) for il in range(len(self.kept)))
-        return 4 * self.n_history + rows * (self.k_row_bytes + self.v_row_bytes)
+        groups = sum(self.held_groups(il) for il in range(len(self.kept)))
+        return (
+            4 * self.n_history + rows * (self.k_row_bytes + self.v_row_bytes)
+            + groups * (self.group_k_bytes + self.group_v_bytes)
+        )  # fmt: skip
 
     def to_json(self) -> bytes:
         fields = {f: getattr(self, f) for f in HEADER_FIELDS}
-        fields["windows"], fields["kept"] = list(self.windows), list(self.kept)
+        for key in _LIST_FIELDS:
+            fields[key] = list(fields[key])
         return json.dumps(fields, separators=(",", ":")).encode()
+
+
+def _groups_kept(h: StateHeader, positions: int) -> int:
+    """The newest of the state's n_groups groups a layer keeping the groups of ``positions``
+    positions holds: those lying wholly within its last ``positions`` positions."""
+    if not positions or not h.kivi_group:
+        return 0
+    first = -(-max(0, h.n_past - positions) // h.kivi_group)  # the first group held whole
+    return max(0, h.n_groups - first)
 
 
 HEADER_FIELDS = tuple(StateHeader.__dataclass_fields__)
 _TEXT_FIELDS = ("model_sha256", "arch", "engine", "cache_type_k", "cache_type_v", "policy")
-_LIST_FIELDS = ("windows", "kept")
+_LIST_FIELDS = ("windows", "kept", "group_kept")
 
 
 def _bad(path: Path, why: str) -> errors.StateFileError:
@@ -166,6 +196,18 @@ def _check_consistent(path: Path, h: StateHeader) -> None:
         raise _bad(path, f"{h.n_history} tokens evaluated, {h.n_past} held, {h.dropped} dropped")
     if (h.hole < 0) != (h.dropped == 0) or h.hole > h.n_past:
         raise _bad(path, f"a dropped run of {h.dropped} tokens at {h.hole}")
+    if len(h.group_kept) != len(h.kept) or not all(k <= h.n_ctx for k in h.group_kept):
+        raise _bad(path, f"{len(h.group_kept)} layers of groups, or more than the context")
+    grouped = (h.kivi_group, h.group_k_bytes, h.group_v_bytes)
+    if not h.kivi_group and (any(grouped) or h.n_groups or any(h.group_kept)):
+        raise _bad(path, "KIVI groups in a cache of rows")
+    if h.kivi_group and (h.kivi_group not in kivi.GROUPS or not all(grouped)):
+        raise _bad(path, f"KIVI groups of {h.kivi_group} positions, or of 0 bytes")
+    if h.kivi_group and h.n_groups * h.kivi_group > h.n_past:
+        raise _bad(path, f"{h.n_groups} quantized groups beyond the {h.n_past} positions held")
+    for il in range(len(h.kept)):  # the rows after the groups are all there
+        if h.held_groups(il) and h.n_past - h.held(il) > h.n_groups * h.kivi_group:
+            raise _bad(path, f"layer {il} lacks the residual rows after its groups")
 
 
 # --- what the model expects ----------------------------------------------------------------
@@ -184,6 +226,12 @@ def header_for(gguf: GGUFFile, cfg: DecoderConfig, session: KVSession) -> StateH
         )
     k_bytes, v_bytes = engine.cache_row_bytes()
     hole, dropped = session.dropped_run
+    group, residual, n_groups, group_bytes = 0, 0, 0, (0, 0)
+    group_kept = (0,) * cfg.n_layer
+    if engine.kivi is not None:
+        group, residual = engine.kivi
+        n_groups, group_bytes = engine.quantized_groups(0), engine.group_bytes()
+        group_kept = tuple(engine.layer_groups(il) for il in range(cfg.n_layer))
     return StateHeader(
         model_sha256=model_digest(gguf), arch=cfg.arch, engine=engine.name, n_ctx=engine.n_ctx,
         cache_type_k=engine.cache_type_k or "", cache_type_v=engine.cache_type_v or "",
@@ -192,7 +240,9 @@ def header_for(gguf: GGUFFile, cfg: DecoderConfig, session: KVSession) -> StateH
         kept=tuple(engine.layer_rows(il) for il in range(cfg.n_layer)), n_batch=session.n_batch,
         policy=policy.name, n_keep=policy.n_keep, n_sink=policy.n_sink,
         n_past=engine.seq_length(0), n_history=len(session.history),
-        hole=-1 if hole is None else hole, dropped=dropped,
+        hole=-1 if hole is None else hole, dropped=dropped, kivi_group=group,
+        kivi_residual=residual, n_groups=n_groups, group_k_bytes=group_bytes[0],
+        group_v_bytes=group_bytes[1], group_kept=group_kept,
     )  # fmt: skip
 
 
@@ -207,7 +257,10 @@ def _check_fits(path: Path, saved: StateHeader, now: StateHeader) -> None:
     if saved.model_sha256 != now.model_sha256:
         arch = f"an {saved.arch} model" if saved.arch != now.arch else "another model file"
         raise refuse("model", f"{saved.model_sha256[:16]}... ({arch})", now.model_sha256[:16])
-    for what in ("n_ctx", "cache_type_k", "cache_type_v", "k_row_bytes", "v_row_bytes"):
+    for what in (
+        "n_ctx", "cache_type_k", "cache_type_v", "k_row_bytes", "v_row_bytes", "kivi_group",
+        "kivi_residual", "group_k_bytes", "group_v_bytes",
+    ):  # fmt: skip
         if getattr(saved, what) != getattr(now, what):
             raise refuse(what, getattr(saved, what), getattr(now, what))
     if saved.windows != now.windows:
@@ -215,12 +268,26 @@ def _check_fits(path: Path, saved: StateHeader, now: StateHeader) -> None:
     if (saved.policy, _policy_kept(saved)) != (now.policy, _policy_kept(now)):
         raise refuse("context policy", _policy_text(saved), _policy_text(now))
     for il, kept in enumerate(now.kept):
-        if min(saved.n_past, kept) > saved.held(il):
+        if _rows_wanted(saved, il, kept) > saved.held(il):
             raise errors.StateMismatchError(
                 f"{path} holds the last {saved.held(il)} of {saved.n_past} positions of layer "
                 f"{il} (n_batch {saved.n_batch}); this model's cache keeps {kept} there "
                 f"(n_batch {now.n_batch}): not loaded"
             )
+        if _groups_kept(saved, now.group_kept[il]) > saved.held_groups(il):
+            raise errors.StateMismatchError(
+                f"{path} holds the last {saved.held_groups(il)} of {saved.n_groups} KIVI groups "
+                f"of layer {il}; this model's cache keeps more there: not loaded"
+            )
+
+
+def _rows_wanted(saved: StateHeader, layer: int, kept: int) -> int:
+    """Rows of ``layer`` a cache keeping ``kept`` positions takes from ``saved``: its newest
+    (a KIVI residual needs none below the groups it takes, which a query reads quantized)."""
+    want = min(saved.n_past, kept)
+    if saved.kivi_group:
+        want = min(want, max(saved.n_past - saved.n_groups * saved.kivi_group, saved.held(layer)))
+    return want
 
 
 def _policy_kept(h: StateHeader) -> int:
@@ -242,6 +309,12 @@ def _row_chunks(h: StateHeader, session: KVSession) -> Iterator[bytes]:
         k, v = session.engine.read_rows(il, h.n_past - h.held(il), h.held(il))
         yield k
         yield v
+    for il in range(len(h.kept)):
+        n = h.held_groups(il)
+        if n:
+            k, v = session.engine.read_groups(il, h.n_groups - n, n)
+            yield k
+            yield v
 
 
 def save(
@@ -326,14 +399,25 @@ def load(
     try:
         at = 4 * saved.n_history
         for il, kept in enumerate(now.kept):
-            held, want = saved.held(il), min(saved.n_past, kept)
+            held, want = saved.held(il), _rows_wanted(saved, il, kept)
             k_at = at + (held - want) * saved.k_row_bytes  # a smaller ring takes the newest
             v_at = at + held * saved.k_row_bytes + (held - want) * saved.v_row_bytes
             k = body[k_at : k_at + want * saved.k_row_bytes]
             v = body[v_at : v_at + want * saved.v_row_bytes]
             engine.write_rows(il, saved.n_past - want, k, v)
             at += held * (saved.k_row_bytes + saved.v_row_bytes)
+        for il in range(len(now.kept) if saved.kivi_group else 0):
+            held, want = saved.held_groups(il), _groups_kept(saved, now.group_kept[il])
+            kb, vb = saved.group_k_bytes, saved.group_v_bytes
+            k_at, v_at = at + (held - want) * kb, at + held * kb + (held - want) * vb
+            engine.write_groups(
+                il, saved.n_groups - want, body[k_at : k_at + want * kb],
+                body[v_at : v_at + want * vb],
+            )  # fmt: skip
+            at += held * (kb + vb)
         engine.set_length(saved.n_past)
+        if saved.kivi_group:
+            engine.set_quantized_groups(saved.n_groups)
     except BaseException:
         session.reset()
         engine.seq_clear(0)

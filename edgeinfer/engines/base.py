@@ -181,6 +181,37 @@ class Engine(Protocol):
         """Declares that ``seq`` holds ``n`` positions (after ``write_rows`` restored them)."""
         ...
 
+    # a KIVI cache (``kivi`` is (G, R)): the rows above are its f16 residual's, and its
+    # quantized groups of G positions move through the methods below
+
+    kivi: tuple[int, int] | None
+
+    def group_bytes(self) -> tuple[int, int]:
+        """Bytes of one quantized group of a layer: every KV head's key block, then the G
+        value rows of every head."""
+        ...
+
+    def layer_groups(self, layer: int) -> int:
+        """Positions whose groups ``layer`` keeps per sequence (0: none is ever read)."""
+        ...
+
+    def quantized_groups(self, seq: int = 0) -> int:
+        """The groups of ``seq`` that a query at its length reads quantized and that exist."""
+        ...
+
+    def read_groups(self, layer: int, g0: int, n: int, seq: int = 0) -> tuple[bytes, bytes]:
+        """The key and value bytes of groups [g0, g0 + n) of ``layer``."""
+        ...
+
+    def write_groups(self, layer: int, g0: int, k: bytes, v: bytes, seq: int = 0) -> None:
+        """Stores groups (as ``read_groups`` returns them) from group ``g0`` on."""
+        ...
+
+    def set_quantized_groups(self, n: int, seq: int = 0) -> None:
+        """Declares that the first ``n`` groups of ``seq`` are quantized (after
+        ``write_groups`` restored them)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -369,6 +400,80 @@ class SequenceEngine:
         if not 0 <= n <= self.n_ctx:
             raise errors.InvalidOptionError(f"{n} positions do not fit the context of {self.n_ctx}")
         self._lengths[seq] = self._highs[seq] = n
+
+    kivi: tuple[int, int] | None = None
+
+    def _kivi_options(self) -> tuple[int, int]:
+        if self.kivi is None:
+            raise errors.InvalidOptionError("the cache holds rows, not KIVI groups")
+        return self.kivi
+
+    def group_bytes(self) -> tuple[int, int]:
+        self._kivi_options()
+        return self._group_bytes()
+
+    def layer_groups(self, layer: int) -> int:
+        self._kivi_options()
+        self.layer_rows(layer)  # refuses a bad layer
+        return self._layer_groups(layer)
+
+    def quantized_groups(self, seq: int = 0) -> int:
+        group, residual = self._kivi_options()
+        self._check_seq(seq)
+        return min(self._quantized_groups(seq), max(self.seq_length(seq) - residual, 0) // group)
+
+    def _check_groups(self, layer: int, g0: int, n: int, seq: int) -> None:
+        """Refuses groups outside [0, n_ctx / G) or more than ``layer`` keeps."""
+        group, _ = self._kivi_options()
+        self._check_open()
+        self._check_seq(seq)
+        kept = self.layer_groups(layer)
+        if n < 0 or g0 < 0 or (g0 + n) * group > self.n_ctx or (n and n * group > kept + group):
+            raise errors.InvalidOptionError(
+                f"layer {layer} keeps the groups of {kept} positions, not groups [{g0}, {g0 + n})"
+            )
+
+    def read_groups(self, layer: int, g0: int, n: int, seq: int = 0) -> tuple[bytes, bytes]:
+        self._check_groups(layer, g0, n, seq)
+        return self._read_groups(seq, layer, g0, n)
+
+    def write_groups(self, layer: int, g0: int, k: bytes, v: bytes, seq: int = 0) -> None:
+        self._kivi_options()
+        kb, vb = self.group_bytes()
+        n = len(k) // kb
+        if len(k) != n * kb or len(v) != n * vb:
+            raise errors.InvalidOptionError(
+                f"{len(k)} key and {len(v)} value bytes are not {n} groups of {kb} and {vb}"
+            )
+        self._check_groups(layer, g0, n, seq)
+        self._write_groups(seq, layer, g0, n, k, v)
+
+    def set_quantized_groups(self, n: int, seq: int = 0) -> None:
+        group, _ = self._kivi_options()
+        self._check_seq(seq)
+        if not 0 <= n * group <= self.seq_length(seq):
+            raise errors.InvalidOptionError(
+                f"{n} groups of {group} do not fit the {self.seq_length(seq)} positions held"
+            )
+        self._set_quantized_groups(seq, n)
+
+    def _group_bytes(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _layer_groups(self, layer: int) -> int:
+        raise NotImplementedError
+
+    def _quantized_groups(self, seq: int) -> int:
+        raise NotImplementedError
+
+    def _read_groups(self, seq: int, layer: int, g0: int, n: int) -> tuple[bytes, bytes]:
+        raise NotImplementedError
+
+    def _write_groups(self, seq: int, layer: int, g0: int, n: int, k: bytes, v: bytes) -> None:
+        raise NotImplementedError
+
+    def _set_quantized_groups(self, seq: int, n: int) -> None:
+        raise NotImplementedError
 
     def _read_rows(self, seq: int, layer: int, pos0: int, n: int) -> tuple[bytes, bytes]:
         raise NotImplementedError

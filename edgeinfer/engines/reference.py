@@ -262,10 +262,14 @@ class ReferenceEngine(SequenceEngine):
             kivi.k_block_bytes(kt.bits, kivi_group, cfg.head_dim)  # typed errors for shapes
             kivi.v_group(vt.bits, kivi_group, cfg.head_dim_v)  # the format has not
             self.kivi = (kivi_group, kivi_residual)
-            self.can_save_rows = False
-        self._kivi_groups: list[dict[int, tuple[list[np.ndarray], np.ndarray]]] = [
+        # (n_layer) each layer's groups made so far: every KV head's key block, the value rows
+        # decoded (G, n_head_kv, hd_v) and encoded (G, n_head_kv, row bytes)
+        self._kivi_groups: list[dict[int, tuple[list[np.ndarray], np.ndarray, np.ndarray]]] = [
             {} for _ in range(cfg.n_layer)
         ]
+        # (n_layer) the first position whose f16 rows the residual holds: 0, unless a saved
+        # state restored the layer's newest rows only (a group below it cannot be made again)
+        self._f16_from = [0] * cfg.n_layer
         # queries meet the keys as GGML prepares them for the key type (float16, or q8_0
         # blocks for a quantized type); probabilities meet float16 values as float16
         self._query_as = {GGMLType.F16: _round_f16, GGMLType.F32: lambda x: x}.get(
@@ -345,6 +349,47 @@ class ReferenceEngine(SequenceEngine):
             shape = (n, cfg.n_head_kv, dim)
             values = quants.dequantize(np.frombuffer(raw, np.uint8), ggml_type, shape)
             cache[layer][pos0 : pos0 + n] = values.astype(cache[layer].dtype)
+        if self._kivi:  # a state's residual: the rows below were not restored
+            self._f16_from[layer] = pos0
+
+    def _clear(self, seq: int) -> None:
+        self._f16_from = [0] * self.cfg.n_layer
+        for groups in self._kivi_groups:
+            groups.clear()
+
+    # --- a KIVI cache's groups, encoded as the native engine stores them ---------------------
+
+    def _group_bytes(self) -> tuple[int, int]:
+        assert self._kivi is not None
+        (kbits, vbits, g, _), cfg = self._kivi, self.cfg
+        k = kivi.k_block_bytes(kbits, g, cfg.head_dim) * cfg.n_head_kv
+        return k, g * kivi.v_row_bytes(vbits, g, cfg.head_dim_v) * cfg.n_head_kv
+
+    def _layer_groups(self, layer: int) -> int:
+        assert self._kivi is not None
+        window = self.cfg.layer_window(layer)
+        return self.n_ctx if not window or window > self._kivi[3] else 0  # as kivi_quantize
+
+    def _quantized_groups(self, seq: int) -> int:
+        assert self._kivi is not None  # groups are made when first read: all below can be
+        return max(self.seq_length(seq) - self._kivi[3], 0) // self._kivi[2]
+
+    def _read_groups(self, seq: int, layer: int, g0: int, n: int) -> tuple[bytes, bytes]:
+        parts = [self._kivi_group(layer, gi) for gi in range(g0, g0 + n)]
+        k = b"".join(b"".join(block.tobytes() for block in blocks) for blocks, _, _ in parts)
+        return k, b"".join(encoded.tobytes() for _, _, encoded in parts)
+
+    def _write_groups(self, seq: int, layer: int, g0: int, n: int, k: bytes, v: bytes) -> None:
+        assert self._kivi is not None
+        nkv, g = self.cfg.n_head_kv, self._kivi[2]
+        kb, vb = self._group_bytes()
+        for i in range(n):
+            block = np.frombuffer(k[i * kb : (i + 1) * kb], dtype=np.uint8).reshape(nkv, -1)
+            encoded = np.frombuffer(v[i * vb : (i + 1) * vb], dtype=np.uint8).reshape(g, nkv, -1)
+            self._kivi_groups[layer][g0 + i] = self._kivi_part(list(block), encoded)
+
+    def _set_quantized_groups(self, seq: int, n: int) -> None:
+        """Groups are made when a query first reads them: those restored are kept."""
 
     # --- weights ---------------------------------------------------------------------------
 
@@ -546,13 +591,18 @@ class ReferenceEngine(SequenceEngine):
 
     # --- KIVI (simd/include/edgeinfer.h: EI_KV_KIVI) ----------------------------------------
 
-    def _kivi_group(self, il: int, gi: int) -> tuple[list[np.ndarray], np.ndarray]:
+    def _kivi_group(self, il: int, gi: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
         """Group gi of layer il, quantized once from its f16 rows: each KV head's key block,
-        and its values decoded (G, n_head_kv, hd_v)."""
+        and its values decoded (G, n_head_kv, hd_v) and encoded."""
         assert self._kivi is not None
         (kbits, vbits, g, _), nkv = self._kivi, self.cfg.n_head_kv
         part = self._kivi_groups[il].get(gi)
         if part is None:
+            if gi * g < self._f16_from[il]:  # as the native engine's kivi_plan refuses
+                raise errors.InvalidOptionError(
+                    f"layer {il} needs the f16 rows of position {gi * g} to quantize them, which "
+                    "its KIVI residual no longer holds (it rewound too far)"
+                )
             rows = slice(gi * g, (gi + 1) * g)
             blocks = [kivi.quantize_k(self.k_cache[il][rows, h], kbits) for h in range(nkv)]
             v16 = self.v_cache[il][rows]  # (G, n_head_kv, hd_v)
@@ -560,9 +610,17 @@ class ReferenceEngine(SequenceEngine):
                 np.stack([kivi.quantize_v(v16[t, h], vbits, g) for h in range(nkv)])
                 for t in range(g)
             ])  # fmt: skip
-            decoded = kivi.decode_v(encoded.reshape(g * nkv, -1), vbits, g, self.cfg.head_dim_v)
-            part = self._kivi_groups[il][gi] = (blocks, decoded.reshape(g, nkv, -1))
+            part = self._kivi_groups[il][gi] = self._kivi_part(blocks, encoded)
         return part
+
+    def _kivi_part(
+        self, blocks: list[np.ndarray], encoded: np.ndarray
+    ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+        """A group as _kivi_groups keeps it, from its key blocks and encoded value rows."""
+        assert self._kivi is not None
+        (_, vbits, g, _), nkv, hdv = self._kivi, self.cfg.n_head_kv, self.cfg.head_dim_v
+        decoded = kivi.decode_v(encoded.reshape(g * nkv, -1), vbits, g, hdv)
+        return blocks, decoded.reshape(g, nkv, hdv), encoded
 
     def _kivi_hold(self, il: int, n_past: int, first: int) -> tuple[np.ndarray, np.ndarray]:
         """Layer il's keys and values (n_past, n_head_kv, d) float32 as the cache holds them
@@ -577,7 +635,7 @@ class ReferenceEngine(SequenceEngine):
         window = cfg.layer_window(il)
         if not window or window > residual:  # a layer whose groups a query reads
             for gi in range(first // g, max(n_past - residual, 0) // g):
-                blocks, decoded = self._kivi_group(il, gi)
+                blocks, decoded, _ = self._kivi_group(il, gi)
                 rows = slice(gi * g, (gi + 1) * g)
                 keys[rows] = np.stack([kivi.decode_k(b, kbits, g, cfg.head_dim) for b in blocks], 1)
                 values[rows] = decoded
@@ -604,7 +662,7 @@ class ReferenceEngine(SequenceEngine):
         scores = np.zeros((nkv, group, n, below), dtype=F32)
         values = np.zeros((below, nkv, cfg.head_dim_v), dtype=F32)
         for gi in range(below // g):
-            blocks, decoded = self._kivi_group(il, gi)
+            blocks, decoded, _ = self._kivi_group(il, gi)
             for h in range(nkv):
                 dots = kivi.k_dots(blocks[h], kbits, g, hd, q[:, h])  # (n, group, G)
                 scores[h, :, :, gi * g : (gi + 1) * g] = dots.transpose(1, 0, 2)

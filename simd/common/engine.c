@@ -617,11 +617,6 @@ static void kivi_attention(ei_engine *e, const step *st, int il, ei_attn_params 
     ei_pool_barrier(e->pool);
 }
 
-/* what a KIVI cache cannot do yet: saved states hold rows, and its groups are not rows */
-static ei_status kivi_unsupported(const char *what) {
-    return ei_fail(EI_ERR_UNSUPPORTED, "%s is not supported with a KIVI cache", what);
-}
-
 /* the step's KIVI work, planned before it runs: a token at a position of a quantized group
  * makes that group stale; each sequence then quantizes the groups its last query reads so
  * that are not yet. The residual must still hold their rows (a rewind deeper than the slack
@@ -1258,6 +1253,13 @@ int32_t ei_engine_pool_stats(const ei_engine *e, int64_t *out, int32_t n) {
 
 /* ---- rows of the cache, for saved sessions --------------------------------------------- */
 
+/* entry i of the caller's keys ko (n, kb) and values vo (n, vb), either NULL, to (write) or
+ * from the cache's kc and vc */
+static void copy_entry(uint8_t *kc, uint8_t *vc, uint8_t *ko, uint8_t *vo, int i, size_t kb, size_t vb, int write) {
+    if (ko) write ? memcpy(kc, ko + (size_t)i * kb, kb) : memcpy(ko + (size_t)i * kb, kc, kb);
+    if (vo) write ? memcpy(vc, vo + (size_t)i * vb, vb) : memcpy(vo + (size_t)i * vb, vc, vb);
+}
+
 /* Copies go through k_row / v_row only, so they stay right however the cache is laid out;
  * a layer's rows are those of its last layer_rows positions (a sliding window's blocks keep
  * at least that many), which the caller (edgeinfer/session_state.py, knowing n_past) asks
@@ -1265,7 +1267,6 @@ int32_t ei_engine_pool_stats(const ei_engine *e, int64_t *out, int32_t n) {
 
 ei_status ei_engine_row_bytes(const ei_engine *e, size_t *k_bytes, size_t *v_bytes) {
     if (!e || !k_bytes || !v_bytes) return ei_fail(EI_ERR_INVALID, "bad arguments");
-    if (e->kivi) return kivi_unsupported("copying cache rows");
     *k_bytes = e->k_row_bytes;
     *v_bytes = e->v_row_bytes;
     return EI_OK;
@@ -1273,14 +1274,14 @@ ei_status ei_engine_row_bytes(const ei_engine *e, size_t *k_bytes, size_t *v_byt
 
 int32_t ei_engine_layer_rows(const ei_engine *e, int32_t layer) {
     if (!e || layer < 0 || layer >= e->m.n_layer) return -1;
-    return ei_kv_pool_layer_rows(e->kv, layer);
+    return ei_kv_pool_layer_rows(e->kv, e->kivi ? e->m.n_layer + layer : layer);
 }
 
 ei_status ei_engine_seq_rows(ei_engine *e, int32_t seq, int32_t layer, int32_t pos0, int32_t n,
                              void *k_rows, void *v_rows, int32_t write) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
     if (layer < 0 || layer >= e->m.n_layer) return ei_fail(EI_ERR_INVALID, "no layer %d", layer);
-    if (e->kivi) return kivi_unsupported("copying cache rows");
+    if (e->kivi) layer += e->m.n_layer; /* its residual's rows */
     /* more than a ring's rows at once would name some rows twice */
     const int kept = ei_kv_pool_layer_rows(e->kv, layer);
     if (pos0 < 0 || n < 0 || n > kept || pos0 > e->p.n_ctx - n)
@@ -1294,12 +1295,66 @@ ei_status ei_engine_seq_rows(ei_engine *e, int32_t seq, int32_t layer, int32_t p
         return ei_fail(EI_ERR_INVALID, "sequence %d holds no rows [%d, %d) of layer %d", seq, pos0, pos0 + n, layer);
     }
     uint8_t *ko = k_rows, *vo = v_rows; /* (n, k_row_bytes), (n, v_row_bytes); either NULL */
-    for (int i = 0; i < n; i++) {
-        uint8_t *kc = k_row(e, seq, layer, pos0 + i), *vc = v_row(e, seq, layer, pos0 + i);
-        if (ko && write) memcpy(kc, ko + (size_t)i * e->k_row_bytes, e->k_row_bytes);
-        else if (ko) memcpy(ko + (size_t)i * e->k_row_bytes, kc, e->k_row_bytes);
-        if (vo && write) memcpy(vc, vo + (size_t)i * e->v_row_bytes, e->v_row_bytes);
-        else if (vo) memcpy(vo + (size_t)i * e->v_row_bytes, vc, e->v_row_bytes);
+    for (int i = 0; i < n; i++)
+        copy_entry(k_row(e, seq, layer, pos0 + i), v_row(e, seq, layer, pos0 + i), ko, vo, i, e->k_row_bytes,
+                   e->v_row_bytes, write);
+    return EI_OK;
+}
+
+/* ---- a KIVI cache's quantized groups, for saved sessions -------------------------------- */
+
+/* A group of layer il is its block: every KV head's key block at the block's first key row,
+ * then G value rows of every head (create_kivi_pool). */
+
+ei_status ei_engine_group_bytes(const ei_engine *e, size_t *k_bytes, size_t *v_bytes) {
+    if (!e || !k_bytes || !v_bytes) return ei_fail(EI_ERR_INVALID, "bad arguments");
+    if (!e->kivi) return ei_fail(EI_ERR_INVALID, "the cache holds rows, not KIVI groups");
+    *k_bytes = (size_t)e->m.n_head_kv * e->kivi_k_block;
+    *v_bytes = (size_t)e->p.kivi_group * e->m.n_head_kv * e->kivi_v_row;
+    return EI_OK;
+}
+
+int32_t ei_engine_layer_groups(const ei_engine *e, int32_t layer) {
+    if (!e || !e->kivi || layer < 0 || layer >= e->m.n_layer) return -1;
+    return kivi_layer_quantized(e, layer) ? ei_kv_pool_layer_rows(e->kv, layer) : 0;
+}
+
+ei_status ei_engine_seq_groups(ei_engine *e, int32_t seq, int32_t layer, int32_t g0, int32_t n, void *k, void *v,
+                               int32_t write) {
+    if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
+    if (!e->kivi) return ei_fail(EI_ERR_INVALID, "the cache holds rows, not KIVI groups");
+    if (layer < 0 || layer >= e->m.n_layer) return ei_fail(EI_ERR_INVALID, "no layer %d", layer);
+    const int G = e->p.kivi_group, n_max = e->p.n_ctx / G;
+    if (!kivi_layer_quantized(e, layer) && n > 0)
+        return ei_fail(EI_ERR_INVALID, "layer %d keeps no quantized groups (its window is within the residual)", layer);
+    if (g0 < 0 || n < 0 || g0 > n_max - n || (int64_t)n * G > ei_kv_pool_layer_rows(e->kv, layer) + G)
+        return ei_fail(EI_ERR_INVALID, "layer %d has no groups [%d, %d + %d)", layer, g0, g0, n);
+    if (n == 0) return EI_OK;
+    const int p0 = g0 * G, p1 = (g0 + n) * G;
+    if (write) {
+        const ei_status st = ei_kv_pool_write_layer(e->kv, seq, layer, p0, p1);
+        if (st != EI_OK) return st;
+    } else if (!ei_kv_pool_holds(e->kv, seq, layer, p0, p1)) {
+        return ei_fail(EI_ERR_INVALID, "sequence %d holds no groups [%d, %d) of layer %d", seq, g0, g0 + n, layer);
     }
+    size_t kb, vb;
+    ei_engine_group_bytes(e, &kb, &vb);
+    for (int i = 0; i < n; i++) /* (n, kb), (n, vb); either NULL */
+        copy_entry(k_row(e, seq, layer, p0 + i * G), v_row(e, seq, layer, p0 + i * G), k, v, i, kb, vb, write);
+    return EI_OK;
+}
+
+ei_status ei_engine_seq_quantized(ei_engine *e, int32_t seq, int32_t *n_groups, int32_t set) {
+    if (!e || seq < 0 || seq >= e->p.n_seq_max || !n_groups) return ei_fail(EI_ERR_INVALID, "bad arguments");
+    if (!e->kivi) return ei_fail(EI_ERR_INVALID, "the cache holds rows, not KIVI groups");
+    if (!set) {
+        *n_groups = e->kivi_done[seq];
+        return EI_OK;
+    }
+    if (*n_groups < 0 || *n_groups > e->p.n_ctx / e->p.kivi_group)
+        return ei_fail(EI_ERR_INVALID, "%d quantized groups do not fit the context", *n_groups);
+    kivi_unkey_stale(e, seq);
+    e->kivi_done[seq] = *n_groups;
+    kivi_unkey_stale(e, seq);
     return EI_OK;
 }

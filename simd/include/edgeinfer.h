@@ -180,7 +180,7 @@ EI_EXPORT ei_status ei_engine_attention_scores(const ei_engine *e, int32_t seq, 
 /* rows of the cache in its own encoding (saved sessions): the bytes of one position's keys
  * and values (n_head_kv heads each), and how many positions layer `layer` keeps per sequence
  * (n_ctx, or a sliding-window layer's ring: only its last that many positions are held;
- * -1 for no such layer) */
+ * -1 for no such layer). For a KIVI cache these are the f16 rows of its residual. */
 EI_EXPORT ei_status ei_engine_row_bytes(const ei_engine *e, size_t *k_bytes, size_t *v_bytes);
 EI_EXPORT int32_t ei_engine_layer_rows(const ei_engine *e, int32_t layer);
 /* copies the rows of positions [pos0, pos0 + n) of one layer of sequence seq out of the cache
@@ -189,6 +189,19 @@ EI_EXPORT int32_t ei_engine_layer_rows(const ei_engine *e, int32_t layer);
  * the caller's to avoid: a ring holds one row for several of them. */
 EI_EXPORT ei_status ei_engine_seq_rows(ei_engine *e, int32_t seq, int32_t layer, int32_t pos0,
                                        int32_t n, void *k_rows, void *v_rows, int32_t write);
+/* a KIVI cache's quantized groups (saved sessions): the bytes of one group of a layer (every
+ * KV head's key block, then the G value rows of every head), and the positions whose groups
+ * layer `layer` keeps per sequence (as ei_engine_layer_rows; 0 for a sliding-window layer no
+ * query reads quantized, -1 for no such layer) */
+EI_EXPORT ei_status ei_engine_group_bytes(const ei_engine *e, size_t *k_bytes, size_t *v_bytes);
+EI_EXPORT int32_t ei_engine_layer_groups(const ei_engine *e, int32_t layer);
+/* copies groups [g0, g0 + n) of one layer of sequence seq out of the cache into k (n, k_bytes)
+ * and v (n, v_bytes), or with write != 0 into it (reserving it) */
+EI_EXPORT ei_status ei_engine_seq_groups(ei_engine *e, int32_t seq, int32_t layer, int32_t g0,
+                                         int32_t n, void *k, void *v, int32_t write);
+/* the groups of sequence seq that are quantized (*n_groups out), or with set != 0 declares
+ * the first *n_groups so after their codes were written */
+EI_EXPORT ei_status ei_engine_seq_quantized(ei_engine *e, int32_t seq, int32_t *n_groups, int32_t set);
 EI_EXPORT int ei_engine_isa(const ei_engine *e);
 EI_EXPORT size_t ei_engine_memory(const ei_engine *e); /* bytes this engine allocated */
 /* of those, the interleaved copies of weights (reserved at load, written by the first step

@@ -3,13 +3,15 @@
 The first byte of an input chooses how the rest is used: bit 0 reseals it (its last 32 bytes
 replaced by the SHA-256 of the others, so that mutations of the header and body get past the
 checksum to the checks behind it), bit 1 loads it into the numpy engine rather than the
-native one, bit 2 goes on to generate a token after a successful load. The rest is written to
-a file in memory (/dev/shm where there is one) and loaded into the tiny llama fixture
+native one, bit 2 goes on to generate a token after a successful load, bit 3 loads it into a
+KIVI cache (kivi4, groups of 32, a residual of 8) rather than an f16 one. The rest is written
+to a file in memory (/dev/shm where there is one) and loaded into the tiny llama fixture
 (context 64). Beyond "typed errors only", a load that succeeds must leave the session
-consistent: the engine holds as many positions as the session has tokens.
+consistent: the engine holds as many positions as the session has tokens, and a KIVI cache
+no more quantized groups than those positions fill.
 
 The seeds are states saved from that model: empty, after a prompt, after a generation, from
-each engine, each sealed and resealed.
+each engine and each cache, each sealed and resealed.
 
     python -m tests.fuzz.fuzz_state --runs 1000000 --corpus DIR --artifacts DIR
 """
@@ -37,7 +39,8 @@ with atheris.instrument_imports(include=["edgeinfer"]):
 
 N_CTX = 64
 ENGINES = ("native", "reference")
-RESEAL, REFERENCE, GENERATE = 1, 2, 4
+RESEAL, REFERENCE, GENERATE, KIVI = 1, 2, 4, 8
+KIVI_OPTIONS = {"kv_type": "kivi4", "kivi_group": 32, "kivi_residual": 8}
 DIGEST_BYTES = 32
 
 _SHM = "/dev/shm"
@@ -56,9 +59,17 @@ def _model_path() -> Path:
 
 
 @functools.cache
-def models() -> dict[str, Any]:
-    """One model per engine, loaded once per process."""
-    return {e: edgeinfer.load(_model_path(), engine=e, n_ctx=N_CTX) for e in ENGINES}
+def models() -> dict[tuple[str, bool], Any]:
+    """One model per engine and cache (f16 or KIVI), loaded once per process."""
+    return {
+        (e, kivi): edgeinfer.load(_model_path(), engine=e, n_ctx=N_CTX, **_options(kivi))
+        for e in ENGINES
+        for kivi in (False, True)
+    }
+
+
+def _options(kivi: bool) -> dict[str, Any]:
+    return KIVI_OPTIONS if kivi else {}
 
 
 def reseal(data: bytes) -> bytes:
@@ -73,13 +84,15 @@ def one_input(data: bytes) -> None:
         return
     flags, payload = data[0], data[1:]
     _INPUT.write_bytes(reseal(payload) if flags & RESEAL else payload)
-    model = models()["reference" if flags & REFERENCE else "native"]
+    model = models()[("reference" if flags & REFERENCE else "native", bool(flags & KIVI))]
     session = model._session
     try:
         n = model.load_state(_INPUT)
     finally:
         assert model.backend.n_past == len(session.tokens), "the session and the cache disagree"
     assert n == model.backend.n_past <= N_CTX
+    if flags & KIVI:
+        assert 32 * model.backend.quantized_groups() <= n, "groups beyond the positions"
     if flags & GENERATE:
         model.generate(session.history + [1], max_tokens=1, temperature=0)
 
@@ -87,26 +100,27 @@ def one_input(data: bytes) -> None:
 # --- seeds -------------------------------------------------------------------------------
 
 
-def _states() -> Iterator[bytes]:
-    """States of the fixture model from each engine: empty, a prompt, a generation."""
+def _states() -> Iterator[tuple[bool, bytes]]:
+    """States of the fixture model from each engine and cache: empty, a prompt, a generation
+    (a KIVI cache's prompt is long enough to fill a group)."""
     path = _WORK / "seed.state"
-    prompt = [1 + (7 * i) % 300 for i in range(20)]
-    for engine in ENGINES:
-        with edgeinfer.load(_model_path(), engine=engine, n_ctx=N_CTX) as m:
+    for engine, kivi in [(e, k) for e in ENGINES for k in (False, True)]:
+        prompt = [1 + (7 * i) % 300 for i in range(50 if kivi else 20)]
+        with edgeinfer.load(_model_path(), engine=engine, n_ctx=N_CTX, **_options(kivi)) as m:
             m.save_state(path)
-            yield path.read_bytes()
+            yield kivi, path.read_bytes()
             m.generate(prompt, max_tokens=0)
             m.save_state(path)
-            yield path.read_bytes()
+            yield kivi, path.read_bytes()
             m.generate(prompt, max_tokens=3, temperature=0)
             m.save_state(path)
-            yield path.read_bytes()
+            yield kivi, path.read_bytes()
 
 
 def seeds() -> Iterator[bytes]:
-    for state in _states():
+    for kivi, state in _states():
         for flags in (0, RESEAL | GENERATE, REFERENCE | RESEAL):
-            yield bytes([flags]) + state
+            yield bytes([flags | (KIVI if kivi else 0)]) + state
 
 
 if __name__ == "__main__":

@@ -268,6 +268,23 @@ def test_prompt_cache_reuses_the_saved_prompt(fixture_models, tmp_path):
     assert "truncated" in assert_one_line_error(cli(*args))
 
 
+def test_prompt_cache_with_a_kivi_cache(fixture_models, tmp_path):
+    """A prompt long enough to quantize groups (R 0, G 32): the second run reads them back."""
+    cache = tmp_path / "prompt.state"
+    prompt = " ".join(["Once upon a time there was a small model that read"] * 12)
+    args = ("run", fixture_models["llama"], "-p", prompt, "-n", "4", "--temp", "0",
+            "-ctk", "kivi4", "-ctv", "kivi4", "--kivi-residual", "0", "--prompt-cache",
+            cache)  # fmt: skip
+    first, second = cli(*args), cli(*args)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert session_state.read(cache)[0].n_groups >= 2
+    n_prompt = int(first.stderr.split("prompt ")[1].split(" tok")[0])
+    assert f"prompt {n_prompt} tok ({n_prompt - 1} cached)" in second.stderr
+    assert second.stdout == first.stdout
+    other = cli(*args[:-2], "--kivi-group", "64", *args[-2:])
+    assert "kivi_group 32; this model has 64" in assert_one_line_error(other)
+
+
 def test_chat_saves_its_prompt_cache_at_the_end(fixture_models, tmp_path):
     cache = tmp_path / "chat.state"
     args = ("chat", fixture_models["llama"], "-s", "You are a terse assistant.", "-n", "3",
@@ -322,3 +339,152 @@ def test_the_native_rows_call_refuses_what_the_layer_does_not_hold(fixture_model
         with pytest.raises(errors.InvalidOptionError, match=r"holds positions \[53, 101\)"):
             m.backend.read_rows(0, 52, 4)  # older than the window's blocks hold
         assert len(m.backend.read_rows(0, 53, 48)[0]) == 48 * m.backend.cache_row_bytes()[0]
+
+
+# --- KIVI caches: the quantized groups and the f16 residual ----------------------------------
+
+# (fixture, options, prompt length): gemma3's local layers (window 16 > R 8) keep a ring of
+# quantized groups and of residual rows on the native engine; llama's layers keep every group
+KIVI_CASES = {
+    "gemma3 kivi4 G32 R8": ("gemma3", {"kv_type": "kivi4", "kivi_group": 32, "kivi_residual": 8},
+                            110),
+    "llama kivi2 G64 R0": ("llama", {"kv_type": "kivi2", "kivi_group": 64, "kivi_residual": 0},
+                           150),
+    "llama kivi4 G32 R40": ("llama", {"kv_type": "kivi4", "kivi_residual": 40}, 120),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("writer", "reader"),
+    [("native", "native"), ("reference", "native"), ("native", "reference")],
+)
+@pytest.mark.parametrize("case", list(KIVI_CASES))
+def test_kivi_states_continue_bit_for_bit(fixture_models, tmp_path, case, writer, reader):
+    """The groups are saved as quantized (not made again from rows the residual no longer
+    holds), so the next queries read the bits they would have read."""
+    arch, options, n_prompt = KIVI_CASES[case]
+    path = tmp_path / "s.state"
+    with _load(fixture_models[arch], writer, **options) as m:
+        cached, want = _run_and_save(m, _fixture_prompt(n_prompt), path)
+        n_groups = m.backend.quantized_groups()
+    group, residual = options.get("kivi_group", 32), options["kivi_residual"]
+    assert n_groups == (len(cached) - residual) // group >= 2
+    header = session_state.read(path)[0]
+    assert (header.kivi_group, header.kivi_residual, header.n_groups) == (group, residual, n_groups)
+    with _load(fixture_models[arch], reader, **options) as m:
+        if (arch, writer, reader) == ("gemma3", "native", "reference"):
+            # the native rings hold none of the groups behind the window; numpy keeps them all
+            with pytest.raises(errors.StateMismatchError, match="last 0 of 3 KIVI groups"):
+                m.load_state(path)
+            return
+        _assert_continues(m, path, cached, want)
+        assert m.backend.quantized_groups() == n_groups
+        if reader == "native":  # and goes on: later groups are made from the restored residual
+            sampler = ScriptedSampler([NEXT] * 40)
+            m.generate(cached + [NEXT], max_tokens=40, sampler=sampler)
+            assert m.backend.quantized_groups() > n_groups
+    with _load(fixture_models[arch], "reference", **options) as m:
+        sampler_ref = ScriptedSampler([NEXT] * 40)
+        m.generate(cached + [NEXT], max_tokens=40 if reader == "native" else 1,
+                   sampler=sampler_ref)  # fmt: skip
+    if reader == "native":
+        np.testing.assert_array_equal(np.array(sampler.seen), np.array(sampler_ref.seen))
+
+
+def test_the_engines_save_the_same_kivi_groups(fixture_models, tmp_path):
+    bodies = []
+    arch, options, n_prompt = KIVI_CASES["gemma3 kivi4 G32 R8"]
+    for engine in ("native", "reference"):
+        with _load(fixture_models[arch], engine, swa_full=engine == "native", **options) as m:
+            _run_and_save(m, _fixture_prompt(n_prompt), tmp_path / engine)
+        bodies.append(session_state.read(tmp_path / engine))
+    (native, body_n), (ref, body_r) = bodies
+    assert native.n_groups == ref.n_groups >= 2 and native.group_k_bytes == ref.group_k_bytes
+    # every layer keeps its groups whole in both; the residual is a ring on the native engine
+    groups_at = 4 * native.n_history + sum(
+        native.held(il) * (native.k_row_bytes + native.v_row_bytes) for il in range(6)
+    )
+    groups_ref = 4 * ref.n_history + sum(
+        ref.held(il) * (ref.k_row_bytes + ref.v_row_bytes) for il in range(6)
+    )
+    assert body_n[groups_at:] == body_r[groups_ref:] and len(body_n) > groups_at
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_a_kivi_state_past_the_context(fixture_models, tmp_path, engine):
+    """Under streaming the groups were made again from the moved rows: the restored cache
+    holds those, and the next turn evaluates only what is new."""
+    path = tmp_path / "s.state"
+    options = {"n_ctx": 128, "context_policy": "streaming", "kv_type": "kivi4",
+               "kivi_residual": 16}  # fmt: skip
+    prompt = _fixture_prompt(100)
+    with _load(fixture_models["llama"], engine, **options) as m:
+        out = m.generate(prompt, max_tokens=60, temperature=0)
+        history = prompt + out.tokens
+        assert m.backend.n_past < len(history) - 4 and m.backend.quantized_groups() >= 2
+        m.save_state(path)
+        sampler = ScriptedSampler([NEXT])
+        m.generate(history + [NEXT], max_tokens=1, sampler=sampler)
+    with _load(fixture_models["llama"], "native", **options) as m:
+        m.load_state(path)
+        again = ScriptedSampler([NEXT])
+        restored = m.generate(history + [NEXT], max_tokens=1, sampler=again)
+        assert restored.stats.cached_tokens == len(history)
+    np.testing.assert_array_equal(again.seen[0], sampler.seen[0])
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"kv_type": "kivi4", "kivi_residual": 16}, "kivi_residual 40; this model has 16"),
+        ({"kv_type": "kivi4", "kivi_residual": 40, "kivi_group": 64}, "kivi_group 32"),
+        ({"kv_type": "kivi2", "kivi_residual": 40}, "cache_type_k kivi4; this model has kivi2"),
+        ({"kv_type": "f16"}, "cache_type_k kivi4; this model has f16"),
+    ],
+)
+def test_kivi_states_for_other_settings_are_refused(fixture_models, tmp_path, options, why):
+    path = tmp_path / "s.state"
+    with _load(fixture_models["llama"], "native", kv_type="kivi4", kivi_residual=40) as m:
+        _run_and_save(m, _fixture_prompt(120), path)
+    with _load(fixture_models["llama"], "native", **options) as m:
+        with pytest.raises(errors.StateMismatchError, match=why):
+            m.load_state(path)
+        assert m.backend.n_past == 0
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"n_groups": 40}, "beyond the"),
+        ({"kivi_group": 48}, "KIVI groups of 48"),
+        ({"group_kept": [0]}, "layers of groups"),
+        ({"kivi_group": 0}, "KIVI groups in a cache of rows"),
+        ({"group_k_bytes": 7}, "truncated|longer"),
+    ],
+)
+def test_inconsistent_kivi_headers_are_refused(fixture_models, tmp_path, changes, why):
+    path, bad = tmp_path / "s.state", tmp_path / "bad.state"
+    with _load(fixture_models["llama"], "native", kv_type="kivi4", kivi_residual=40) as m:
+        _run_and_save(m, _fixture_prompt(120), path)
+        bad.write_bytes(_resealed(path.read_bytes(), **changes))
+        with pytest.raises(errors.StateFileError, match=why):
+            m.load_state(bad)
+
+
+def test_the_native_groups_call_refuses_what_it_does_not_hold(fixture_models):
+    from edgeinfer import _native
+
+    lib = _native.library()
+    with _load(fixture_models["gemma3"], "native", kv_type="kivi4", kivi_residual=8) as m:
+        handle, buf = m.backend._handle, np.zeros(1 << 16, dtype=np.uint8)
+        ptr = buf.ctypes.data
+        local, full = lib.ei_engine_layer_groups(handle, 0), lib.ei_engine_layer_groups(handle, 5)
+        assert 0 < local < full == FIXTURE_CTX and lib.ei_engine_layer_groups(handle, 6) == -1
+        assert lib.ei_engine_seq_groups(handle, 0, 0, 0, 1, ptr, ptr, 0) == 1  # nothing held
+        for seq, layer, g0, n in [(1, 0, 0, 1), (0, 6, 0, 1), (0, 0, -1, 1), (0, 0, 7, 2),
+                                  (0, 0, 0, -1)]:  # fmt: skip
+            assert lib.ei_engine_seq_groups(handle, seq, layer, g0, n, ptr, ptr, 1) == 1
+    with _load(fixture_models["llama"], "native", kv_type="f16") as m:
+        assert lib.ei_engine_seq_groups(m.backend._handle, 0, 0, 0, 1, ptr, ptr, 0) == 1
+        with pytest.raises(errors.InvalidOptionError, match="not KIVI groups"):
+            m.backend.group_bytes()
