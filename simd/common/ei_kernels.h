@@ -131,6 +131,11 @@ struct ei_kernels {
      * is exact in double and a fused add rounds as a separate one (KIVI's attention) */
     void (*attn_weighted_sum)(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int hv,
                               double *acc);
+    /* out[t] = sum over d in [0, hd) in order of qd[d] * k_t[d], t < m, for fp16 keys k_t at
+     * k + t * row_bytes and a query of floats held as doubles: every product is exact in
+     * double, so a fused add rounds as a separate one (KIVI's f16 residual, whose queries are
+     * not rounded) */
+    void (*attn_dots_f16)(const double *qd, const uint8_t *k, size_t row_bytes, int hd, int m, double *out);
 
     /* KIVI cache quantization (formats and roundings: common/kivi.h): bits 2 or 4, group G
      * 32, 64 or 128; the caller checks the shapes (ei_kivi_k_block_bytes, ei_kivi_v_group) */

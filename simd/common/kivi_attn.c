@@ -15,8 +15,11 @@
 
 #define KIVI_CHUNK 16 /* value rows decoded at a time: 16 KiB of floats at most, in L1 */
 
-static void kivi_scores(const ei_attn_params *p, const float *q, float *scores) {
+/* the scores of every run's keys; dots (n doubles) is scratch for the residual's */
+static void kivi_scores(const ei_attn_params *p, const float *q, float *scores, double *dots) {
     const int hd = p->head_dim;
+    double qd[EI_MAX_HEAD_DIM];
+    for (int d = 0; d < hd; d++) qd[d] = q[d];
     int at = 0;
     for (int r = 0; r < p->n_runs; r++) {
         const ei_attn_run *run = &p->runs[r];
@@ -26,12 +29,8 @@ static void kivi_scores(const ei_attn_params *p, const float *q, float *scores) 
             at += run->n;
             continue;
         }
-        for (int t = 0; t < run->n; t++) {
-            const ei_f16 *row = (const ei_f16 *)((const uint8_t *)run->k + (size_t)t * p->k_row_bytes);
-            double dot = 0.0;
-            for (int d = 0; d < hd; d++) dot += (double)q[d] * ei_fp16_to_fp32(row[d]);
-            scores[at++] = ei_attn_score((float)dot, p);
-        }
+        p->kt->attn_dots_f16(qd, (const uint8_t *)run->k, p->k_row_bytes, hd, run->n, dots + at);
+        for (int t = 0; t < run->n; t++, at++) scores[at] = ei_attn_score((float)dots[at], p);
     }
 }
 
@@ -55,7 +54,7 @@ static void kivi_accumulate(const ei_attn_params *p, const ei_attn_run *run, int
 void ei_kivi_attn(const ei_attn_params *p, const float *q, float *out, double *scratch) {
     const int n = ei_attn_keys(p);
     float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
-    kivi_scores(p, q, scores);
+    kivi_scores(p, q, scores, scratch); /* the weights' place, free until the softmax */
     const double sum = ei_attn_softmax(scores, n, scratch);
     for (int t = 0; t < n; t++) scratch[t] = ei_attn_prob(scratch[t], sum, EI_TYPE_F32);
     ei_attn_track_weights(p, scratch, n);

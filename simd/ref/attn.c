@@ -73,8 +73,18 @@ static void ref_weighted_sum(const double *p, const uint8_t *v, int f32, size_t 
     }
 }
 
+static void ref_dots_f16(const double *qd, const uint8_t *k, size_t row_bytes, int hd, int m, double *out) {
+    for (int t = 0; t < m; t++) {
+        const ei_f16 *row = (const ei_f16 *)(k + (size_t)t * row_bytes);
+        double dot = 0.0;
+        for (int d = 0; d < hd; d++) dot += qd[d] * ei_fp16_to_fp32(row[d]);
+        out[t] = dot;
+    }
+}
+
 void ei_ref_attn_kernels(ei_kernels *k) {
     k->attn = ref_attn;
     k->attn_weighted_sum = ref_weighted_sum;
+    k->attn_dots_f16 = ref_dots_f16;
     k->attn_types = EI_ATTN_ALL;
 }

@@ -203,8 +203,53 @@ static void avx2_weighted_sum(const double *p, const uint8_t *v, int f32, size_t
     (f32 ? weighted_sum_f32 : weighted_sum_f16)(p, v, row_bytes, n, hv, acc);
 }
 
+/* 4 dims from d of 4 fp16 keys (row[0..3]) as doubles, transposed: c[e] = dim d + e of each */
+EI_AVX2_INLINE void dims4x4_pd(const ei_f16 *const *row, int d, __m256d c[4]) {
+    __m256d r[4];
+    EI_UNROLL
+    for (int j = 0; j < 4; j++) r[j] = _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(row[j] + d))));
+    const __m256d t0 = _mm256_unpacklo_pd(r[0], r[1]), t1 = _mm256_unpackhi_pd(r[0], r[1]);
+    const __m256d t2 = _mm256_unpacklo_pd(r[2], r[3]), t3 = _mm256_unpackhi_pd(r[2], r[3]);
+    c[0] = _mm256_permute2f128_pd(t0, t2, 0x20);
+    c[1] = _mm256_permute2f128_pd(t1, t3, 0x20);
+    c[2] = _mm256_permute2f128_pd(t0, t2, 0x31);
+    c[3] = _mm256_permute2f128_pd(t1, t3, 0x31);
+}
+
+/* out[j] for 16 keys (j >= m repeats key 0, not stored): one double lane per key, four
+ * independent chains, each adding its exact products in order of d */
+static void dots16_f16_pd(const double *qd, const uint8_t *k, size_t row_bytes, int hd, int m, double *out) {
+    const ei_f16 *row[16];
+    for (int j = 0; j < 16; j++) row[j] = (const ei_f16 *)(k + (size_t)(j < m ? j : 0) * row_bytes);
+    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    int d = 0;
+    for (; d + 4 <= hd; d += 4) {
+        EI_UNROLL
+        for (int g = 0; g < 4; g++) {
+            __m256d c[4];
+            dims4x4_pd(row + 4 * g, d, c);
+            EI_UNROLL
+            for (int e = 0; e < 4; e++) acc[g] = _mm256_fmadd_pd(c[e], _mm256_set1_pd(qd[d + e]), acc[g]);
+        }
+    }
+    double sums[16];
+    EI_UNROLL
+    for (int g = 0; g < 4; g++) _mm256_storeu_pd(sums + 4 * g, acc[g]);
+    for (int j = 0; j < m; j++) {
+        double sum = sums[j];
+        for (int dd = d; dd < hd; dd++) sum += qd[dd] * ei_fp16_to_fp32(row[j][dd]);
+        out[j] = sum;
+    }
+}
+
+static void avx2_dots_f16(const double *qd, const uint8_t *k, size_t row_bytes, int hd, int m, double *out) {
+    for (int t = 0; t < m; t += 16)
+        dots16_f16_pd(qd, k + (size_t)t * row_bytes, row_bytes, hd, m - t < 16 ? m - t : 16, out + t);
+}
+
 void ei_avx2_attn_kernels(ei_kernels *k) {
     k->attn = avx2_attn;
     k->attn_weighted_sum = avx2_weighted_sum;
+    k->attn_dots_f16 = avx2_dots_f16;
     k->attn_types = EI_ATTN_ALL;
 }

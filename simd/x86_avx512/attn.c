@@ -321,9 +321,15 @@ static void avx512_weighted_sum(const double *p, const uint8_t *v, int f32, size
     weighted_sum(p, v, f32, row_bytes, n, hv, acc);
 }
 
+static void avx512_dots_f16(const double *qd, const uint8_t *k, size_t row_bytes, int hd, int m, double *out) {
+    for (int t = 0; t < m; t += 16)
+        key_dots16_f16(qd, k + (size_t)t * row_bytes, row_bytes, hd, m - t < 16 ? m - t : 16, out + t);
+}
+
 void ei_avx512_attn_kernels(ei_kernels *k) {
     k->attn = attn;
     k->attn_weighted_sum = avx512_weighted_sum;
     k->attn_group = attn_group;
     k->attn_types = EI_ATTN_ALL;
+    k->attn_dots_f16 = avx512_dots_f16;
 }
