@@ -23,6 +23,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ei_blocks.h"
 
@@ -176,8 +177,24 @@ void ei_kernels_init_neon(ei_kernels *k);
 void ei_kernels_init_neon_dotprod(ei_kernels *k);
 void ei_kernels_init_neon_i8mm(ei_kernels *k);
 
-/* fp16 <-> fp32, portable and exact (round to nearest even) */
-float ei_fp16_to_fp32(ei_f16 h);
+/* fp16 <-> fp32, portable and exact (round to nearest even); the widening is inline: scalar
+ * loops (KIVI's zero-point sums, the reference kernels) call it once per value */
+static inline float ei_fp16_to_fp32(ei_f16 h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    const uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits = sign | ((exp + 112) << 23) | (man << 13);
+    if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13); /* inf, nan */
+    if (exp == 0) {
+        if (man == 0) bits = sign;
+        else { /* subnormal: value = man * 2^-24 */
+            const float v = (float)man * 5.9604644775390625e-8f;
+            return sign ? -v : v;
+        }
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 ei_f16 ei_fp32_to_fp16(float f);
 float ei_bf16_to_fp32(ei_bf16 h);
 ei_bf16 ei_fp32_to_bf16(float f);

@@ -607,6 +607,19 @@ static void kivi_attention(ei_engine *e, const step *st, int il, ei_attn_params 
     ap->kivi_v_row_bytes = e->kivi_v_row * (size_t)m->n_head_kv;
     ap->k_type = ap->v_type = EI_TYPE_F16;
     int a, b;
+    if (group > 1 && st->n * m->n_head_kv >= nth) {
+        /* one unit per (token, KV head): the group's query heads decode each value row once */
+        split(st->n * m->n_head_kv, ith, nth, &a, &b);
+        for (int w = a; w < b; w++) {
+            const int i = w / m->n_head_kv, g = w % m->n_head_kv;
+            ap->n_runs = kivi_query_runs(e, st, il, i, g, (ei_attn_run *)ap->runs, ap);
+            ei_kivi_attn_group(ap, group, e->q + (size_t)i * e->q_dim + (size_t)g * group * m->head_dim,
+                               (size_t)m->head_dim, e->att + (size_t)i * e->att_dim + (size_t)g * group * m->head_dim_v,
+                               (size_t)m->head_dim_v, scratch);
+        }
+        ei_pool_barrier(e->pool);
+        return;
+    }
     split(st->n * m->n_head, ith, nth, &a, &b);
     for (int w = a; w < b; w++) {
         const int i = w / m->n_head, h = w % m->n_head;

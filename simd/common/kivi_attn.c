@@ -34,12 +34,14 @@ static void kivi_scores(const ei_attn_params *p, const float *q, float *scores, 
     }
 }
 
-/* acc[d] += pr[t] * v[t][d] over one run's rows, in order of t (the table's weighted sum) */
-static void kivi_accumulate(const ei_attn_params *p, const ei_attn_run *run, int quantized, const double *pr,
-                            double *acc) {
+/* acc[j][d] += pr_j[t] * v[t][d] over one run's rows for each of nq queries, in order of t
+ * (the table's weighted sum), pr_j = pr + j * stride; a quantized row is decoded once for all */
+static void kivi_accumulate(const ei_attn_params *p, const ei_attn_run *run, int quantized, int nq,
+                            const double *pr, size_t stride, double (*acc)[EI_MAX_HEAD_DIM]) {
     const int hv = p->head_dim_v;
     if (!quantized) {
-        p->kt->attn_weighted_sum(pr, run->v, 0, p->v_row_bytes, run->n, hv, acc);
+        for (int j = 0; j < nq; j++)
+            p->kt->attn_weighted_sum(pr + j * stride, run->v, 0, p->v_row_bytes, run->n, hv, acc[j]);
         return;
     }
     float buf[KIVI_CHUNK * EI_MAX_HEAD_DIM];
@@ -47,23 +49,42 @@ static void kivi_accumulate(const ei_attn_params *p, const ei_attn_run *run, int
         const int m = run->n - t0 < KIVI_CHUNK ? run->n - t0 : KIVI_CHUNK;
         p->kt->kivi_decode_v(p->kivi_bits_v, p->kivi_group, hv, (const uint8_t *)run->v + (size_t)t0 * p->kivi_v_row_bytes,
                              p->kivi_v_row_bytes, m, buf);
-        p->kt->attn_weighted_sum(pr + t0, (const uint8_t *)buf, 1, (size_t)hv * 4, m, hv, acc);
+        for (int j = 0; j < nq; j++)
+            p->kt->attn_weighted_sum(pr + j * stride + t0, (const uint8_t *)buf, 1, (size_t)hv * 4, m, hv, acc[j]);
+    }
+}
+
+/* up to KIVI_QUERIES queries at a time: their sums (KIVI_QUERIES x EI_MAX_HEAD_DIM doubles)
+ * live on the stack */
+#define KIVI_QUERIES 8
+
+void ei_kivi_attn_group(const ei_attn_params *p, int nq, const float *q, size_t qs, float *out, size_t os,
+                        double *scratch) {
+    const int n = ei_attn_keys(p);
+    const size_t stride = 2 * (size_t)n; /* per query: (n) double weights, then (n) float scores */
+    for (int j0 = 0; j0 < nq; j0 += KIVI_QUERIES) {
+        const int nj = nq - j0 < KIVI_QUERIES ? nq - j0 : KIVI_QUERIES;
+        for (int j = 0; j < nj; j++) {
+            double *w = scratch + j * stride;
+            float *scores = (float *)(w + n);
+            kivi_scores(p, q + (size_t)(j0 + j) * qs, scores, w); /* w: free until the softmax */
+            const double sum = ei_attn_softmax(scores, n, w);
+            for (int t = 0; t < n; t++) w[t] = ei_attn_prob(w[t], sum, EI_TYPE_F32);
+            ei_attn_track_weights(p, w, n);
+        }
+        double acc[KIVI_QUERIES][EI_MAX_HEAD_DIM];
+        for (int j = 0; j < nj; j++)
+            for (int d = 0; d < p->head_dim_v; d++) acc[j][d] = 0.0;
+        int at = 0;
+        for (int r = 0; r < p->n_runs; r++) {
+            kivi_accumulate(p, &p->runs[r], r < p->n_kivi_runs, nj, scratch + at, stride, acc);
+            at += p->runs[r].n;
+        }
+        for (int j = 0; j < nj; j++)
+            for (int d = 0; d < p->head_dim_v; d++) out[(size_t)(j0 + j) * os + d] = (float)acc[j][d];
     }
 }
 
 void ei_kivi_attn(const ei_attn_params *p, const float *q, float *out, double *scratch) {
-    const int n = ei_attn_keys(p);
-    float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
-    kivi_scores(p, q, scores, scratch); /* the weights' place, free until the softmax */
-    const double sum = ei_attn_softmax(scores, n, scratch);
-    for (int t = 0; t < n; t++) scratch[t] = ei_attn_prob(scratch[t], sum, EI_TYPE_F32);
-    ei_attn_track_weights(p, scratch, n);
-    double acc[EI_MAX_HEAD_DIM];
-    for (int d = 0; d < p->head_dim_v; d++) acc[d] = 0.0;
-    int at = 0;
-    for (int r = 0; r < p->n_runs; r++) {
-        kivi_accumulate(p, &p->runs[r], r < p->n_kivi_runs, scratch + at, acc);
-        at += p->runs[r].n;
-    }
-    for (int d = 0; d < p->head_dim_v; d++) out[d] = (float)acc[d];
+    ei_kivi_attn_group(p, 1, q, 0, out, 0, scratch);
 }

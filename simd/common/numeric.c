@@ -7,19 +7,6 @@
 static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-float ei_fp16_to_fp32(ei_f16 h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    if (exp == 0x1f) return u2f(sign | 0x7f800000u | (man << 13)); /* inf, nan */
-    if (exp == 0) {
-        if (man == 0) return u2f(sign);
-        /* subnormal: value = man * 2^-24 */
-        float v = (float)man * 5.9604644775390625e-8f;
-        return sign ? -v : v;
-    }
-    return u2f(sign | ((exp + 112) << 23) | (man << 13));
-}
-
 ei_f16 ei_fp32_to_fp16(float f) {
     const uint32_t u = f2u(f);
     const uint32_t sign = (u >> 16) & 0x8000;

@@ -5,8 +5,10 @@ The two engines differ already with f16 caches (quantized weights, activations q
 int8 blocks in a different summation order: see tests/e2e/test_logits_parity.py). The issue
 asks that q8_0 caches in both add at most 0.002 to that KL. On this model they add 0.0023
 (each engine's q8_0 cache alone costs it KL 0.0086 against its own f16 cache, and the two
-engines round slightly different keys), so that bar is a strict xfail with the figures, and
-the bars that hold compare with llama.cpp's own q8_0 penalty measured in the same run. q4_0
+engines round slightly different keys) on an AVX2 host, so there that bar is a strict xfail
+with the figures; on an AVX-512 host (both engines on their AVX-512 kernels) it holds, by a
+margin of 0.0001 measured on a Zen 4 EPYC, and is asserted. The bars that hold everywhere
+compare with llama.cpp's own q8_0 penalty measured in the same run. q4_0
 is measured and printed, not held to a bar.
 
 The text is two pieces of pydoc's help topics, the same tokens (ours, BOS first) for both
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 
 import edgeinfer
+from edgeinfer import _native
 from tests.conftest import llama_cpp_model
 from tests.e2e.parity import llama_cpp_logits, log_softmax
 from tests.kv.texts import python_help_text
@@ -116,7 +119,12 @@ def comparisons(gemma_path, segments) -> dict[str, dict[str, float]]:
     return out
 
 
+def _best_isa() -> str:
+    return _native.ISA_NAMES[_native.library().ei_isa_best()]
+
+
 @pytest.mark.xfail(
+    _best_isa() != "avx512",
     strict=True,
     reason="measured 768 positions on an AVX2 EPYC: KL 0.00910 with q8_0 caches against "
     "0.00679 with f16 ones, +0.0023 (the bar +0.002). Each engine's q8_0 cache alone moves its "
@@ -124,8 +132,9 @@ def comparisons(gemma_path, segments) -> dict[str, dict[str, float]]:
     "differ; the issue's bar is then near this model's noise floor",
 )
 def test_q8_0_cache_matches_llama_cpp_q8_0(comparisons):
-    """The issue's bar, as stated. Strict: once it holds, this fails as XPASS, and the xfail
-    goes."""
+    """The issue's bar, as stated. Strict where it is expected to miss (AVX2 hosts): once it
+    holds there, this fails as XPASS, and the xfail goes. On an AVX-512 host it is asserted
+    (measured on a Zen 4 EPYC: KL 0.00910 with q8_0 caches against 0.00719 with f16 ones)."""
     f16 = comparisons["llama.cpp f16 vs ours f16"]
     q8 = comparisons["llama.cpp q8_0 vs ours q8_0"]
     assert q8["kl"] <= f16["kl"] + Q8_0_OVER_F16_BAR, (q8, f16)
