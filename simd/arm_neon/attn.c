@@ -148,7 +148,49 @@ static void neon_attn(const ei_attn_params *p, const float *q, float *out, doubl
     for (; d < hdv; d++) out[d] = (float)acc[d];
 }
 
+/* dimensions d..d+3 of four fp16 keys (rows kr) against a query of floats held as doubles:
+ * each product exact in double (KIVI's residual, whose queries are not rounded) */
+EI_INLINE void keys_step_pd(float64x2_t acc[2], const uint8_t *kr[4], int d, const double *qd) {
+    const float32x4_t r0 = kv4(kr[0], d, 0), r1 = kv4(kr[1], d, 0), r2 = kv4(kr[2], d, 0), r3 = kv4(kr[3], d, 0);
+    const float64x2_t t0 = vreinterpretq_f64_f32(vtrn1q_f32(r0, r1)), t1 = vreinterpretq_f64_f32(vtrn2q_f32(r0, r1));
+    const float64x2_t t2 = vreinterpretq_f64_f32(vtrn1q_f32(r2, r3)), t3 = vreinterpretq_f64_f32(vtrn2q_f32(r2, r3));
+    const float32x4_t c[4] = {vreinterpretq_f32_f64(vzip1q_f64(t0, t2)), vreinterpretq_f32_f64(vzip1q_f64(t1, t3)),
+                              vreinterpretq_f32_f64(vzip2q_f64(t0, t2)), vreinterpretq_f32_f64(vzip2q_f64(t1, t3))};
+    EI_UNROLL for (int e = 0; e < 4; e++) {
+        acc[0] = vfmaq_n_f64(acc[0], vcvt_f64_f32(vget_low_f32(c[e])), qd[d + e]);
+        acc[1] = vfmaq_n_f64(acc[1], vcvt_high_f64_f32(c[e]), qd[d + e]);
+    }
+}
+
+/* out[j] for 8 keys (j >= m repeats key 0, not stored): two groups of four, each key's sum in
+ * order of d */
+static void dots8_f16_pd(const double *qd, const uint8_t *k, size_t row_bytes, int hd, int m, double *out) {
+    const uint8_t *kr[8];
+    for (int j = 0; j < 8; j++) kr[j] = k + (size_t)(j < m ? j : 0) * row_bytes;
+    float64x2_t a[2][2];
+    EI_UNROLL for (int j = 0; j < 4; j++) (&a[0][0])[j] = vdupq_n_f64(0.0);
+    int d = 0;
+    for (; d + 4 <= hd; d += 4)
+        EI_UNROLL for (int g = 0; g < 2; g++) keys_step_pd(a[g], kr + 4 * g, d, qd);
+    double sums[8];
+    EI_UNROLL for (int g = 0; g < 2; g++) {
+        vst1q_f64(sums + 4 * g, a[g][0]);
+        vst1q_f64(sums + 4 * g + 2, a[g][1]);
+    }
+    for (int j = 0; j < m; j++) {
+        double sum = sums[j];
+        for (int dd = d; dd < hd; dd++) sum += qd[dd] * kv1(kr[j], dd, 0);
+        out[j] = sum;
+    }
+}
+
+static void neon_dots_f16(const double *qd, const uint8_t *k, size_t row_bytes, int hd, int m, double *out) {
+    for (int t = 0; t < m; t += 8)
+        dots8_f16_pd(qd, k + (size_t)t * row_bytes, row_bytes, hd, m - t < 8 ? m - t : 8, out + t);
+}
+
 void EI_NEON_FN(ei_neon_attn)(ei_kernels *k) {
     k->attn = neon_attn;
+    k->attn_dots_f16 = neon_dots_f16;
     k->attn_types = EI_ATTN_ALL;
 }

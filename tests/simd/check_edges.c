@@ -32,6 +32,12 @@ static int same_floats(const float *a, const float *b, int n) {
     return 1;
 }
 
+static int same_doubles(const double *a, const double *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], 8) != 0 && !(isnan(a[i]) && isnan(b[i]))) return 0;
+    return 1;
+}
+
 static const int TYPES[] = {EI_TYPE_F32, EI_TYPE_F16, EI_TYPE_BF16, EI_TYPE_Q4_0, EI_TYPE_Q4_1, EI_TYPE_Q5_0,
                             EI_TYPE_Q5_1, EI_TYPE_Q8_0, EI_TYPE_Q2_K, EI_TYPE_Q3_K, EI_TYPE_Q4_K, EI_TYPE_Q5_K,
                             EI_TYPE_Q6_K};
@@ -323,6 +329,42 @@ static void check_kivi(const ei_kernels *ref, const ei_kernels *var) {
         }
 }
 
+/* the attention's table entries for KIVI: dots of unrounded queries with fp16 keys (the
+ * residual) and weighted sums of value rows, on keys and values with every kind of corner
+ * case, odd dimensions and key counts that leave tails */
+static void check_attn_parts(const ei_kernels *ref, const ei_kernels *var) {
+    enum { M = 37, D = 70, KINDS = 12 };
+    static ei_f16 keys[M * D];
+    static float vals[M * D];
+    static double qd[D], pw[M], da[M], db[M], sa[D], sb[D];
+    char what[128];
+    for (int t = 0; t < M; t++)
+        for (int d = 0; d < D; d++) {
+            keys[t * D + d] = kivi_special((t + d) % KINDS, d);
+            vals[t * D + d] = t % 5 == 4 ? ei_fp16_to_fp32(kivi_special(t % KINDS, d)) : gaussian();
+        }
+    for (int d = 0; d < D; d++) qd[d] = (double)(uniform() * 2.0f - 1.0f);
+    for (int t = 0; t < M; t++) pw[t] = (double)uniform();
+    const int hds[] = {1, 3, 4, 5, 16, 17, 33, 64, 70};
+    for (size_t h = 0; h < sizeof(hds) / sizeof(hds[0]); h++)
+        for (int m = 1; m <= M; m += 1 + m / 3) {
+            const int hd = hds[h];
+            ref->attn_dots_f16(qd, (const uint8_t *)keys, 2 * D, hd, m, da);
+            var->attn_dots_f16(qd, (const uint8_t *)keys, 2 * D, hd, m, db);
+            snprintf(what, sizeof(what), "attn_dots_f16 hd %d keys %d", hd, m);
+            check(what, same_doubles(da, db, m));
+            for (int f32 = 0; f32 <= 1; f32++) {
+                for (int d = 0; d < hd; d++) sa[d] = sb[d] = 0.25 * d;
+                const uint8_t *v = f32 ? (const uint8_t *)vals : (const uint8_t *)keys;
+                const size_t row = f32 ? 4 * D : 2 * D;
+                ref->attn_weighted_sum(pw, v, f32, row, m, hd, sa);
+                var->attn_weighted_sum(pw, v, f32, row, m, hd, sb);
+                snprintf(what, sizeof(what), "attn_weighted_sum f32 %d hv %d rows %d", f32, hd, m);
+                check(what, same_doubles(sa, sb, hd));
+            }
+        }
+}
+
 int main(void) {
     ei_kernels ref, var;
     ei_kernels_init_ref(&ref);
@@ -334,6 +376,7 @@ int main(void) {
     check_attn(&ref, &var);
     check_attn_quantized(&ref, &var);
     check_kivi(&ref, &var);
+    check_attn_parts(&ref, &var);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
