@@ -597,6 +597,26 @@ static int kivi_query_runs(const ei_engine *e, const step *st, int il, int i, in
                                              runs + ap->n_kivi_runs);
 }
 
+/* a step's attention units: (token, KV head, part of the KV head's query heads), in the fewest
+ * parts that give every thread a unit; the heads of one unit read each cache row once */
+typedef struct { int n, parts, per; } head_units;
+
+static head_units split_heads(const ei_engine *e, const step *st, int nth) {
+    int parts = 1;
+    while (parts < e->group && (int64_t)st->n * e->m.n_head_kv * parts < nth) parts++;
+    const int per = (e->group + parts - 1) / parts;
+    parts = (e->group + per - 1) / per; /* no empty part */
+    return (head_units){st->n * e->m.n_head_kv * parts, parts, per};
+}
+
+/* unit w: token i, KV head g, its query heads [h0, h0 + nq) within the group */
+static void unit_heads(const ei_engine *e, head_units u, int w, int *i, int *g, int *h0, int *nq) {
+    *i = w / (e->m.n_head_kv * u.parts);
+    *g = w / u.parts % e->m.n_head_kv;
+    *h0 = w % u.parts * u.per;
+    *nq = e->group - *h0 < u.per ? e->group - *h0 : u.per;
+}
+
 static void kivi_attention(ei_engine *e, const step *st, int il, ei_attn_params *ap, double *scratch, int ith,
                            int nth) {
     const ei_model_desc *m = &e->m;
@@ -606,26 +626,16 @@ static void kivi_attention(ei_engine *e, const step *st, int il, ei_attn_params 
     ap->kivi_group = e->p.kivi_group;
     ap->kivi_v_row_bytes = e->kivi_v_row * (size_t)m->n_head_kv;
     ap->k_type = ap->v_type = EI_TYPE_F16;
+    const head_units u = split_heads(e, st, nth);
     int a, b;
-    if (group > 1 && st->n * m->n_head_kv >= nth) {
-        /* one unit per (token, KV head): the group's query heads decode each value row once */
-        split(st->n * m->n_head_kv, ith, nth, &a, &b);
-        for (int w = a; w < b; w++) {
-            const int i = w / m->n_head_kv, g = w % m->n_head_kv;
-            ap->n_runs = kivi_query_runs(e, st, il, i, g, (ei_attn_run *)ap->runs, ap);
-            ei_kivi_attn_group(ap, group, e->q + (size_t)i * e->q_dim + (size_t)g * group * m->head_dim,
-                               (size_t)m->head_dim, e->att + (size_t)i * e->att_dim + (size_t)g * group * m->head_dim_v,
-                               (size_t)m->head_dim_v, scratch);
-        }
-        ei_pool_barrier(e->pool);
-        return;
-    }
-    split(st->n * m->n_head, ith, nth, &a, &b);
+    split(u.n, ith, nth, &a, &b);
     for (int w = a; w < b; w++) {
-        const int i = w / m->n_head, h = w % m->n_head;
-        ap->n_runs = kivi_query_runs(e, st, il, i, h / group, (ei_attn_run *)ap->runs, ap);
-        ei_kivi_attn(ap, e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim,
-                     e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v, scratch);
+        int i, g, h0, nq;
+        unit_heads(e, u, w, &i, &g, &h0, &nq);
+        ap->n_runs = kivi_query_runs(e, st, il, i, g, (ei_attn_run *)ap->runs, ap);
+        const int h = g * group + h0;
+        ei_kivi_attn_group(ap, nq, e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim, (size_t)m->head_dim,
+                           e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v, (size_t)m->head_dim_v, scratch);
     }
     ei_pool_barrier(e->pool);
 }
@@ -697,14 +707,18 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
         return;
     }
     int a, b;
-    if (e->k->attn_group && group > 1 && st->n >= nth) {
-        /* one unit per (token, KV head): the group's query heads read each cache row once */
-        split(st->n * m->n_head_kv, ith, nth, &a, &b);
+    if (e->k->attn_group && group > 1) {
+        const head_units u = split_heads(e, st, nth);
+        split(u.n, ith, nth, &a, &b);
         for (int w = a; w < b; w++) {
-            const int i = w / m->n_head_kv, g = w % m->n_head_kv;
+            int i, g, h0, nq;
+            unit_heads(e, u, w, &i, &g, &h0, &nq);
             ap.n_runs = query_runs(e, st, il, i, g, runs, &ap);
-            e->k->attn_group(&ap, group, e->q + (size_t)i * e->q_dim + (size_t)g * group * m->head_dim, (size_t)m->head_dim,
-                             e->att + (size_t)i * e->att_dim + (size_t)g * group * m->head_dim_v, (size_t)m->head_dim_v, scratch);
+            const int h = g * group + h0;
+            const float *q = e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim;
+            float *out = e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v;
+            if (nq > 1) e->k->attn_group(&ap, nq, q, (size_t)m->head_dim, out, (size_t)m->head_dim_v, scratch);
+            else e->k->attn(&ap, q, out, scratch);
         }
         ei_pool_barrier(e->pool);
         return;
