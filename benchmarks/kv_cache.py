@@ -470,6 +470,25 @@ def past_context(path: Path, tokens: list[int], bos: int, args) -> dict:
 # --- the report -----------------------------------------------------------------------------
 
 
+def model_and_text(model: str | None) -> tuple[Path, list[int], int | None]:
+    """The model file (default: the packaged Gemma 3 270M), the text's tokens (pydoc's help
+    topics, no BOS) and the model's BOS id. Puts the checkout on sys.path for the tests'
+    helpers."""
+    sys.path.insert(0, str(ROOT))
+    if model is None:
+        from tests.conftest import packaged_gemma_path
+
+        model = str(packaged_gemma_path())
+    path = Path(model)
+    import edgeinfer
+    from tests.kv.texts import python_help_text
+
+    with edgeinfer.load(path, n_ctx=64, engine="native") as loaded:
+        tokens = loaded.tokenize(python_help_text(), add_special=False)
+        bos = loaded.tokenizer.bos_id
+    return path, tokens, bos
+
+
 def machine(path: Path, threads: int) -> dict:
     import llama_cpp
 
@@ -485,7 +504,8 @@ def machine(path: Path, threads: int) -> dict:
         isa = model.backend.isa
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "host": platform.node(), "cpu": cpu, "threads": threads, "edgeinfer_isa": isa,
+        "host": platform.node(), "cpu": cpu, "cpus": os.cpu_count(), "threads": threads,
+        "edgeinfer_isa": isa,
         "llama_cpp_version": llama_cpp.__version__,
         "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode().strip(),
         "model": path.name,
@@ -611,18 +631,7 @@ def main() -> int:
         args.ctx, args.windows, args.mem_ctx = 512, 1, [4096]
         args.decode_ctx, args.n_gen, args.decode_reps, args.past_ctx = 600, 8, 1, 64
         args.stride = 16
-    sys.path.insert(0, str(ROOT))
-    if args.model is None:
-        from tests.conftest import packaged_gemma_path
-
-        args.model = packaged_gemma_path()
-    path = Path(args.model)
-    import edgeinfer
-    from tests.kv.texts import python_help_text
-
-    with edgeinfer.load(path, n_ctx=64, engine="native") as model:
-        tokens = model.tokenize(python_help_text(), add_special=False)
-        bos = model.tokenizer.bos_id
+    path, tokens, bos = model_and_text(args.model)
     parts = args.only or ["quality", "memory", "decode", "past"]
     report: dict = {"machine": machine(path, args.threads), "command": sys.argv[1:]}
     t0 = time.perf_counter()

@@ -37,12 +37,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -50,11 +47,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from kv_cache import machine, model_and_text  # the sibling benchmark's setup
 
-if TYPE_CHECKING:  # edgeinfer is imported once ROOT is on the path (main)
+if TYPE_CHECKING:  # edgeinfer is imported once model_and_text put the checkout on the path
     from edgeinfer.models.base import DecoderConfig
 
-ROOT = Path(__file__).resolve().parent.parent
 K_TYPES = ["f32", "f16", "q8_0", "q4_0"]  # f32: the control (rotation rounding only)
 N_BATCH = 512
 N_SINK = 4
@@ -435,26 +432,6 @@ def past_context(path: Path, tokens: list[int], bos: int, args: argparse.Namespa
 # --- the report -----------------------------------------------------------------------------
 
 
-def machine(path: Path, threads: int) -> dict[str, Any]:
-    import edgeinfer
-
-    cpu = platform.machine()
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in lscpu.splitlines():
-            if line.startswith("Model name:"):
-                cpu = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    with edgeinfer.load(path, n_threads=threads, n_ctx=64, engine="native") as model:
-        isa = model.backend.isa
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "host": platform.node(), "cpu": cpu, "cpus": os.cpu_count(), "threads": threads,
-        "edgeinfer_isa": isa, "model": path.name,
-    }  # fmt: skip
-
-
 def _pct(x: float) -> str:
     return f"{100 * x:.3g} %"
 
@@ -537,18 +514,7 @@ def main() -> int:
     if args.quick:
         args.acc_ctx, args.acc_tokens, args.speed_ctx, args.evictions = 128, 320, 1024, 2
         args.decode_steps, args.kernel_reps, args.past_ctx, args.stride = 4, 3, 64, 16
-    sys.path.insert(0, str(ROOT))
-    if args.model is None:
-        from tests.conftest import packaged_gemma_path
-
-        args.model = packaged_gemma_path()
-    path = Path(args.model)
-    import edgeinfer
-    from tests.kv.texts import python_help_text
-
-    with edgeinfer.load(path, n_ctx=64, engine="native") as model:
-        tokens = model.tokenize(python_help_text(), add_special=False)
-        bos = model.tokenizer.bos_id
+    path, tokens, bos = model_and_text(args.model)
     assert bos is not None, "the text is scored after a BOS token"
     parts = args.only or ["accuracy", "speed", "past"]
     report: dict[str, Any] = {"machine": machine(path, args.threads), "command": sys.argv}
