@@ -632,8 +632,7 @@ class ReferenceEngine(SequenceEngine):
         cfg, (kbits, _, g, residual) = self.cfg, self._kivi
         keys = self.k_cache[il][:n_past].astype(F32)
         values = self.v_cache[il][:n_past].astype(F32)
-        window = cfg.layer_window(il)
-        if not window or window > residual:  # a layer whose groups a query reads
+        if self._layer_groups(il):  # a layer whose groups a query reads
             for gi in range(first // g, max(n_past - residual, 0) // g):
                 blocks, decoded, _ = self._kivi_group(il, gi)
                 rows = slice(gi * g, (gi + 1) * g)

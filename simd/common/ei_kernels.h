@@ -89,7 +89,7 @@ typedef struct {
                                         decoders a quantized cache is read with */
     int64_t *track;                  /* NULL, or per key t of all runs: track[t] += its
                                         probability in units of 2^-32 (ei_attn_track) */
-    /* a KIVI cache (ei_kivi_attn): runs [0, n_kivi_runs) are quantized key groups (k the group
+    /* a KIVI cache (ei_kivi_attn_group): runs [0, n_kivi_runs) are quantized key groups (k the group
      * block of the run's KV head, t0 its first token in it) with KIVI value rows
      * kivi_v_row_bytes apart; the runs after them f16 rows (the residual) */
     int kivi_bits_k, kivi_bits_v, kivi_group, n_kivi_runs;

@@ -207,10 +207,9 @@ static inline void ei_kivi_decode_v_rows(int bits, int group, int hdv, const uin
             fn(bits, gv, rows + (size_t)j * row_bytes + g * gb, out + (size_t)j * hdv + (size_t)g * gv);
 }
 
-/* one query head against a KIVI cache (common/kivi_attn.c states the rounding) */
-void ei_kivi_attn(const ei_attn_params *p, const float *q, float *out, double *scratch);
-/* the same for nq query heads sharing the KV head (q + j qs, out + j os), each value row
- * decoded once for all of them; scratch holds 2 n doubles per head */
+/* nq query heads sharing one KV head (q + j qs, out + j os) against a KIVI cache, each value
+ * row decoded once for all of them (common/kivi_attn.c states the rounding); scratch holds
+ * 2 n doubles per head */
 void ei_kivi_attn_group(const ei_attn_params *p, int nq, const float *q, size_t qs, float *out, size_t os,
                         double *scratch);
 

@@ -1,5 +1,5 @@
-/* Attention over a KIVI cache (EI_KV_KIVI): one query head against quantized key groups and
- * value rows, then the f16 residual of the newest positions, read in place. The quantized
+/* Attention over a KIVI cache (EI_KV_KIVI): the query heads of one KV head against quantized
+ * key groups and value rows, then the f16 residual of the newest positions, read in place. The quantized
  * parts go through the kernel table's KIVI kernels (each instruction set's kivi.c, which are
  * bit-identical), so this middle is written once for all of them, as attn_softmax.h is for
  * the row caches. The numpy reference engine computes the same values:
@@ -83,8 +83,4 @@ void ei_kivi_attn_group(const ei_attn_params *p, int nq, const float *q, size_t 
         for (int j = 0; j < nj; j++)
             for (int d = 0; d < p->head_dim_v; d++) out[(size_t)(j0 + j) * os + d] = (float)acc[j][d];
     }
-}
-
-void ei_kivi_attn(const ei_attn_params *p, const float *q, float *out, double *scratch) {
-    ei_kivi_attn_group(p, 1, q, 0, out, 0, scratch);
 }
