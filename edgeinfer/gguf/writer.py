@@ -63,8 +63,17 @@ def _pad(n: int, alignment: int) -> int:
     return -n % alignment
 
 
-def _string(s: str | bytes) -> bytes:
-    b = s if isinstance(s, bytes) else s.encode("utf-8", "surrogateescape")
+def _string(s: str | bytes, key: str = "") -> bytes:
+    if isinstance(s, bytes):
+        b = s
+    else:
+        try:  # escapes of undecodable bytes (as the reader makes them) go back to those bytes
+            b = s.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as e:  # a lone surrogate is no text GGUF can hold
+            raise errors.InvalidOptionError(
+                f"metadata {key!r}: {s[e.start : e.end]!r} at character {e.start} of "
+                f"{s[max(0, e.start - 16) : e.end + 16]!r} is a lone surrogate, not UTF-8 text"
+            ) from None
     return struct.pack("<Q", len(b)) + b
 
 
@@ -94,14 +103,14 @@ def encode_value(
     if vtype == ValueType.STRING:
         if not isinstance(value, (str, bytes)):
             raise errors.InvalidOptionError(f"metadata {key!r}: expected a string, got {value!r}")
-        return _string(value)
+        return _string(value, key)
     if vtype != ValueType.ARRAY:
         return _scalar(vtype, value, key)
     if element_type is None or element_type == ValueType.ARRAY:
         raise errors.InvalidOptionError(f"metadata {key!r}: arrays need a scalar element type")
     head = struct.pack("<IQ", int(element_type), len(value))
     if element_type == ValueType.STRING:
-        return head + b"".join(_string(v) for v in value)
+        return head + b"".join(_string(v, key) for v in value)
     if element_type == ValueType.BOOL:
         return head + b"".join(_scalar(element_type, v, key) for v in value)
     dtype = np.dtype(SCALAR_FORMATS[element_type][1])

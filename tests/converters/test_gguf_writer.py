@@ -87,6 +87,8 @@ def test_file_size_is_known_before_writing(tmp_path):
     [(lambda w: w.add_uint32("k", -1), "uint32"), (lambda w: w.add_uint32("k", True), "uint32"),
      (lambda w: w.add_float32("k", float("nan")), "finite"), (lambda w: w.add_bool("k", 1), "bool"),
      (lambda w: w.add_string("k", 3), "string"),
+     (lambda w: w.add_string("k", "a\ud800b"), "lone surrogate"),
+     (lambda w: w.add_array("k", ["ok", "\udfff"], V.STRING), "lone surrogate"),
      (lambda w: w.add_array("k", [1, 2**40], V.INT32), "int32"),
      (lambda w: w.add_array("k", [[1]], V.ARRAY), "scalar"),
      (lambda w: w.add_string("", "v"), "key"),
