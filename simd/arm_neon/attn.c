@@ -6,6 +6,7 @@
  * Output: the lanes are dimensions, each summed over keys in order. exp and tanh are
  * libm's, in double, one key at a time. */
 #include "../common/attn_softmax.h"
+#include "blocks.h"
 #include "simd.h"
 
 /* elements d..d+3 of a cache row as floats */
@@ -116,6 +117,35 @@ static void rows_sum(const float *pr, const uint8_t *v, size_t row, int f32, int
         for (int t = 0; t < n; t++) acc[d] += (double)pr[t] * kv1(v + (size_t)t * row, d, f32);
 }
 
+/* acc[16 c0 + e] += sum over t in order of p[t] * v_t[16 c0 + e], e < 16, for value rows of a
+ * q8_0 / q4_0 cache (c0 a half block): the values decoded in registers, exact in float, each
+ * product exact in double (a fused add rounds as a separate one) */
+static void neon_weighted_sum_q(int v_type, const double *p, const uint8_t *v, size_t row_bytes, int n, int hv,
+                                double *acc) {
+    const int q4 = v_type == EI_TYPE_Q4_0;
+    const size_t bb = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    for (int c = 0; c < hv / 16; c++) {
+        float64x2_t a[8];
+        EI_UNROLL for (int i = 0; i < 8; i++) a[i] = vld1q_f64(acc + 16 * c + 2 * i);
+        const uint8_t *blk = v + (size_t)(c / 2) * bb;
+        for (int t = 0; t < n; t++, blk += row_bytes) {
+            int8x16_t w[2];
+            if (q4) unpack_q4_0(blk, w);
+            else unpack_q8_0(blk, w);
+            const int16x8_t s[2] = {vmovl_s8(vget_low_s8(w[c % 2])), vmovl_s8(vget_high_s8(w[c % 2]))};
+            const float d = h2f_at(blk);
+            const float64x2_t pt = vdupq_n_f64(p[t]);
+            EI_UNROLL for (int i = 0; i < 4; i++) {
+                const int32x4_t q = i % 2 ? vmovl_high_s16(s[i / 2]) : vmovl_s16(vget_low_s16(s[i / 2]));
+                const float32x4_t x = vmulq_n_f32(vcvtq_f32_s32(q), d);
+                a[2 * i] = vfmaq_f64(a[2 * i], vcvt_f64_f32(vget_low_f32(x)), pt);
+                a[2 * i + 1] = vfmaq_f64(a[2 * i + 1], vcvt_high_f64_f32(x), pt);
+            }
+        }
+        EI_UNROLL for (int i = 0; i < 8; i++) vst1q_f64(acc + 16 * c + 2 * i, a[i]);
+    }
+}
+
 /* acc += the weighted values of one run */
 static void accumulate(const ei_attn_params *p, const ei_attn_run *run, const float *pr, double *acc) {
     const int hdv = p->head_dim_v;
@@ -123,11 +153,12 @@ static void accumulate(const ei_attn_params *p, const ei_attn_run *run, const fl
         rows_sum(pr, run->v, p->v_row_bytes, p->v_type == EI_TYPE_F32, run->n, hdv, acc);
         return;
     }
-    float buf[EI_ATTN_CHUNK * EI_MAX_HEAD_DIM];
-    for (int t = 0; t < run->n; t += EI_ATTN_CHUNK) {
-        const int m = run->n - t < EI_ATTN_CHUNK ? run->n - t : EI_ATTN_CHUNK;
-        ei_attn_decode_values(p, run, t, m, buf);
-        rows_sum(pr + t, (const uint8_t *)buf, (size_t)hdv * 4, 1, m, hdv, acc);
+    double w[64]; /* the weights in double (exact), a chunk at a time */
+    for (int t = 0; t < run->n; t += 64) {
+        const int m = run->n - t < 64 ? run->n - t : 64;
+        for (int j = 0; j < m; j++) w[j] = pr[t + j];
+        neon_weighted_sum_q(p->v_type, w, (const uint8_t *)run->v + (size_t)t * p->v_row_bytes, p->v_row_bytes, m,
+                            hdv, acc);
     }
 }
 
@@ -192,5 +223,6 @@ static void neon_dots_f16(const double *qd, const uint8_t *k, size_t row_bytes, 
 void EI_NEON_FN(ei_neon_attn)(ei_kernels *k) {
     k->attn = neon_attn;
     k->attn_dots_f16 = neon_dots_f16;
+    k->attn_weighted_sum_q = neon_weighted_sum_q;
     k->attn_types = EI_ATTN_ALL;
 }

@@ -220,6 +220,39 @@ LEGACY_DOT(q5_0, 1, 0)
 LEGACY_DOT(q5_1, 1, 1)
 LEGACY_DOT(q8_0, 0, 0)
 
+/* the keys of a q8_0 / q4_0 cache against one q8_0 query (attn_dots_q): four keys at a time,
+ * each key's lane adding its block terms in double in block order, as legacy_dot */
+static void neon_attn_dots_q(int k_type, const uint8_t *qq, const uint8_t *k, size_t row_bytes, int hd, int m,
+                             float *out) {
+    const int q4 = k_type == EI_TYPE_Q4_0, nb = hd / 32;
+    const size_t xb = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0), yb = ACT_BYTES(0), yq = ACT_QS(0);
+    const unpack32_fn unpack = q4 ? unpack_q4_0 : unpack_q8_0;
+    for (int t = 0; t < m; t += 4) {
+        const int cnt = m - t < 4 ? m - t : 4;
+        const uint8_t *row[4]; /* a tail repeats the first key */
+        for (int j = 0; j < 4; j++) row[j] = k + (size_t)(t + (j < cnt ? j : 0)) * row_bytes;
+        float64x2_t acc[2] = {vdupq_n_f64(0.0), vdupq_n_f64(0.0)};
+        for (int b = 0; b < nb; b++) {
+            const size_t o = (size_t)b * xb;
+            const uint8_t *y = qq + (size_t)b * yb;
+            int32x4_t p[4];
+            EI_UNROLL for (int j = 0; j < 4; j++) {
+                int8x16_t w[2];
+                unpack(row[j] + o, w);
+                p[j] = block_dot(w, y + yq, q4);
+            }
+            const float32x4_t d = vmulq_f32(h2f_x4(row[0] + o, row[1] + o, row[2] + o, row[3] + o), vdupq_n_f32(h2f_at(y)));
+            float64x2_t terms[2];
+            block_terms(terms, d, hsum4(p[0], p[1], p[2], p[3]), 0, d);
+            acc[0] = vaddq_f64(acc[0], terms[0]);
+            acc[1] = vaddq_f64(acc[1], terms[1]);
+        }
+        const float o[4] = {(float)vgetq_lane_f64(acc[0], 0), (float)vgetq_lane_f64(acc[0], 1),
+                            (float)vgetq_lane_f64(acc[1], 0), (float)vgetq_lane_f64(acc[1], 1)};
+        for (int j = 0; j < cnt; j++) out[t + j] = o[j];
+    }
+}
+
 #define KQUANT_DOT(T, SUB, DMIN_OFF)                                                                       \
     static const ktype type_##T = {sizeof(block_##T), offsetof(block_##T, d), DMIN_OFF, SUB};               \
     static void neon_dot_##T(int n, float *s, const void *x, const void *y) {                               \
@@ -243,6 +276,7 @@ void EI_NEON_FN(ei_neon_vec_dots)(ei_kernels *k) {
     k->vec_dot[EI_TYPE_Q5_0] = neon_dot_q5_0;
     k->vec_dot[EI_TYPE_Q5_1] = neon_dot_q5_1;
     k->vec_dot[EI_TYPE_Q8_0] = neon_dot_q8_0;
+    k->attn_dots_q = neon_attn_dots_q;
     k->vec_dot[EI_TYPE_Q2_K] = neon_dot_q2_K;
     k->vec_dot[EI_TYPE_Q3_K] = neon_dot_q3_K;
     k->vec_dot[EI_TYPE_Q4_K] = neon_dot_q4_K;

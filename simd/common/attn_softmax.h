@@ -2,10 +2,11 @@
  * soft-capping, the softmax, the cache-type roundings and the reading of block-quantized
  * caches are written once (ref/attn.c states the rounding every variant follows).
  *
- * A quantized cache is read through the kernel table's own vec_dot (a key row is a weight
- * row, the query its q8_0 partner) and to_float (value rows decoded a few at a time into a
- * buffer the size of L1, never the whole cache); those kernels are bit-identical across
- * instruction sets, so every attention variant gives the reference's results. */
+ * A quantized cache is read through the kernel table's own attn_dots_q (a key row is a weight
+ * row for vec_dot, the query its q8_0 partner) and attn_weighted_sum_q (value rows decoded in
+ * registers, as to_float decodes them, never into a copy of the cache); those kernels are
+ * bit-identical across instruction sets, so every attention variant gives the reference's
+ * results. */
 #ifndef EI_ATTN_SOFTMAX_H
 #define EI_ATTN_SOFTMAX_H
 
@@ -67,31 +68,16 @@ static inline int ei_attn_quantized(int type) { return type == EI_TYPE_Q8_0 || t
 #define EI_ATTN_QUERY_BYTES (EI_MAX_HEAD_DIM / 32 * 34)
 
 /* scores[t] for the keys of every run of a quantized key cache: the query quantized once to
- * the key type's partner, each key's dot as the table's vec_dot computes it */
+ * the key type's partner, each key's dot as the table's vec_dot computes it (attn_dots_q) */
 static inline void ei_attn_quant_scores(const ei_attn_params *p, const float *q, float *scores) {
     uint8_t qq[EI_ATTN_QUERY_BYTES];
     p->kt->from_float[ei_partner_type(p->k_type)](q, qq, p->head_dim);
-    const ei_vec_dot_fn dot = p->kt->vec_dot[p->k_type];
-    int at = 0;
     for (int r = 0; r < p->n_runs; r++) {
-        const uint8_t *row = (const uint8_t *)p->runs[r].k;
-        for (int t = 0; t < p->runs[r].n; t++, row += p->k_row_bytes) {
-            float s;
-            dot(p->head_dim, &s, row, qq);
-            scores[at++] = ei_attn_score(s, p);
-        }
+        const int n = p->runs[r].n;
+        p->kt->attn_dots_q(p->k_type, qq, (const uint8_t *)p->runs[r].k, p->k_row_bytes, p->head_dim, n, scores);
+        for (int t = 0; t < n; t++) scores[t] = ei_attn_score(scores[t], p);
+        scores += n;
     }
-}
-
-/* value rows decoded a chunk at a time for a weighted sum of f32 rows */
-#define EI_ATTN_CHUNK 8
-
-/* rows [t, t + m) of a value run decoded to floats, head_dim_v apart, into buf */
-static inline void ei_attn_decode_values(const ei_attn_params *p, const ei_attn_run *run, int t, int m,
-                                         float *buf) {
-    const uint8_t *row = (const uint8_t *)run->v + (size_t)t * p->v_row_bytes;
-    for (int j = 0; j < m; j++, row += p->v_row_bytes)
-        p->kt->to_float[p->v_type](row, buf + (size_t)j * p->head_dim_v, p->head_dim_v);
 }
 
 #endif

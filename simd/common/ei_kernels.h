@@ -137,6 +137,16 @@ struct ei_kernels {
      * double, so a fused add rounds as a separate one (KIVI's f16 residual, whose queries are
      * not rounded) */
     void (*attn_dots_f16)(const double *qd, const uint8_t *k, size_t row_bytes, int hd, int m, double *out);
+    /* out[t] = vec_dot[k_type](hd, k_t, qq) bit for bit, t < m: the key rows k_t at k + t * row_bytes
+     * of a q8_0 or q4_0 cache against one query quantized to their q8_0 partner (qq), several
+     * keys at a time: a key row of a small head is a block or two, too short for vec_dot */
+    void (*attn_dots_q)(int k_type, const uint8_t *qq, const uint8_t *k, size_t row_bytes, int hd, int m,
+                        float *out);
+    /* acc[d] += p[t] * v_t[d] for t in [0, n) in order, d in [0, hv): value rows of a q8_0 or q4_0
+     * cache, row_bytes apart, each value as to_float decodes it (exact in float) and each
+     * product exact in double; decoded in registers, never into a buffer */
+    void (*attn_weighted_sum_q)(int v_type, const double *p, const uint8_t *v, size_t row_bytes, int n, int hv,
+                                double *acc);
 
     /* KIVI cache quantization (formats and roundings: common/kivi.h): bits 2 or 4, group G
      * 32, 64 or 128; the caller checks the shapes (ei_kivi_k_block_bytes, ei_kivi_v_group) */

@@ -30,21 +30,33 @@ static void ref_scores(const ei_attn_params *p, const float *q, float *scores) {
         }
 }
 
+/* value d of a q8_0 or q4_0 row, as to_float decodes it: the block's scale times its integer */
+static inline float quant_at(const uint8_t *row, int type, int d) {
+    if (type == EI_TYPE_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)row + d / 32;
+        return ei_fp16_to_fp32(b->d) * b->qs[d % 32];
+    }
+    const block_q4_0 *b = (const block_q4_0 *)row + d / 32;
+    const int j = d % 32, q = j < 16 ? b->qs[j] & 15 : b->qs[j - 16] >> 4;
+    return ei_fp16_to_fp32(b->d) * (q - 8);
+}
+
+static void ref_weighted_sum_q(int v_type, const double *p, const uint8_t *v, size_t row_bytes, int n, int hv,
+                               double *acc) {
+    for (int t = 0; t < n; t++)
+        for (int d = 0; d < hv; d++) acc[d] += p[t] * quant_at(v + (size_t)t * row_bytes, v_type, d);
+}
+
 /* acc[d] += pr[t] * v[t][d] over the rows of one run, in order of t */
 static void ref_accumulate(const ei_attn_params *p, const ei_attn_run *run, const double *pr, double *acc) {
     const int hv = p->head_dim_v;
-    float buf[EI_ATTN_CHUNK * EI_MAX_HEAD_DIM];
-    const int quant = ei_attn_quantized(p->v_type);
-    for (int t0 = 0; t0 < run->n; t0 += EI_ATTN_CHUNK) {
-        const int m = run->n - t0 < EI_ATTN_CHUNK ? run->n - t0 : EI_ATTN_CHUNK;
-        if (quant) ei_attn_decode_values(p, run, t0, m, buf);
-        for (int j = 0; j < m; j++) {
-            const uint8_t *row = (const uint8_t *)run->v + (size_t)(t0 + j) * p->v_row_bytes;
-            for (int d = 0; d < hv; d++) {
-                const float v = quant ? buf[(size_t)j * hv + d] : kv_at(row, p->v_type, d);
-                acc[d] += pr[t0 + j] * v;
-            }
-        }
+    if (ei_attn_quantized(p->v_type)) {
+        ref_weighted_sum_q(p->v_type, pr, run->v, p->v_row_bytes, run->n, hv, acc);
+        return;
+    }
+    for (int t = 0; t < run->n; t++) {
+        const uint8_t *row = (const uint8_t *)run->v + (size_t)t * p->v_row_bytes;
+        for (int d = 0; d < hv; d++) acc[d] += pr[t] * kv_at(row, p->v_type, d);
     }
 }
 
@@ -86,5 +98,6 @@ void ei_ref_attn_kernels(ei_kernels *k) {
     k->attn = ref_attn;
     k->attn_weighted_sum = ref_weighted_sum;
     k->attn_dots_f16 = ref_dots_f16;
+    k->attn_weighted_sum_q = ref_weighted_sum_q;
     k->attn_types = EI_ATTN_ALL;
 }

@@ -428,6 +428,13 @@ static void ref_to_float_bf16(const void *vx, float *y, int64_t n) {
 
 static void ref_to_float_f32(const void *vx, float *y, int64_t n) { memcpy(y, vx, (size_t)n * 4); }
 
+/* the keys of a q8_0 / q4_0 cache against a q8_0 query: vec_dot row by row */
+static void ref_attn_dots_q(int k_type, const uint8_t *qq, const uint8_t *k, size_t row_bytes, int hd, int m,
+                            float *out) {
+    const ei_vec_dot_fn dot = k_type == EI_TYPE_Q4_0 ? ref_dot_q4_0 : ref_dot_q8_0;
+    for (int t = 0; t < m; t++) dot(hd, out + t, k + (size_t)t * row_bytes, qq);
+}
+
 void ei_ref_quant_kernels(ei_kernels *k) {
     k->from_float[EI_TYPE_Q8_0] = ref_from_float_q8_0;
     k->from_float[EI_TYPE_Q4_0] = ref_from_float_q4_0; /* for the KV cache: no weight's partner */
@@ -450,6 +457,7 @@ void ei_ref_quant_kernels(ei_kernels *k) {
     k->vec_dot[EI_TYPE_F16] = ref_dot_f16;
     k->vec_dot[EI_TYPE_BF16] = ref_dot_bf16;
     k->vec_dot[EI_TYPE_F32] = ref_dot_f32;
+    k->attn_dots_q = ref_attn_dots_q;
 
     k->to_float[EI_TYPE_Q4_0] = ref_to_float_q4_0;
     k->to_float[EI_TYPE_Q4_1] = ref_to_float_q4_1;

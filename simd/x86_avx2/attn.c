@@ -159,19 +159,51 @@ static void avx2_scores(const ei_attn_params *p, const float *q, float *scores) 
     }
 }
 
+/* eight values of a q8_0 / q4_0 block (8 signed bytes) times its scale, as to_float decodes them */
+EI_AVX2_INLINE __m256 quant8(__m128i q8, __m256 d) { return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))); }
+
+/* acc[32 b + c] += sum over t in order of p[t] * v_t[32 b + c], c < 32, for value rows of a q8_0 /
+ * q4_0 cache: one block column at a time, its 32 dimensions in eight accumulators, each value
+ * decoded in registers (exact in float) and each product exact in double */
+static void avx2_weighted_sum_q(int v_type, const double *p, const uint8_t *v, size_t row_bytes, int n, int hv,
+                                double *acc) {
+    const int q4 = v_type == EI_TYPE_Q4_0;
+    const size_t bb = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    for (int b = 0; b < hv / 32; b++) {
+        __m256d a[8];
+        EI_UNROLL for (int i = 0; i < 8; i++) a[i] = _mm256_loadu_pd(acc + 32 * b + 4 * i);
+        const uint8_t *blk = v + (size_t)b * bb;
+        for (int t = 0; t < n; t++, blk += row_bytes) {
+            ei_f16 h;
+            memcpy(&h, blk, 2);
+            const __m256 d = _mm256_set1_ps(avx2_f16(h));
+            __m128i lo, hi; /* values 0..15, 16..31 */
+            if (q4) {
+                const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m = _mm_set1_epi8(15), o = _mm_set1_epi8(8);
+                lo = _mm_sub_epi8(_mm_and_si128(q, m), o);
+                hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m), o);
+            } else {
+                lo = _mm_loadu_si128((const __m128i *)(blk + 2));
+                hi = _mm_loadu_si128((const __m128i *)(blk + 18));
+            }
+            const __m256 x[4] = {quant8(lo, d), quant8(_mm_unpackhi_epi64(lo, lo), d), quant8(hi, d),
+                                 quant8(_mm_unpackhi_epi64(hi, hi), d)};
+            const __m256d w = _mm256_set1_pd(p[t]);
+            EI_UNROLL for (int i = 0; i < 4; i++) {
+                a[2 * i] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x[i])), w, a[2 * i]);
+                a[2 * i + 1] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x[i], 1)), w, a[2 * i + 1]);
+            }
+        }
+        EI_UNROLL for (int i = 0; i < 8; i++) _mm256_storeu_pd(acc + 32 * b + 4 * i, a[i]);
+    }
+}
+
 /* acc += the weighted values of one run (weights p, already rounded as the value type) */
 static void avx2_accumulate(const ei_attn_params *p, const ei_attn_run *run, const double *w, double *acc) {
     const int hv = p->head_dim_v;
     if (p->v_type == EI_TYPE_F32) weighted_sum_f32(w, run->v, p->v_row_bytes, run->n, hv, acc);
     else if (p->v_type == EI_TYPE_F16) weighted_sum_f16(w, run->v, p->v_row_bytes, run->n, hv, acc);
-    else {
-        float buf[EI_ATTN_CHUNK * EI_MAX_HEAD_DIM];
-        for (int t = 0; t < run->n; t += EI_ATTN_CHUNK) {
-            const int m = run->n - t < EI_ATTN_CHUNK ? run->n - t : EI_ATTN_CHUNK;
-            ei_attn_decode_values(p, run, t, m, buf);
-            weighted_sum_f32(w + t, (const uint8_t *)buf, (size_t)hv * 4, m, hv, acc);
-        }
-    }
+    else avx2_weighted_sum_q(p->v_type, w, run->v, p->v_row_bytes, run->n, hv, acc);
 }
 
 static void avx2_attn(const ei_attn_params *p, const float *q, float *out, double *scratch) {
@@ -251,5 +283,6 @@ void ei_avx2_attn_kernels(ei_kernels *k) {
     k->attn = avx2_attn;
     k->attn_weighted_sum = avx2_weighted_sum;
     k->attn_dots_f16 = avx2_dots_f16;
+    k->attn_weighted_sum_q = avx2_weighted_sum_q;
     k->attn_types = EI_ATTN_ALL;
 }

@@ -342,6 +342,41 @@ static void avx2_dot_q5_0(int n, float *s, const void *x, const void *y) { *s = 
 static void avx2_dot_q5_1(int n, float *s, const void *x, const void *y) { *s = dot_legacy(EI_TYPE_Q5_1, n, x, y); }
 static void avx2_dot_q8_0(int n, float *s, const void *x, const void *y) { *s = dot_legacy(EI_TYPE_Q8_0, n, x, y); }
 
+/* the keys of a q8_0 / q4_0 cache against one q8_0 query (attn_dots_q): four keys at a time,
+ * block_sums4 giving their exact integer sums of one block, each key's lane adding its terms
+ * d_k * d_q * isum in double in block order, as dot_legacy */
+static void avx2_attn_dots_q(int k_type, const uint8_t *qq, const uint8_t *k, size_t row_bytes, int hd, int m,
+                             float *out) {
+    const legacy_info L = legacy_of(k_type == EI_TYPE_Q4_0 ? EI_TYPE_Q4_0 : EI_TYPE_Q8_0);
+    const int nb = hd / 32;
+    for (int t = 0; t < m; t += 4) {
+        const int cnt = m - t < 4 ? m - t : 4;
+        const uint8_t *row[4]; /* a tail repeats the first key */
+        for (int j = 0; j < 4; j++) row[j] = k + (size_t)(t + (j < cnt ? j : 0)) * row_bytes;
+        __m256d acc = _mm256_setzero_pd();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *yb = qq + (size_t)b * L.yb;
+            const __m256i yv = _mm256_loadu_si256((const __m256i *)(yb + L.yqs)), yoff = offset_pairs(&L, yv);
+            __m256i p[4];
+            EI_UNROLL
+            for (int j = 0; j < 4; j++) {
+                const __m256i w = unpack_legacy(k_type, row[j] + (size_t)b * L.xb);
+                p[j] = pair_products(&L, w, _mm256_abs_epi8(w), yv, yoff);
+            }
+            const __m256d isum = _mm256_cvtepi32_pd(block_sums4(p[0], p[1], p[2], p[3], L.wide));
+            const size_t o = (size_t)b * L.xb;
+            ei_f16 dy;
+            memcpy(&dy, yb, 2);
+            const __m256d scale = _mm256_mul_pd(_mm256_cvtps_pd(avx2_f16x4(row[0] + o, row[1] + o, row[2] + o, row[3] + o)),
+                                                _mm256_set1_pd((double)avx2_f16(dy)));
+            acc = _mm256_add_pd(acc, _mm256_mul_pd(scale, isum));
+        }
+        float o[4];
+        _mm_storeu_ps(o, _mm256_cvtpd_ps(acc));
+        for (int j = 0; j < cnt; j++) out[t + j] = o[j];
+    }
+}
+
 /* ---- K blocks ---------------------------------------------------------------------- */
 
 EI_AVX2_INLINE float dot_k(const int type, int n, const void *vx, const void *vy) {
@@ -434,4 +469,5 @@ void ei_avx2_dot_kernels(ei_kernels *k) {
     k->vec_dot[EI_TYPE_F16] = avx2_dot_f16;
     k->vec_dot[EI_TYPE_BF16] = avx2_dot_bf16;
     k->vec_dot[EI_TYPE_F32] = avx2_dot_f32;
+    k->attn_dots_q = avx2_attn_dots_q;
 }

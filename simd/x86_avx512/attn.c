@@ -155,19 +155,64 @@ static void scores_of(const ei_attn_params *p, const float *q, float *scores) {
     }
 }
 
+/* the 32 values of a q8_0 or q4_0 block as to_float decodes them (scale times integer, exact) */
+EI_INLINE void quant_block32(int q4, const uint8_t *blk, __m512 v[2]) {
+    ei_f16 h;
+    memcpy(&h, blk, 2);
+    const __m512 d = _mm512_set1_ps(ei_fp16_to_fp32(h));
+    __m128i a, b;
+    if (q4) {
+        const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m = _mm_set1_epi8(15), o = _mm_set1_epi8(8);
+        a = _mm_sub_epi8(_mm_and_si128(q, m), o);
+        b = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m), o);
+    } else {
+        a = _mm_loadu_si128((const __m128i *)(blk + 2));
+        b = _mm_loadu_si128((const __m128i *)(blk + 18));
+    }
+    v[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)));
+    v[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
+}
+
+/* acc[32 b0 + c] += sum over t in order of p[t] * v_t, c < 32 G: G blocks of each row */
+#define WEIGHTED_SUM_Q(G)                                                                            \
+    static void weighted_sum_q##G(int q4, const double *p, const uint8_t *v, size_t row_bytes, int n, int b0, \
+                                  double *acc) {                                                     \
+        const size_t bb = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);                              \
+        __m512d a[4 * G];                                                                            \
+        EI_UNROLL for (int i = 0; i < 4 * G; i++) a[i] = _mm512_loadu_pd(acc + 32 * b0 + 8 * i);      \
+        const uint8_t *row = v + (size_t)b0 * bb;                                                    \
+        for (int t = 0; t < n; t++, row += row_bytes) {                                              \
+            const __m512d w = _mm512_set1_pd(p[t]);                                                  \
+            EI_UNROLL for (int g = 0; g < G; g++) {                                                  \
+                __m512 x[2];                                                                         \
+                quant_block32(q4, row + (size_t)g * bb, x);                                          \
+                EI_UNROLL for (int h = 0; h < 2; h++) {                                              \
+                    a[4 * g + 2 * h] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x[h])), w, a[4 * g + 2 * h]); \
+                    a[4 * g + 2 * h + 1] = _mm512_fmadd_pd(                                          \
+                        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x[h]), 1))), w, \
+                        a[4 * g + 2 * h + 1]);                                                       \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+        EI_UNROLL for (int i = 0; i < 4 * G; i++) _mm512_storeu_pd(acc + 32 * b0 + 8 * i, a[i]);      \
+    }
+WEIGHTED_SUM_Q(2)
+WEIGHTED_SUM_Q(1)
+
+/* value rows of a q8_0 / q4_0 cache: two blocks (eight accumulators) at a time */
+static void weighted_sum_q(int v_type, const double *p, const uint8_t *v, size_t row_bytes, int n, int hv, double *acc) {
+    const int q4 = v_type == EI_TYPE_Q4_0, nb = hv / 32;
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) weighted_sum_q2(q4, p, v, row_bytes, n, b, acc);
+    for (; b < nb; b++) weighted_sum_q1(q4, p, v, row_bytes, n, b, acc);
+}
+
 /* acc += the weighted values of one run (weights w, already rounded as the value type) */
 static void accumulate(const ei_attn_params *p, const ei_attn_run *run, const double *w, double *acc) {
-    const int hv = p->head_dim_v;
-    if (!ei_attn_quantized(p->v_type)) {
-        weighted_sum(w, run->v, p->v_type == EI_TYPE_F32, p->v_row_bytes, run->n, hv, acc);
-        return;
-    }
-    float buf[EI_ATTN_CHUNK * EI_MAX_HEAD_DIM];
-    for (int t = 0; t < run->n; t += EI_ATTN_CHUNK) {
-        const int m = run->n - t < EI_ATTN_CHUNK ? run->n - t : EI_ATTN_CHUNK;
-        ei_attn_decode_values(p, run, t, m, buf);
-        weighted_sum(w + t, (const uint8_t *)buf, 1, (size_t)hv * 4, m, hv, acc);
-    }
+    if (ei_attn_quantized(p->v_type))
+        weighted_sum_q(p->v_type, w, run->v, p->v_row_bytes, run->n, p->head_dim_v, acc);
+    else
+        weighted_sum(w, run->v, p->v_type == EI_TYPE_F32, p->v_row_bytes, run->n, p->head_dim_v, acc);
 }
 
 /* the softmax weights as the value type rounds them, in place: (float)(w / sum), then fp16 */
@@ -332,4 +377,5 @@ void ei_avx512_attn_kernels(ei_kernels *k) {
     k->attn_group = attn_group;
     k->attn_types = EI_ATTN_ALL;
     k->attn_dots_f16 = avx512_dots_f16;
+    k->attn_weighted_sum_q = weighted_sum_q;
 }

@@ -329,6 +329,54 @@ static void dot_bf16(int n, float *s, const void *vx, const void *vy) {
     *s = (float)sum;
 }
 
+/* ---- the keys of a q8_0 / q4_0 cache against one q8_0 query (attn_dots_q) -------------------- *
+ * Eight keys at a time, two in each vector (the same block of each, against the query block
+ * repeated in both halves): block_sums8 gives the eight keys' exact integer sums of one block,
+ * and each key's lane adds its terms d_k * d_q * isum in double in block order, as vec_dot. */
+EI_INLINE void attn_dots_q_impl(int k_type, const uint8_t *qq, const uint8_t *k, size_t row_bytes, int hd, int m,
+                                float *out, int vnni) {
+    const int q4 = k_type == EI_TYPE_Q4_0, nb = hd / 32;
+    const size_t kb = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    const block_q8_0 *y = (const block_q8_0 *)qq;
+    __m512i yv[EI_MAX_HEAD_DIM / 32], yoff[EI_MAX_HEAD_DIM / 32];
+    for (int b = 0; b < nb; b++) { /* the query block in both halves, and what the offset adds */
+        yv[b] = bytes2(y[b].qs, y[b].qs);
+        yoff[b] = dot_u8s8(_mm512_setzero_si512(), _mm512_set1_epi8((char)(q4 ? OFFSET_Q4_0 : OFFSET_Q8_0)), yv[b], vnni);
+    }
+    for (int t = 0; t < m; t += 8) {
+        const int cnt = m - t < 8 ? m - t : 8;
+        const uint8_t *row[8]; /* a tail repeats the first key */
+        for (int j = 0; j < 8; j++) row[j] = k + (size_t)(t + (j < cnt ? j : 0)) * row_bytes;
+        __m512d acc = _mm512_setzero_pd();
+        for (int b = 0; b < nb; b++) {
+            __m512i p[4];
+            EI_UNROLL for (int i = 0; i < 4; i++) {
+                const uint8_t *b0 = row[2 * i] + (size_t)b * kb, *b1 = row[2 * i + 1] + (size_t)b * kb;
+                const __m512i u = q4 ? nibbles2(((const block_q4_0 *)b0)->qs, ((const block_q4_0 *)b1)->qs)
+                                     : _mm512_xor_si512(bytes2(((const block_q8_0 *)b0)->qs, ((const block_q8_0 *)b1)->qs),
+                                                        _mm512_set1_epi8((char)0x80));
+                p[i] = _mm512_sub_epi32(dot_u8s8(_mm512_setzero_si512(), u, yv[b], vnni), yoff[b]);
+            }
+            uint16_t dk[8];
+            for (int j = 0; j < 8; j++) memcpy(&dk[j], row[j] + (size_t)b * kb, 2);
+            const __m512d scale = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dk))),
+                                                _mm512_set1_pd((double)ei_fp16_to_fp32(y[b].d)));
+            acc = _mm512_add_pd(acc, _mm512_mul_pd(_mm512_cvtepi32_pd(block_sums8(p)), scale));
+        }
+        float o[8];
+        _mm256_storeu_ps(o, _mm512_cvtpd_ps(acc));
+        for (int j = 0; j < cnt; j++) out[t + j] = o[j];
+    }
+}
+static void attn_dots_q_vnni(int k_type, const uint8_t *qq, const uint8_t *k, size_t row_bytes, int hd, int m,
+                             float *out) {
+    attn_dots_q_impl(k_type, qq, k, row_bytes, hd, m, out, 1);
+}
+static void attn_dots_q(int k_type, const uint8_t *qq, const uint8_t *k, size_t row_bytes, int hd, int m,
+                        float *out) {
+    attn_dots_q_impl(k_type, qq, k, row_bytes, hd, m, out, 0);
+}
+
 ei_vec_dot_fn ei_avx512_vec_dot(int type, int vnni) {
     switch (type) {
     case EI_TYPE_Q4_0: return vnni ? dot_q4_0_vnni : dot_q4_0;
@@ -367,4 +415,5 @@ void ei_avx512_quant_kernels(ei_kernels *k, int vnni) {
                                 EI_TYPE_Q2_K, EI_TYPE_Q3_K, EI_TYPE_Q4_K, EI_TYPE_Q5_K, EI_TYPE_Q6_K,
                                 EI_TYPE_F16, EI_TYPE_BF16, EI_TYPE_F32};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) k->vec_dot[types[i]] = ei_avx512_vec_dot(types[i], vnni);
+    k->attn_dots_q = vnni ? attn_dots_q_vnni : attn_dots_q;
 }

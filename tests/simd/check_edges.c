@@ -365,6 +365,61 @@ static void check_attn_parts(const ei_kernels *ref, const ei_kernels *var) {
         }
 }
 
+/* the keys of a q8_0 / q4_0 cache against a q8_0 query: random key bytes (-128 included), keys
+ * a whole multi-head row apart, every head size a block count allows up to EI_MAX_HEAD_DIM,
+ * key counts that leave every tail */
+static void check_attn_dots_q(const ei_kernels *ref, const ei_kernels *var) {
+    enum { M = 37, HEADS = 3 };
+    static uint8_t keys[M * HEADS * (EI_MAX_HEAD_DIM / 32) * 34], qq[(EI_MAX_HEAD_DIM / 32) * 34];
+    static float q[EI_MAX_HEAD_DIM], oa[M], ob[M];
+    char what[128];
+    const int types[] = {EI_TYPE_Q8_0, EI_TYPE_Q4_0};
+    const int hds[] = {32, 64, 96, 128, 256, 288, EI_MAX_HEAD_DIM};
+    for (int ti = 0; ti < 2; ti++)
+        for (size_t h = 0; h < sizeof(hds) / sizeof(hds[0]); h++) {
+            const int type = types[ti], hd = hds[h];
+            const size_t row_bytes = HEADS * ei_row_size(type, hd);
+            for (int t = 0; t < M * HEADS; t++) random_row(type, keys + (size_t)t * ei_row_size(type, hd), hd);
+            for (int d = 0; d < hd; d++) q[d] = d % 64 < 32 && h == 1 ? 0.0f : (uniform() * 2.0f - 1.0f) * 4.0f;
+            ref->from_float[EI_TYPE_Q8_0](q, qq, hd);
+            for (int m = 1; m <= M; m += 1 + m / 4) {
+                ref->attn_dots_q(type, qq, keys, row_bytes, hd, m, oa);
+                var->attn_dots_q(type, qq, keys, row_bytes, hd, m, ob);
+                snprintf(what, sizeof(what), "attn_dots_q %s hd %d keys %d", type == EI_TYPE_Q4_0 ? "q4_0" : "q8_0", hd, m);
+                check(what, same_floats(oa, ob, m));
+                for (int t = 0; t < m; t++) var->vec_dot[type](hd, &ob[t], keys + (size_t)t * row_bytes, qq);
+                snprintf(what, sizeof(what), "attn_dots_q %s hd %d keys %d against vec_dot", type == EI_TYPE_Q4_0 ? "q4_0" : "q8_0", hd, m);
+                check(what, same_floats(oa, ob, m));
+            }
+        }
+}
+
+/* weighted sums of the value rows of a q8_0 / q4_0 cache: random bytes, rows a multi-head row
+ * apart, weights of float's bits with zeros and tiny ones, every head size up to
+ * EI_MAX_HEAD_DIM, row counts that leave every tail; the sums start from nonzero values */
+static void check_attn_weighted_sum_q(const ei_kernels *ref, const ei_kernels *var) {
+    enum { M = 37, HEADS = 2 };
+    static uint8_t vals[M * HEADS * (EI_MAX_HEAD_DIM / 32) * 34];
+    static double w[M], sa[EI_MAX_HEAD_DIM], sb[EI_MAX_HEAD_DIM];
+    char what[128];
+    const int types[] = {EI_TYPE_Q8_0, EI_TYPE_Q4_0};
+    const int hvs[] = {32, 64, 96, 160, 256, EI_MAX_HEAD_DIM};
+    for (int t = 0; t < M; t++) w[t] = t % 7 == 3 ? 0.0 : (double)(t % 11 == 5 ? uniform() * 1e-30f : uniform());
+    for (int ti = 0; ti < 2; ti++)
+        for (size_t h = 0; h < sizeof(hvs) / sizeof(hvs[0]); h++) {
+            const int type = types[ti], hv = hvs[h];
+            const size_t row_bytes = HEADS * ei_row_size(type, hv);
+            for (int t = 0; t < M * HEADS; t++) random_row(type, vals + (size_t)t * ei_row_size(type, hv), hv);
+            for (int m = 1; m <= M; m += 1 + m / 4) {
+                for (int d = 0; d < hv; d++) sa[d] = sb[d] = 0.125 * (d % 9) - 0.5;
+                ref->attn_weighted_sum_q(type, w, vals, row_bytes, m, hv, sa);
+                var->attn_weighted_sum_q(type, w, vals, row_bytes, m, hv, sb);
+                snprintf(what, sizeof(what), "attn_weighted_sum_q %s hv %d rows %d", type == EI_TYPE_Q4_0 ? "q4_0" : "q8_0", hv, m);
+                check(what, same_doubles(sa, sb, hv));
+            }
+        }
+}
+
 int main(void) {
     ei_kernels ref, var;
     ei_kernels_init_ref(&ref);
@@ -377,6 +432,8 @@ int main(void) {
     check_attn_quantized(&ref, &var);
     check_kivi(&ref, &var);
     check_attn_parts(&ref, &var);
+    check_attn_dots_q(&ref, &var);
+    check_attn_weighted_sum_q(&ref, &var);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

@@ -684,6 +684,13 @@ def test_check_driver_native(tmp_path, variant, variant_objects):
     assert out.startswith(f"checking {variant}")
 
 
+@pytest.mark.parametrize("variant", X86_HERE)
+def test_edge_driver_native(tmp_path, variant, variant_objects):
+    """check_edges.c on this CPU's own variants (SIMDe and qemu run it for the others)."""
+    out = run_check(build(tmp_path, variant, HERE / "check_edges.c", variant_objects(variant)))
+    assert out.startswith(f"edge cases of {variant}"), out[:200]
+
+
 TILE_DRIVER = r"""
 /* Tiles of every shape (nr, nc <= EI_TILE) and the in-place float ops of one variant
  * against the reference, on rows of several block counts with odd strides. */
