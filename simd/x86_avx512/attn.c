@@ -14,6 +14,32 @@ EI_INLINE void f16x16_pd(__m256i h, __m512d *lo, __m512d *hi) {
     *hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
 }
 
+/* dims d..d+15 of 16 fp16 keys, transposed: x[e] holds dim d + e of the 16 keys in its low half
+ * and dim d + e + 8 in its high half, the even keys in each half's first 128 bits */
+EI_INLINE void keys16_transposed(const ei_f16 *const row[16], int d, __m512i x[8]) {
+    /* x[i]: keys 2i (128-bit lanes 0, 1) and 2i + 1 (lanes 2, 3), dims d..d+15 */
+    __m512i t[8], s[8];
+    EI_UNROLL for (int i = 0; i < 8; i++)
+        x[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(row[2 * i] + d))),
+                                  _mm256_loadu_si256((const __m256i *)(row[2 * i + 1] + d)), 1);
+    /* an 8x8 transpose of 16-bit values in each 128-bit lane: afterwards x[e] holds dim e
+     * (lanes 0, 2) and dim e + 8 (lanes 1, 3) of the even (lanes 0, 1) and odd keys */
+    EI_UNROLL for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm512_unpacklo_epi16(x[2 * i], x[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi16(x[2 * i], x[2 * i + 1]);
+    }
+    EI_UNROLL for (int g = 0; g < 2; g++) {
+        s[4 * g + 0] = _mm512_unpacklo_epi32(t[4 * g + 0], t[4 * g + 2]);
+        s[4 * g + 1] = _mm512_unpackhi_epi32(t[4 * g + 0], t[4 * g + 2]);
+        s[4 * g + 2] = _mm512_unpacklo_epi32(t[4 * g + 1], t[4 * g + 3]);
+        s[4 * g + 3] = _mm512_unpackhi_epi32(t[4 * g + 1], t[4 * g + 3]);
+    }
+    EI_UNROLL for (int e = 0; e < 4; e++) {
+        x[2 * e] = _mm512_shuffle_i64x2(_mm512_unpacklo_epi64(s[e], s[4 + e]), _mm512_unpacklo_epi64(s[e], s[4 + e]), _MM_SHUFFLE(3, 1, 2, 0));
+        x[2 * e + 1] = _mm512_shuffle_i64x2(_mm512_unpackhi_epi64(s[e], s[4 + e]), _mm512_unpackhi_epi64(s[e], s[4 + e]), _MM_SHUFFLE(3, 1, 2, 0));
+    }
+}
+
 /* out[j] = sum over d in order of qd[d] * k_j[d] for 16 fp16 keys k_j at k + j * row_bytes
  * (j >= m repeats key 0, not stored), one double lane per key; every product is exact */
 static void key_dots16_f16(const double *qd, const uint8_t *k, size_t row_bytes, int hd, int m, double *out) {
@@ -22,28 +48,8 @@ static void key_dots16_f16(const double *qd, const uint8_t *k, size_t row_bytes,
     __m512d even = _mm512_setzero_pd(), odd = _mm512_setzero_pd(); /* keys 0, 2, .. 14 and 1, 3, .. 15 */
     int d = 0;
     for (; d + 16 <= hd; d += 16) {
-        /* x[i]: keys 2i (128-bit lanes 0, 1) and 2i + 1 (lanes 2, 3), dims d..d+15 */
-        __m512i x[8], t[8], s[8];
-        EI_UNROLL for (int i = 0; i < 8; i++)
-            x[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(row[2 * i] + d))),
-                                      _mm256_loadu_si256((const __m256i *)(row[2 * i + 1] + d)), 1);
-        /* an 8x8 transpose of 16-bit values in each 128-bit lane: afterwards x[e] holds dim e
-         * (lanes 0, 2) and dim e + 8 (lanes 1, 3) of the even (lanes 0, 1) and odd keys */
-        EI_UNROLL for (int i = 0; i < 4; i++) {
-            t[2 * i] = _mm512_unpacklo_epi16(x[2 * i], x[2 * i + 1]);
-            t[2 * i + 1] = _mm512_unpackhi_epi16(x[2 * i], x[2 * i + 1]);
-        }
-        EI_UNROLL for (int g = 0; g < 2; g++) {
-            s[4 * g + 0] = _mm512_unpacklo_epi32(t[4 * g + 0], t[4 * g + 2]);
-            s[4 * g + 1] = _mm512_unpackhi_epi32(t[4 * g + 0], t[4 * g + 2]);
-            s[4 * g + 2] = _mm512_unpacklo_epi32(t[4 * g + 1], t[4 * g + 3]);
-            s[4 * g + 3] = _mm512_unpackhi_epi32(t[4 * g + 1], t[4 * g + 3]);
-        }
-        EI_UNROLL for (int e = 0; e < 4; e++) {
-            x[2 * e] = _mm512_shuffle_i64x2(_mm512_unpacklo_epi64(s[e], s[4 + e]), _mm512_unpacklo_epi64(s[e], s[4 + e]), _MM_SHUFFLE(3, 1, 2, 0));
-            x[2 * e + 1] = _mm512_shuffle_i64x2(_mm512_unpackhi_epi64(s[e], s[4 + e]), _mm512_unpackhi_epi64(s[e], s[4 + e]), _MM_SHUFFLE(3, 1, 2, 0));
-        }
-        /* x[e]: dim e of the 16 keys in its low half, dim e + 8 in its high half */
+        __m512i x[8];
+        keys16_transposed(row, d, x);
         EI_UNROLL for (int h = 0; h < 2; h++)
             EI_UNROLL for (int e = 0; e < 8; e++) {
                 __m512d lo, hi;
@@ -267,6 +273,42 @@ static void group_scores8(const double (*qT)[8], const uint8_t *k, size_t row_by
     EI_UNROLL for (int j = 0; j < 8; j++) _mm512_storeu_pd(out[j], acc[j]);
 }
 
+/* out[i][j] = sum over d in order of qT[d][i] * k_j[d] for NQ queries and 16 fp16 keys (j >= m
+ * repeats key 0), hd a multiple of 16: one double lane per key, as key_dots16_f16, each
+ * transposed key vector serving every query (a group of 2 or 4 heads fills no query lanes
+ * it does not use) */
+#define GROUP_DOTS16(NQ)                                                                              \
+    static void group_dots16_##NQ(const double (*qT)[8], const uint8_t *k, size_t row_bytes, int hd, int m,   \
+                                  double out[][16]) {                                                 \
+        const ei_f16 *row[16];                                                                        \
+        for (int j = 0; j < 16; j++) row[j] = (const ei_f16 *)(k + (size_t)(j < m ? j : 0) * row_bytes); \
+        __m512d even[NQ], odd[NQ];                                                                    \
+        EI_UNROLL for (int i = 0; i < NQ; i++) even[i] = odd[i] = _mm512_setzero_pd();                 \
+        for (int d = 0; d < hd; d += 16) {                                                            \
+            __m512i x[8];                                                                             \
+            keys16_transposed(row, d, x);                                                             \
+            EI_UNROLL for (int h = 0; h < 2; h++)                                                     \
+                EI_UNROLL for (int e = 0; e < 8; e++) {                                               \
+                    __m512d lo, hi;                                                                   \
+                    f16x16_pd(h ? _mm512_extracti64x4_epi64(x[e], 1) : _mm512_castsi512_si256(x[e]), &lo, &hi); \
+                    EI_UNROLL for (int i = 0; i < NQ; i++) {                                          \
+                        const __m512d q = _mm512_set1_pd(qT[d + 8 * h + e][i]);                       \
+                        even[i] = _mm512_fmadd_pd(lo, q, even[i]);                                    \
+                        odd[i] = _mm512_fmadd_pd(hi, q, odd[i]);                                      \
+                    }                                                                                 \
+                }                                                                                     \
+        }                                                                                             \
+        EI_UNROLL for (int i = 0; i < NQ; i++) {                                                      \
+            double ev[8], ov[8];                                                                      \
+            _mm512_storeu_pd(ev, even[i]);                                                            \
+            _mm512_storeu_pd(ov, odd[i]);                                                             \
+            for (int j = 0; j < 16; j++) out[i][j] = j % 2 ? ov[j / 2] : ev[j / 2];                   \
+        }                                                                                             \
+    }
+GROUP_DOTS16(1)
+GROUP_DOTS16(2)
+GROUP_DOTS16(4)
+
 /* out[i][d0 + c] += sum over t in order of w[i][t] * v_t[d0 + c], c < 16 G, for NQ queries
  * whose weights are n_w apart */
 #define GROUP_SUM(NQ, G)                                                                             \
@@ -290,13 +332,24 @@ static void group_scores8(const double (*qT)[8], const uint8_t *k, size_t row_by
 GROUP_SUM(4, 2)
 GROUP_SUM(2, 4)
 
-/* sc[i * n + t] for the nb queries of qT and the keys of every run */
+/* sc[i * n + t] for the nb queries of qT and the keys of every run: up to four queries in key
+ * lanes (group_dots16), more in query lanes (group_scores8) */
 static void group_scores(const ei_attn_params *p, const double (*qT)[8], int nb, int n, float *sc) {
     int at = 0;
     for (int r = 0; r < p->n_runs; r++) {
         const int nr = p->runs[r].n;
         const uint8_t *kb = (const uint8_t *)p->runs[r].k;
-        for (int t = 0; t < nr; t += 8) {
+        for (int t = 0; nb <= 4 && t < nr; t += 16) {
+            const int m = nr - t < 16 ? nr - t : 16;
+            double dot[4][16];
+            const uint8_t *k = kb + (size_t)t * p->k_row_bytes;
+            if (nb == 1) group_dots16_1(qT, k, p->k_row_bytes, p->head_dim, m, dot);
+            else if (nb == 2) group_dots16_2(qT, k, p->k_row_bytes, p->head_dim, m, dot);
+            else group_dots16_4(qT, k, p->k_row_bytes, p->head_dim, m, dot);
+            for (int i = 0; i < nb; i++)
+                for (int j = 0; j < m; j++) sc[(size_t)i * n + at + t + j] = ei_attn_score((float)dot[i][j], p);
+        }
+        for (int t = 0; nb > 4 && t < nr; t += 8) {
             const int m = nr - t < 8 ? nr - t : 8;
             double dot[8][8];
             group_scores8(qT, kb + (size_t)t * p->k_row_bytes, p->k_row_bytes, p->head_dim, m, dot);
