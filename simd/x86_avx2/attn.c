@@ -206,21 +206,24 @@ static void avx2_accumulate(const ei_attn_params *p, const ei_attn_run *run, con
     else avx2_weighted_sum_q(p->v_type, w, run->v, p->v_row_bytes, run->n, hv, acc);
 }
 
+/* the weights as the value type rounds them, in place: (float)(e / sum), then fp16 */
+static void round_weights(double *w, int n, double sum, int v_type) {
+    const int v_f16 = v_type == EI_TYPE_F16;
+    int t = 0;
+    const __m256d vsum = _mm256_set1_pd(sum);
+    for (; t + 4 <= n; t += 4) {
+        __m128 pr = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_loadu_pd(w + t), vsum));
+        if (v_f16) pr = _mm_cvtph_ps(_mm_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT));
+        _mm256_storeu_pd(w + t, _mm256_cvtps_pd(pr));
+    }
+    for (; t < n; t++) w[t] = ei_attn_prob(w[t], sum, v_type);
+}
+
 static void avx2_attn(const ei_attn_params *p, const float *q, float *out, double *scratch) {
     const int n = ei_attn_keys(p), hv = p->head_dim_v;
     float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
     avx2_scores(p, q, scores);
-    const double sum = ei_attn_softmax(scores, n, scratch);
-    /* the weights as the value type rounds them, back in scratch: (float)(e / sum), then fp16 */
-    const int v_f16 = p->v_type == EI_TYPE_F16;
-    int t = 0;
-    const __m256d vsum = _mm256_set1_pd(sum);
-    for (; t + 4 <= n; t += 4) {
-        __m128 pr = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_loadu_pd(scratch + t), vsum));
-        if (v_f16) pr = _mm_cvtph_ps(_mm_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT));
-        _mm256_storeu_pd(scratch + t, _mm256_cvtps_pd(pr));
-    }
-    for (; t < n; t++) scratch[t] = ei_attn_prob(scratch[t], sum, p->v_type);
+    round_weights(scratch, n, ei_attn_softmax(scores, n, scratch), p->v_type);
     ei_attn_track_weights(p, scratch, n);
     double acc[EI_MAX_HEAD_DIM];
     for (int d = 0; d < hv; d++) acc[d] = 0.0;
@@ -279,8 +282,127 @@ static void avx2_dots_f16(const double *qd, const uint8_t *k, size_t row_bytes, 
         dots16_f16_pd(qd, k + (size_t)t * row_bytes, row_bytes, hd, m - t < 16 ? m - t : 16, out + t);
 }
 
+/* ---- attention of a group of query heads (fp16 caches) ----------------------------------- */
+
+/* out[i][j] = sum over d in order of qd[i][d] * k_j[d] for NQ queries (EI_MAX_HEAD_DIM apart,
+ * fp16-rounded, as doubles) and 8 fp16 keys (j >= m repeats key 0): key lanes, two chains of
+ * four keys per query, each key's dims converted and transposed once for all the queries */
+#define GROUP_DOTS8(NQ)                                                                               \
+    static void group_dots8_##NQ(const double *qd, const uint8_t *k, size_t row_bytes, int hd, int m,         \
+                                 double out[][8]) {                                                   \
+        const ei_f16 *row[8];                                                                         \
+        for (int j = 0; j < 8; j++) row[j] = (const ei_f16 *)(k + (size_t)(j < m ? j : 0) * row_bytes); \
+        __m256d acc[2][NQ];                                                                           \
+        EI_UNROLL for (int g = 0; g < 2; g++) EI_UNROLL for (int i = 0; i < NQ; i++) acc[g][i] = _mm256_setzero_pd(); \
+        int d = 0;                                                                                    \
+        for (; d + 4 <= hd; d += 4)                                                                   \
+            EI_UNROLL for (int g = 0; g < 2; g++) {                                                   \
+                __m256d c[4];                                                                         \
+                dims4x4_pd(row + 4 * g, d, c);                                                        \
+                EI_UNROLL for (int e = 0; e < 4; e++)                                                 \
+                    EI_UNROLL for (int i = 0; i < NQ; i++)                                            \
+                        acc[g][i] = _mm256_fmadd_pd(c[e], _mm256_set1_pd(qd[i * EI_MAX_HEAD_DIM + d + e]), acc[g][i]); \
+            }                                                                                         \
+        EI_UNROLL for (int i = 0; i < NQ; i++) {                                                      \
+            _mm256_storeu_pd(out[i], acc[0][i]);                                                      \
+            _mm256_storeu_pd(out[i] + 4, acc[1][i]);                                                  \
+            for (int j = 0; j < m; j++)                                                               \
+                for (int dd = d; dd < hd; dd++) out[i][j] += qd[i * EI_MAX_HEAD_DIM + dd] * ei_fp16_to_fp32(row[j][dd]); \
+        }                                                                                             \
+    }
+GROUP_DOTS8(1)
+GROUP_DOTS8(2)
+GROUP_DOTS8(4)
+
+/* acc[i][d0 + c] += sum over t in order of w[i][t] * v_t[d0 + c], c < 8, for NQ queries whose
+ * weights are n_w apart (acc EI_MAX_HEAD_DIM apart): each value row converted once */
+#define GROUP_SUM8(NQ)                                                                                \
+    static void group_sum8_##NQ(const double *w, int n, size_t n_w, const uint8_t *v, size_t row_bytes, int d0, \
+                                double *acc) {                                                        \
+        __m256d a[NQ][2];                                                                             \
+        EI_UNROLL for (int i = 0; i < NQ; i++) {                                                      \
+            a[i][0] = _mm256_loadu_pd(acc + i * EI_MAX_HEAD_DIM + d0);                                \
+            a[i][1] = _mm256_loadu_pd(acc + i * EI_MAX_HEAD_DIM + d0 + 4);                            \
+        }                                                                                             \
+        const uint8_t *row = v + 2 * (size_t)d0;                                                      \
+        for (int t = 0; t < n; t++, row += row_bytes) {                                               \
+            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)row));                  \
+            const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)); \
+            EI_UNROLL for (int i = 0; i < NQ; i++) {                                                  \
+                const __m256d wt = _mm256_set1_pd(w[(size_t)i * n_w + t]);                            \
+                a[i][0] = _mm256_fmadd_pd(wt, lo, a[i][0]);                                           \
+                a[i][1] = _mm256_fmadd_pd(wt, hi, a[i][1]);                                           \
+            }                                                                                         \
+        }                                                                                             \
+        EI_UNROLL for (int i = 0; i < NQ; i++) {                                                      \
+            _mm256_storeu_pd(acc + i * EI_MAX_HEAD_DIM + d0, a[i][0]);                                \
+            _mm256_storeu_pd(acc + i * EI_MAX_HEAD_DIM + d0 + 4, a[i][1]);                            \
+        }                                                                                             \
+    }
+GROUP_SUM8(1)
+GROUP_SUM8(2)
+GROUP_SUM8(4)
+
+/* up to four query heads of one KV head over fp16 caches, each exactly as avx2_attn computes it:
+ * the keys and values are read and converted once for the group; other types go query by query */
+static void avx2_attn_group(const ei_attn_params *p, int nq, const float *q, size_t qs, float *out, size_t os,
+                            double *scratch) {
+    const int n = ei_attn_keys(p), hd = p->head_dim, hv = p->head_dim_v;
+    if (p->k_type != EI_TYPE_F16 || p->v_type != EI_TYPE_F16 || hv % 8) {
+        for (int i = 0; i < nq; i++) avx2_attn(p, q + (size_t)i * qs, out + (size_t)i * os, scratch);
+        return;
+    }
+    static EI_THREAD_LOCAL double qd[4 * EI_MAX_HEAD_DIM];  /* the queries as fp16 rounds them */
+    static EI_THREAD_LOCAL double acc[4 * EI_MAX_HEAD_DIM]; /* their outputs */
+    for (int i0 = 0; i0 < nq; i0 += 4) {
+        const int nb = nq - i0 < 4 ? nq - i0 : 4, lanes = nb == 1 ? 1 : nb == 2 ? 2 : 4;
+        double *w = scratch;                             /* (nb, n) weights */
+        float *sc = (float *)(scratch + (size_t)nb * n); /* (nb, n) scores */
+        for (int i = 0; i < lanes; i++) {
+            const float *qi = q + (size_t)(i0 + (i < nb ? i : 0)) * qs;
+            for (int d = 0; d < hd; d++) qd[i * EI_MAX_HEAD_DIM + d] = ei_attn_round_to(qi[d], EI_TYPE_F16);
+        }
+        for (int r = 0, at = 0; r < p->n_runs; at += p->runs[r++].n) {
+            const int nr = p->runs[r].n;
+            for (int t = 0; t < nr; t += 8) {
+                const int m = nr - t < 8 ? nr - t : 8;
+                const uint8_t *k = (const uint8_t *)p->runs[r].k + (size_t)t * p->k_row_bytes;
+                double dot[4][8];
+                if (lanes == 1) group_dots8_1(qd, k, p->k_row_bytes, hd, m, dot);
+                else if (lanes == 2) group_dots8_2(qd, k, p->k_row_bytes, hd, m, dot);
+                else group_dots8_4(qd, k, p->k_row_bytes, hd, m, dot);
+                for (int i = 0; i < nb; i++)
+                    for (int j = 0; j < m; j++) sc[(size_t)i * n + at + t + j] = ei_attn_score((float)dot[i][j], p);
+            }
+        }
+        for (int i = 0; i < nb; i++) {
+            double *wi = w + (size_t)i * n;
+            round_weights(wi, n, ei_attn_softmax(sc + (size_t)i * n, n, wi), EI_TYPE_F16);
+            ei_attn_track_weights(p, wi, n);
+            for (int d = 0; d < hv; d++) acc[i * EI_MAX_HEAD_DIM + d] = 0.0;
+        }
+        for (int r = 0, at = 0; r < p->n_runs; at += p->runs[r++].n)
+            for (int d = 0; d < hv; d += 8) {
+                const double *wr = w + at;
+                const uint8_t *v = (const uint8_t *)p->runs[r].v;
+                const int nr = p->runs[r].n;
+                if (nb == 1) group_sum8_1(wr, nr, (size_t)n, v, p->v_row_bytes, d, acc);
+                else if (nb == 2) group_sum8_2(wr, nr, (size_t)n, v, p->v_row_bytes, d, acc);
+                else if (nb == 4) group_sum8_4(wr, nr, (size_t)n, v, p->v_row_bytes, d, acc);
+                else { /* three: two, then one */
+                    group_sum8_2(wr, nr, (size_t)n, v, p->v_row_bytes, d, acc);
+                    group_sum8_1(wr + 2 * (size_t)n, nr, (size_t)n, v, p->v_row_bytes, d, acc + 2 * EI_MAX_HEAD_DIM);
+                }
+            }
+        for (int i = 0; i < nb; i++)
+            for (int d = 0; d < hv; d += 4)
+                _mm_storeu_ps(out + (size_t)(i0 + i) * os + d, _mm256_cvtpd_ps(_mm256_loadu_pd(acc + i * EI_MAX_HEAD_DIM + d)));
+    }
+}
+
 void ei_avx2_attn_kernels(ei_kernels *k) {
     k->attn = avx2_attn;
+    k->attn_group = avx2_attn_group;
     k->attn_weighted_sum = avx2_weighted_sum;
     k->attn_dots_f16 = avx2_dots_f16;
     k->attn_weighted_sum_q = avx2_weighted_sum_q;
