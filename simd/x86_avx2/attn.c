@@ -177,15 +177,8 @@ static void avx2_weighted_sum_q(int v_type, const double *p, const uint8_t *v, s
             ei_f16 h;
             memcpy(&h, blk, 2);
             const __m256 d = _mm256_set1_ps(avx2_f16(h));
-            __m128i lo, hi; /* values 0..15, 16..31 */
-            if (q4) {
-                const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m = _mm_set1_epi8(15), o = _mm_set1_epi8(8);
-                lo = _mm_sub_epi8(_mm_and_si128(q, m), o);
-                hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m), o);
-            } else {
-                lo = _mm_loadu_si128((const __m128i *)(blk + 2));
-                hi = _mm_loadu_si128((const __m128i *)(blk + 18));
-            }
+            const __m256i q = q4 ? avx2_q4_0((const block_q4_0 *)blk) : avx2_q8_0((const block_q8_0 *)blk);
+            const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1); /* values 0..15, 16..31 */
             const __m256 x[4] = {quant8(lo, d), quant8(_mm_unpackhi_epi64(lo, lo), d), quant8(hi, d),
                                  quant8(_mm_unpackhi_epi64(hi, hi), d)};
             const __m256d w = _mm256_set1_pd(p[t]);

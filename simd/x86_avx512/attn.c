@@ -165,7 +165,7 @@ static void scores_of(const ei_attn_params *p, const float *q, float *scores) {
 EI_INLINE void quant_block32(int q4, const uint8_t *blk, __m512 v[2]) {
     ei_f16 h;
     memcpy(&h, blk, 2);
-    const __m512 d = _mm512_set1_ps(ei_fp16_to_fp32(h));
+    const __m512 d = _mm512_set1_ps(f16_to_f32(h));
     __m128i a, b;
     if (q4) {
         const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m = _mm_set1_epi8(15), o = _mm_set1_epi8(8);

@@ -360,7 +360,7 @@ EI_INLINE void attn_dots_q_impl(int k_type, const uint8_t *qq, const uint8_t *k,
             uint16_t dk[8];
             for (int j = 0; j < 8; j++) memcpy(&dk[j], row[j] + (size_t)b * kb, 2);
             const __m512d scale = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dk))),
-                                                _mm512_set1_pd((double)ei_fp16_to_fp32(y[b].d)));
+                                                _mm512_set1_pd((double)f16_to_f32(y[b].d)));
             acc = _mm512_add_pd(acc, _mm512_mul_pd(_mm512_cvtepi32_pd(block_sums8(p)), scale));
         }
         float o[8];
