@@ -1,5 +1,7 @@
-"""Keys after an eviction: re-rotating the cached keys (what edgeinfer does) against caching
-keys before RoPE, measured for accuracy and speed on the native engine.
+"""Keys after an eviction: how edgeinfer moves the cached keys (an f16 or f32 key rotated
+back and encoded again; a q8_0 or q4_0 key moved as it is, the query rotated as far ahead as
+the key is: simd/common/key_shifts.h) against caching keys before RoPE, measured for
+accuracy and speed on the native engine.
 
     python benchmarks/rope_after_eviction.py [MODEL.gguf] [-t 2] [--json OUT] [--quick]
 
@@ -7,10 +9,14 @@ MODEL defaults to the packaged Gemma 3 270M Q4_K_M. Three parts:
 
 a. accuracy: a text streamed through a small context (--acc-ctx) under the streaming and the
    shift policies, for each K cache type (V f16). Every eviction moves the keys above the
-   dropped run down: the engine decodes each one, rotates it back and encodes it again. Layer
+   dropped run down: for f16 and f32 the engine decodes each one, rotates it back and encodes
+   it again; q8_0 and q4_0 keys keep their bytes and their shift (the positions they are
+   ahead of their own), so attention meets them rotated back by it. Layer
    0's keys depend only on the token and its position (its input is the token embedding), so
    the held tokens evaluated afresh at their current positions with an f32 K cache give the
-   exact keys. Against them: the keys the cache holds (re-rotated), and the keys a cache of the
+   exact keys. Against them: the keys as attention meets them (each held key decoded and, by
+   its shift, rotated back in float64; the scores of a query rotated ahead are the same up to
+   float rounding), and the keys a cache of the
    same type filled before RoPE would hand attention (emulated: the exact key rotated back to
    position 0 in float64, quantized once with the numpy quantizers the reference engine
    uses, decoded, rotated to its position in float64). Relative RMS error
@@ -28,7 +34,7 @@ b. speed: a context of --speed-ctx under streaming (an eighth dropped at a time)
 c. perplexity past the context (--past-ctx, a text of 8 contexts, fed as generation does):
    streaming with each K type (V f16), against windowed recomputation with the same K type
    (the last n_ctx - stride tokens evaluated afresh every stride tokens: one quantization per
-   key, never re-rotated), so that the cost of re-rotating quantized keys shows end to end.
+   key, never moved), so that what moving quantized keys costs shows end to end.
 
 Prints markdown tables; --json writes every figure.
 """
@@ -110,9 +116,9 @@ def layer0_keys(eng: Any, k_type: str, shape: tuple[int, int]) -> np.ndarray:
 
 
 def stream(path: Path, tokens: list[int], policy: str, k_type: str, args: argparse.Namespace
-           ) -> tuple[np.ndarray, list[int], np.ndarray, int]:  # fmt: skip
+           ) -> tuple[np.ndarray, list[int], np.ndarray, int, np.ndarray]:  # fmt: skip
     """Streams ``tokens`` through the context under ``policy``: (layer 0's cached keys, the
-    held tokens, how many times each held key was moved, evictions)."""
+    held tokens, how many times each held key was moved, evictions, each key's shift)."""
     import edgeinfer
     from edgeinfer.context_policy import make_room
 
@@ -138,7 +144,8 @@ def stream(path: Path, tokens: list[int], policy: str, k_type: str, args: argpar
             held = np.concatenate([held, piece])
             moves = np.concatenate([moves, np.zeros(len(piece), dtype=np.int64)])
         keys = layer0_keys(eng, k_type, (cfg.n_head_kv, cfg.head_dim))
-    return keys, held.tolist(), moves, evictions
+        shifts = eng.key_shifts()
+    return keys, held.tolist(), moves, evictions, shifts
 
 
 def fresh_keys(path: Path, held: list[int], args: argparse.Namespace) -> np.ndarray:
@@ -239,7 +246,8 @@ def accuracy(path: Path, tokens: list[int], args: argparse.Namespace) -> dict[st
         fresh: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
         for k_type in K_TYPES:
             t = time.perf_counter()
-            keys, held, moves, evictions = stream(path, text, policy, k_type, args)
+            stored, held, moves, evictions, shifts = stream(path, text, policy, k_type, args)
+            keys = rotate(stored, -shifts, *rope)  # as attention meets them
             if tuple(held) not in fresh:  # the same for every type; computed once
                 exact = fresh_keys(path, held, args)
                 fresh[tuple(held)] = (exact, layer0_queries(path, held))
@@ -250,15 +258,16 @@ def accuracy(path: Path, tokens: list[int], args: argparse.Namespace) -> dict[st
             # the native store against the numpy quantizer, on keys never moved: both should
             # quantize the same f32 key (the fresh one) the same way
             never = moves == 0
-            same = np.abs(keys[never] - cache_store(k_type)(exact[never])).max(initial=0.0)
+            same = np.abs(stored[never] - cache_store(k_type)(exact[never])).max(initial=0.0)
             ref = (exact.astype(np.float64) ** 2).sum(axis=(1, 2))
             row: dict[str, Any] = {
                 "policy": policy, "k": k_type, "n_ctx": args.acc_ctx, "tokens": len(text),
                 "evictions": evictions, "held": len(held), "max_moves": int(moves.max()),
+                "max_shift": int(shifts.max(initial=0)),
                 "keys_by_moves": count_by_moves(moves),
                 "unmoved_native_vs_numpy_max_abs": float(same),
             }  # fmt: skip
-            for name, k in (("rerotated", keys), ("pre_rope", pre_rope)):
+            for name, k in (("cached", keys), ("pre_rope", pre_rope)):
                 err = ((k - exact.astype(np.float64)) ** 2).sum(axis=(1, 2))
                 row[f"{name}_key_rel_rms"] = by_moves(moves, err, ref)
                 row[f"{name}_key_rel_rms_all"] = math.sqrt(err.sum() / ref.sum())
@@ -444,12 +453,12 @@ def accuracy_tables(a: dict[str, Any]) -> list[str]:
         ("score_abs_rms", "RMS error of layer 0's causal scores q.k (attention logits)"),
     ):
         names = [bucket_name(lo, hi) for lo, hi in BUCKETS]
-        seen = [b for b in names if any(b in r[f"rerotated_{what}"] for r in a["rows"])]
+        seen = [b for b in names if any(b in r[f"cached_{what}"] for r in a["rows"])]
         lines += [f"{title}, by the times a key was moved:", "",
                   "| policy | K | keys | " + " | ".join(f"{b} moves" for b in seen) + " |",
                   "|---|---|---|" + "---|" * len(seen)]  # fmt: skip
         for r in a["rows"]:
-            for name, label in (("rerotated", "re-rotated"), ("pre_rope", "pre-RoPE (emulated)")):
+            for name, label in (("cached", "cached"), ("pre_rope", "pre-RoPE (emulated)")):
                 d = r[f"{name}_{what}"]
                 fmt = (lambda x: f"{x:.3g}") if what == "score_abs_rms" else _pct
                 cells = [fmt(d[b]) if b in d else "" for b in seen]

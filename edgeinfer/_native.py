@@ -155,6 +155,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         [c_void_p, c_int32, c_int32, c_int32, c_int32, c_void_p, c_void_p, c_int32],
     ),
     "ei_engine_seq_quantized": (c_int, [c_void_p, c_int32, _P(c_int32), c_int32]),
+    "ei_engine_seq_key_shifts": (c_int, [c_void_p, c_int32, c_int32, c_void_p, c_int32]),
     "ei_engine_isa": (c_int, [c_void_p]),
     "ei_engine_memory": (c_size_t, [c_void_p]),
     "ei_engine_weight_copies": (c_size_t, [c_void_p]),
@@ -676,6 +677,15 @@ class NativeEngine(SequenceEngine):
     def _set_quantized_groups(self, seq: int, n: int) -> None:
         self._check_open()
         check(library().ei_engine_seq_quantized(self._handle, seq, ctypes.byref(c_int32(n)), 1))
+
+    def _key_shifts(self, seq: int) -> np.ndarray:
+        out = np.zeros(self.seq_length(seq), dtype=np.int32)  # (n_past)
+        check(library().ei_engine_seq_key_shifts(self._handle, seq, len(out), _ptr(out), 0))
+        return out
+
+    def _set_key_shifts(self, seq: int, shifts: np.ndarray) -> None:
+        arr = np.ascontiguousarray(shifts, dtype=np.int32)  # (n) C reads the pointer
+        check(library().ei_engine_seq_key_shifts(self._handle, seq, len(arr), _ptr(arr), 1))
 
     def close(self) -> None:
         if self._handle:

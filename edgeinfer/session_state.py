@@ -8,6 +8,9 @@ Only sequence 0 is saved (the one generation and chat use). A file is::
     length   u32      bytes of the header
     header   JSON     what the cache was made by and for (HEADER_FIELDS)
     tokens   int32    (n_history) every token evaluated, a dropped run included
+    shifts   int32    (n_past) how many positions ahead of its own each held key was rotated
+                      (q8_0 and q4_0 keys move as they are when positions are dropped; 0s
+                      for every other cache; a version 2 file has none, which reads as 0s)
     rows     bytes    per layer: the keys, then the values, of its last ``held`` positions
                       (held = min(n_past, positions the layer keeps)), oldest first, each row
                       k_row_bytes / v_row_bytes in the cache's own encoding (a KIVI cache's f16
@@ -55,16 +58,19 @@ import numpy as np
 
 from edgeinfer import errors, kivi
 from edgeinfer.atomic_file import atomic_file
+from edgeinfer.engines.base import SequenceEngine
 from edgeinfer.generation import KVSession
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.models.base import DecoderConfig
 
 MAGIC = b"EISTATE\0"
-FORMAT_VERSION = 2  # 2: KIVI caches (the group fields)
+FORMAT_VERSION = 3  # 2: KIVI caches (the group fields); 3: the key shifts
+READ_VERSIONS = (2, 3)
 _PREFIX = struct.Struct("<8sII")  # magic, version, header length
 DIGEST_BYTES = 32
 MAX_HEADER_BYTES = 1 << 20  # a real header is well under a kilobyte per layer
 MAX_LAYERS = 4096
+KEPT_ROTATED = SequenceEngine.KEPT_ROTATED  # the key caches with shifts
 
 
 def model_digest(gguf: GGUFFile) -> str:
@@ -115,7 +121,7 @@ class StateHeader:
         rows = sum(self.held(il) for il in range(len(self.kept)))
         groups = sum(self.held_groups(il) for il in range(len(self.kept)))
         return (
-            4 * self.n_history + rows * (self.k_row_bytes + self.v_row_bytes)
+            4 * (self.n_history + self.n_past) + rows * (self.k_row_bytes + self.v_row_bytes)
             + groups * (self.group_k_bytes + self.group_v_bytes)
         )  # fmt: skip
 
@@ -305,6 +311,7 @@ def _policy_text(h: StateHeader) -> str:
 def _row_chunks(h: StateHeader, session: KVSession) -> Iterator[bytes]:
     """The body: the tokens, then each layer's keys and values, a layer at a time."""
     yield np.asarray(session.history, dtype="<i4").tobytes()
+    yield session.engine.key_shifts(0).astype("<i4").tobytes()
     for il in range(len(h.kept)):
         k, v = session.engine.read_rows(il, h.n_past - h.held(il), h.held(il))
         yield k
@@ -359,27 +366,46 @@ def read(path: str | os.PathLike[str]) -> tuple[StateHeader, bytes]:
             magic, version, n_text = _PREFIX.unpack(prefix)
             if magic != MAGIC:
                 raise _bad(source, f"it starts with {magic!r}, not {MAGIC!r}")
-            if version != FORMAT_VERSION:
+            if version not in READ_VERSIONS:
                 raise _bad(
-                    source, f"format version {version}; this edgeinfer reads {FORMAT_VERSION}"
-                )
+                    source, f"format version {version}; this edgeinfer reads "
+                    f"{' and '.join(map(str, READ_VERSIONS))}",
+                )  # fmt: skip
             if n_text > MAX_HEADER_BYTES or _PREFIX.size + n_text > size:
                 raise _bad(source, f"a header of {n_text} bytes in a file of {size}")
             text = f.read(n_text)
             h = _parse_header(source, text)
-            expected = _PREFIX.size + n_text + h.body_bytes + DIGEST_BYTES
+            no_shifts = 4 * h.n_past if version < 3 else 0  # read as 0s
+            expected = _PREFIX.size + n_text + h.body_bytes - no_shifts + DIGEST_BYTES
             if size != expected:
                 what = "truncated" if size < expected else "longer than it says"
                 raise _bad(source, f"{what}: {size} bytes, its header announces {expected}")
-            body = f.read(h.body_bytes)
+            body = f.read(h.body_bytes - no_shifts)
             stored = f.read(DIGEST_BYTES)
     except OSError as e:
         raise errors.StateFileError(f"cannot read the state file {source}: {e}") from e
     digest = hashlib.sha256(prefix + text)
     digest.update(body)
-    if len(body) != h.body_bytes or digest.digest() != stored:
+    if len(body) != h.body_bytes - no_shifts or digest.digest() != stored:
         raise _bad(source, "its checksum does not match (the file is corrupt)")
+    if no_shifts:
+        at = 4 * h.n_history
+        body = body[:at] + bytes(no_shifts) + body[at:]
     return h, body
+
+
+def _check_shifts(path: Path, h: StateHeader, shifts: np.ndarray) -> None:
+    """Refuses key shifts no cache of the header's settings holds: a key rotated ahead of its
+    position outside the context, or in a cache that rotates its keys back when they move."""
+    room = h.n_ctx - 1 - np.arange(len(shifts))
+    bad = np.flatnonzero((shifts < 0) | (shifts > room))
+    if len(bad):
+        p = int(bad[0])
+        raise _bad(path, f"position {p} holds a key rotated {int(shifts[p])} positions ahead")
+    if shifts.any() and (h.kivi_group or h.cache_type_k not in KEPT_ROTATED):
+        raise _bad(
+            path, f"shifted keys, but its {h.cache_type_k} key cache rotates keys where they move"
+        )
 
 
 def load(
@@ -393,11 +419,13 @@ def load(
     history = np.frombuffer(body, dtype="<i4", count=saved.n_history)
     if saved.n_history and (history.min() < 0 or history.max() >= cfg.n_vocab):
         raise _bad(Path(path), f"a token id outside [0, {cfg.n_vocab})")
+    shifts = np.frombuffer(body, dtype="<i4", count=saved.n_past, offset=4 * saved.n_history)
+    _check_shifts(Path(path), saved, shifts)
     engine = session.engine
     session.reset()
     engine.seq_clear(0)
     try:
-        at = 4 * saved.n_history
+        at = 4 * (saved.n_history + saved.n_past)
         for il, kept in enumerate(now.kept):
             held, want = saved.held(il), _rows_wanted(saved, il, kept)
             k_at = at + (held - want) * saved.k_row_bytes  # a smaller ring takes the newest
@@ -416,6 +444,7 @@ def load(
             )  # fmt: skip
             at += held * (kb + vb)
         engine.set_length(saved.n_past)
+        engine.set_key_shifts(shifts)
         if saved.kivi_group:
             engine.set_quantized_groups(saved.n_groups)
     except BaseException:

@@ -181,6 +181,17 @@ class Engine(Protocol):
         """Declares that ``seq`` holds ``n`` positions (after ``write_rows`` restored them)."""
         ...
 
+    def key_shifts(self, seq: int = 0) -> np.ndarray:
+        """(seq_length,) int32: how many positions ahead of its own each key of ``seq`` was
+        rotated. A q8_0 or q4_0 key cache moves its keys as they are when positions are
+        dropped (a query meets them rotated as far ahead itself: simd/common/key_shifts.h);
+        every other cache rotates them back, and has 0s here."""
+        ...
+
+    def set_key_shifts(self, shifts: np.ndarray, seq: int = 0) -> None:
+        """Restores the shifts of positions [0, len(shifts)) of ``seq`` (a saved state)."""
+        ...
+
     # a KIVI cache (``kivi`` is (G, R)): the rows above are its f16 residual's, and its
     # quantized groups of G positions move through the methods below
 
@@ -400,6 +411,41 @@ class SequenceEngine:
         if not 0 <= n <= self.n_ctx:
             raise errors.InvalidOptionError(f"{n} positions do not fit the context of {self.n_ctx}")
         self._lengths[seq] = self._highs[seq] = n
+
+    # which caches keep their keys as first rotated (simd/common/key_shifts.h)
+    KEPT_ROTATED = ("q8_0", "q4_0")
+
+    def key_shifts(self, seq: int = 0) -> np.ndarray:
+        self._check_open()
+        self._check_seq(seq)
+        return self._key_shifts(seq)
+
+    def set_key_shifts(self, shifts: np.ndarray, seq: int = 0) -> None:
+        self._check_open()
+        self._check_seq(seq)
+        d = np.asarray(shifts, dtype=np.int64).reshape(-1)
+        if len(d) > self.n_ctx:
+            raise errors.InvalidOptionError(f"{len(d)} shifts for a context of {self.n_ctx}")
+        room = self.n_ctx - 1 - np.arange(len(d))  # a key was rotated within the context
+        bad = np.flatnonzero((d < 0) | (d > room))
+        if len(bad):
+            p = int(bad[0])
+            raise errors.InvalidOptionError(
+                f"position {p} cannot hold a key rotated {int(d[p])} positions ahead of it "
+                f"(the context is {self.n_ctx})"
+            )
+        if d.any() and (self.kivi is not None or self.cache_type_k not in self.KEPT_ROTATED):
+            raise errors.InvalidOptionError(
+                f"the {self.cache_type_k} key cache rotates its keys where they move: it holds no "
+                "key rotated ahead of its position"
+            )
+        self._set_key_shifts(seq, d.astype(np.int32))
+
+    def _key_shifts(self, seq: int) -> np.ndarray:
+        return np.zeros(self.seq_length(seq), dtype=np.int32)
+
+    def _set_key_shifts(self, seq: int, shifts: np.ndarray) -> None:
+        """Only 0s reach here for a cache that rotates its keys back."""
 
     kivi: tuple[int, int] | None = None
 

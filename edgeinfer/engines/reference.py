@@ -294,6 +294,11 @@ class ReferenceEngine(SequenceEngine):
         # the attention each position received, in units of 2**-32 (as the native engine sums)
         self.tracks_attention = track_attention
         self._scores = np.zeros(n_ctx, dtype=np.int64) if track_attention else None
+        # q8_0 / q4_0 keys move as they are when positions are dropped: (n_ctx) how many
+        # positions ahead of its own each key was rotated (simd/common/key_shifts.h)
+        self._k_shift: np.ndarray | None = None
+        if not self._kivi and kt.name in self.KEPT_ROTATED:
+            self._k_shift = np.zeros(n_ctx, dtype=np.int32)
 
     def _cache_type(self, which: str, name: str) -> CacheType:
         ct = cache_type(name)
@@ -354,6 +359,8 @@ class ReferenceEngine(SequenceEngine):
 
     def _clear(self, seq: int) -> None:
         self._f16_from = [0] * self.cfg.n_layer
+        if self._k_shift is not None:
+            self._k_shift[:] = 0
         for groups in self._kivi_groups:
             groups.clear()
 
@@ -503,9 +510,19 @@ class ReferenceEngine(SequenceEngine):
         assert self._scores is not None
         return self._scores[: self.seq_length(seq)].copy()
 
+    def _key_shifts(self, seq: int) -> np.ndarray:
+        n = self.seq_length(seq)
+        return np.zeros(n, np.int32) if self._k_shift is None else self._k_shift[:n].copy()
+
+    def _set_key_shifts(self, seq: int, shifts: np.ndarray) -> None:
+        if self._k_shift is not None:
+            self._k_shift[:] = 0
+            self._k_shift[: len(shifts)] = shifts
+
     def _evict(self, seq: int, runs: list[tuple[int, int]], n_past: int) -> None:
         """As the native engine: each later key decoded, rotated back by the positions dropped
-        below it, stored again; its value and its score moved with it."""
+        below it, stored again (a q8_0 / q4_0 key moved as it is, its shift grown by as
+        much); its value and its score moved with it."""
         cfg = self.cfg
         keep = np.ones(n_past, dtype=bool)
         for start, count in runs:
@@ -513,6 +530,14 @@ class ReferenceEngine(SequenceEngine):
         src = np.flatnonzero(keep)
         dst = np.arange(len(src))
         src, dst = src[src != dst], dst[src != dst]
+        if self._k_shift is not None:
+            self._k_shift[dst] = self._k_shift[src] + (src - dst)
+            self._k_shift[int(keep.sum()) :] = 0
+            for il in range(cfg.n_layer):
+                self.k_cache[il][dst] = self.k_cache[il][src]
+                self.v_cache[il][dst] = self.v_cache[il][src]
+            self._evict_scores(keep, n_past)
+            return
         for il in range(cfg.n_layer):
             cos, sin = rope_cos_sin(
                 dst - src, cfg.n_rot, cfg.layer_rope_base(il), cfg.layer_rope_scale(il),
@@ -527,6 +552,9 @@ class ReferenceEngine(SequenceEngine):
                 apply_rope(keys, cos, sin, cfg.n_rot, cfg.rope_neox)
             )
             self.v_cache[il][dst] = values
+        self._evict_scores(keep, n_past)
+
+    def _evict_scores(self, keep: np.ndarray, n_past: int) -> None:
         if self._scores is not None:
             kept = self._scores[:n_past][keep]
             self._scores[: len(kept)] = kept
@@ -560,6 +588,9 @@ class ReferenceEngine(SequenceEngine):
         group = cfg.n_head // cfg.n_head_kv
         qg = self._query_as(q).astype(F64).reshape(n, cfg.n_head_kv, group, hd)
         scores = np.einsum("ngrd,tgd->grnt", qg, keys).astype(F32)
+        if self._k_shift is not None:
+            self._k_shift[p0:p1] = 0  # rotated where they are
+            self._shifted_scores(il, q, keys, scores)
         quantized = None
         if self._kivi:  # (n, T) whether query i reads key t from a quantized group
             quantized = np.arange(p1)[None, :] < self._kivi_below(pos)[:, None]
@@ -588,6 +619,23 @@ class ReferenceEngine(SequenceEngine):
             out += np.einsum("grnt,tgd->ngrd", np.where(quantized, F32(0), probs).astype(F64), vals)
         out = out.astype(F32)  # (n, n_head_kv, group, hd_v)
         return self.linear(out.reshape(n, cfg.n_head * cfg.head_dim_v), lt.wo)
+
+    def _shifted_scores(self, il: int, q: np.ndarray, keys: np.ndarray, scores: np.ndarray) -> None:
+        """The scores of the keys rotated d positions ahead of theirs, for each d: against the
+        queries rotated d further, then quantized (as ei_attn_quant_scores)."""
+        cfg = self.cfg
+        assert self._k_shift is not None
+        shifts = self._k_shift[: len(keys)]
+        n, group = len(q), cfg.n_head // cfg.n_head_kv
+        for d in np.unique(shifts[shifts != 0]).tolist():
+            at = np.flatnonzero(shifts == d)
+            cos, sin = rope_cos_sin(
+                np.array([d]), cfg.n_rot, cfg.layer_rope_base(il), cfg.layer_rope_scale(il),
+                self._freq_factors,
+            )  # fmt: skip
+            qd = apply_rope(q, cos, sin, cfg.n_rot, cfg.rope_neox)
+            qg = self._query_as(qd).astype(F64).reshape(n, cfg.n_head_kv, group, cfg.head_dim)
+            scores[..., at] = np.einsum("ngrd,tgd->grnt", qg, keys[at]).astype(F32)
 
     # --- KIVI (simd/include/edgeinfer.h: EI_KV_KIVI) ----------------------------------------
 

@@ -71,6 +71,9 @@ typedef struct {
     const void *k, *v; /* the run's first key row and value row */
     int n;             /* its rows */
     int t0;            /* its first row's place in its block (a KIVI key group: k is the group's) */
+    const float *cs;   /* NULL, or (n_rot / 2 cos, sin pairs) the rotation its keys are ahead of
+                        * their positions (keys kept as first rotated: common/key_shifts.h); a
+                        * quantized key cache's query is rotated by it for this run */
 } ei_attn_run;
 
 #define EI_ATTN_MAX_RUNS 64 /* runs of one query: ring wraps and paged blocks stay far below */
@@ -94,6 +97,7 @@ typedef struct {
      * kivi_v_row_bytes apart; the runs after them f16 rows (the residual) */
     int kivi_bits_k, kivi_bits_v, kivi_group, n_kivi_runs;
     size_t kivi_v_row_bytes;
+    int n_rot, rope_neox; /* how the query is rotated for a run with cs */
 } ei_attn_params;
 
 typedef void (*ei_attn_fn)(const ei_attn_params *p, const float *q, float *out, double *scratch);

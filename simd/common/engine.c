@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_softmax.h"
 #include "ei_internal.h"
+#include "key_shifts.h"
 #include "kivi.h"
 #include "kv_pool.h"
 #include "repack.h"
@@ -38,6 +40,11 @@ struct ei_engine {
     int n_kivi_jobs, max_kivi_jobs;
     ei_attn_run *runs;  /* (n_threads, max runs) the runs of rows one query reads */
     int max_runs;
+    /* a q8_0 / q4_0 key cache keeps its keys as first rotated when positions are dropped
+     * (key_shifts.h); a query's runs from the pool are then split where the shift changes */
+    ei_key_shifts ks;
+    ei_attn_run *pool_runs; /* (n_threads, max_pool_runs) the pool's runs before the split */
+    int max_pool_runs;
     int q_dim, kv_dim, v_dim, att_dim, max_cols;
     float *x;        /* (n_batch, n_embd) residual stream */
     float *h;        /* (n_batch, max(n_embd, n_ff)) normalised input of a matmul group */
@@ -319,7 +326,13 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
         ei_engine_free(e);
         return st;
     }
-    e->max_runs = ei_kv_pool_max_runs(e->kv);
+    e->max_runs = e->max_pool_runs = ei_kv_pool_max_runs(e->kv);
+    const int kept_rotated = !e->kivi && ei_attn_quantized(p.kv_type_k);
+    if (kept_rotated) { /* a split run holds one position at least */
+        e->max_runs += p.n_ctx;
+        if (!(e->pool_runs = alloc(e, sizeof(ei_attn_run) * (size_t)e->max_pool_runs * (size_t)p.n_threads)))
+            goto nomem;
+    }
     if (!(e->runs = alloc(e, sizeof(ei_attn_run) * (size_t)e->max_runs * (size_t)p.n_threads))) goto nomem;
     ei_gelu_table(e->gelu);
 
@@ -343,6 +356,10 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
         if (e->act_row[t] && !(e->act[t] = alloc(e, nb * e->act_row[t]))) goto nomem;
     }
     if (m->rope_freqs.data) e->freq_factors = (float *)m->rope_freqs.data;
+    if (kept_rotated && (st = ei_key_shifts_init(&e->ks, p.n_seq_max, p.n_ctx, e->n_bases, m->n_rot)) != EI_OK) {
+        ei_engine_free(e);
+        return st;
+    }
 
     e->pool = ei_pool_create(p.n_threads);
     if (!e->pool) {
@@ -374,11 +391,14 @@ ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq) {
     kivi_unkey_stale(e, seq);
     if (e->kivi) e->kivi_done[seq] = 0;
     ei_kv_pool_clear(e->kv, seq); /* its blocks go back to the pool (keyed ones stay cached) */
+    ei_key_shifts_reset(&e->ks, seq);
     return EI_OK;
 }
 
 int ei_engine_isa(const ei_engine *e) { return e ? e->isa : -1; }
-size_t ei_engine_memory(const ei_engine *e) { return e ? e->bytes + ei_kv_pool_bytes(e->kv) : 0; }
+size_t ei_engine_memory(const ei_engine *e) {
+    return e ? e->bytes + ei_kv_pool_bytes(e->kv) + ei_key_shifts_bytes(&e->ks) : 0;
+}
 size_t ei_engine_weight_copies(const ei_engine *e) { return e ? e->repack.bytes : 0; }
 
 void ei_engine_free(ei_engine *e) {
@@ -386,6 +406,8 @@ void ei_engine_free(ei_engine *e) {
     ei_pool_free(e->pool);
     ei_kv_pool_free(e->kv);
     free(e->runs);
+    free(e->pool_runs);
+    ei_key_shifts_free(&e->ks);
     for (int t = 0; t < EI_TYPE_COUNT; t++) free(e->act[t]);
     free(e->x); free(e->h); free(e->q); free(e->kk); free(e->vv); free(e->att); free(e->t);
     free(e->gate); free(e->up); free(e->scratch); free(e->scores); free(e->rope); free(e->gelu);
@@ -676,15 +698,18 @@ static ei_status kivi_plan(ei_engine *e, const step *st) {
     return EI_OK;
 }
 
-/* the runs of cache rows the query of token i sees for KV head g, one per block of its window;
- * with track_attention, ap->track goes to the scores of the first of them */
+/* the runs of cache rows the query of token i sees for KV head g, one per block of its window
+ * (split where the keys' shift changes, key_shifts.h); with track_attention, ap->track goes to
+ * the scores of the first of them. pool_runs: the thread's room for the pool's runs. */
 static int query_runs(const ei_engine *e, const step *st, int il, int i, int g, ei_attn_run *runs,
-                      ei_attn_params *ap) {
-    const int window = e->layers[il].window, pos = st->pos[i];
+                      ei_attn_params *ap, ei_attn_run *pool_runs) {
+    const int window = e->layers[il].window, pos = st->pos[i], s = st->seq[i];
     const int t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
-    if (e->scores) ap->track = e->scores + (size_t)st->seq[i] * e->p.n_ctx + t0;
-    return ei_kv_pool_runs(e->kv, st->seq[i], il, t0, pos + 1, (size_t)g * e->k_head_bytes,
-                           (size_t)g * e->v_head_bytes, runs);
+    if (e->scores) ap->track = e->scores + (size_t)s * e->p.n_ctx + t0;
+    const size_t k_off = (size_t)g * e->k_head_bytes, v_off = (size_t)g * e->v_head_bytes;
+    if (!e->ks.shift || !e->ks.any[s]) return ei_kv_pool_runs(e->kv, s, il, t0, pos + 1, k_off, v_off, runs);
+    const int n = ei_kv_pool_runs(e->kv, s, il, t0, pos + 1, k_off, v_off, pool_runs);
+    return ei_key_shifts_split(&e->ks, s, e->layer_base[il], t0, pool_runs, n, e->k_row_bytes, e->v_row_bytes, runs);
 }
 
 static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
@@ -692,6 +717,7 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     const int group = m->n_head / m->n_head_kv;
     double *scratch = e->scratch + (size_t)ith * 2 * e->group * e->p.n_ctx;
     ei_attn_run *runs = e->runs + (size_t)ith * e->max_runs;
+    ei_attn_run *pool_runs = e->pool_runs ? e->pool_runs + (size_t)ith * e->max_pool_runs : NULL;
     ei_attn_params ap = {0};
     ap.head_dim = m->head_dim;
     ap.head_dim_v = m->head_dim_v;
@@ -702,6 +728,8 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     ap.v_row_bytes = e->v_row_bytes;
     ap.scale = m->scale_q ? 1.0f : m->kq_scale;
     ap.kt = e->k;
+    ap.n_rot = m->n_rot;
+    ap.rope_neox = m->rope_neox;
     if (e->kivi) {
         kivi_attention(e, st, il, &ap, scratch, ith, nth);
         return;
@@ -713,7 +741,7 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
         for (int w = a; w < b; w++) {
             int i, g, h0, nq;
             unit_heads(e, u, w, &i, &g, &h0, &nq);
-            ap.n_runs = query_runs(e, st, il, i, g, runs, &ap);
+            ap.n_runs = query_runs(e, st, il, i, g, runs, &ap, pool_runs);
             const int h = g * group + h0;
             const float *q = e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim;
             float *out = e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v;
@@ -726,7 +754,7 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     split(st->n * m->n_head, ith, nth, &a, &b);
     for (int w = a; w < b; w++) {
         const int i = w / m->n_head, h = w % m->n_head;
-        ap.n_runs = query_runs(e, st, il, i, h / group, runs, &ap);
+        ap.n_runs = query_runs(e, st, il, i, h / group, runs, &ap, pool_runs);
         e->k->attn(&ap, e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim,
                    e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v, scratch);
     }
@@ -756,6 +784,9 @@ static void rope_row(const ei_engine *e, int bi, int pos, float *cs) {
         theta *= theta_scale;
     }
 }
+
+/* rope_row for key_shifts.c's tables */
+static void shift_rotation(const void *e, int base, int pos, float *cs) { rope_row(e, base, pos, cs); }
 
 static void rope_tables(ei_engine *e, const step *st, int ith, int nth) {
     int a, b;
@@ -875,6 +906,7 @@ static ei_status prepare_step(ei_engine *e, const step *st) {
         const ei_status s = ei_kv_pool_write(e->kv, st->seq[i], st->pos[i], st->pos[i] + 1);
         if (s != EI_OK) return s;
         if (e->scores) e->scores[(size_t)st->seq[i] * e->p.n_ctx + st->pos[i]] = 0; /* a new row */
+        if (e->ks.shift) e->ks.shift[(size_t)st->seq[i] * e->p.n_ctx + st->pos[i]] = 0; /* rotated where it is */
     }
     return e->kivi ? kivi_plan(e, st) : EI_OK;
 }
@@ -907,9 +939,14 @@ ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const
 /* ---- discarding positions (context shift, attention sinks) ----------------------------- */
 
 /* the key row src, of position p, stored at dst as the key of position p + delta: decoded,
- * each head rotated by delta (cs), encoded again */
+ * each head rotated by delta (cs), encoded again; a key kept as first rotated (key_shifts.h)
+ * moves as it is, ei_key_shifts_drop recording how far ahead it now is */
 static void move_key(ei_engine *e, uint8_t *dst, const uint8_t *src, const float *cs, float *buf) {
     const ei_model_desc *m = &e->m;
+    if (e->ks.shift) {
+        memcpy(dst, src, e->k_row_bytes);
+        return;
+    }
     if (e->p.kv_type_k == EI_TYPE_F32) memcpy(buf, src, (size_t)e->kv_dim * 4);
     else e->k->to_float[e->p.kv_type_k](src, buf, e->kv_dim);
     for (int h = 0; h < m->n_head_kv; h++) e->k->rope(m->n_rot, buf + (size_t)h * m->head_dim, cs, m->rope_neox);
@@ -1200,6 +1237,8 @@ ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const i
         const int p = first_kept(n_runs, runs, from[il]);
         if (p < n_past) st = ei_kv_pool_write_layer(e->kv, seq, il, p - dropped_below(n_runs, runs, p), kept);
     }
+    /* the last step that can fail before rows move (keys kept as first rotated: their shifts) */
+    if (st == EI_OK) st = ei_key_shifts_drop(&e->ks, seq, n_runs, runs, n_past, shift_rotation, e);
     for (int il = 0; st == EI_OK && il < e->m.n_layer; il++) {
         int seen = 0; /* the group's first layer moves them all */
         for (int j = 0; j < il && !seen; j++) seen = ring_layer(e, j) && e->layers[j].window == e->layers[il].window;
@@ -1236,6 +1275,8 @@ ei_status ei_engine_seq_fork(ei_engine *e, int32_t src, int32_t dst, int32_t n) 
     if (!e || src < 0 || src >= e->p.n_seq_max || dst < 0 || dst >= e->p.n_seq_max || src == dst)
         return ei_fail(EI_ERR_INVALID, "cannot fork sequence %d into %d", src, dst);
     if (n < 0 || n > e->p.n_ctx) return ei_fail(EI_ERR_INVALID, "cannot share %d positions", n);
+    const ei_status st = ei_key_shifts_fork(&e->ks, src, dst, n, shift_rotation, e);
+    if (st != EI_OK) return st;
     kivi_unkey_stale(e, dst);
     ei_kv_pool_fork(e->kv, src, dst, n);
     if (e->kivi) { /* the groups it shares are quantized as src's are */
@@ -1267,6 +1308,7 @@ ei_status ei_engine_seq_reuse(ei_engine *e, int32_t seq, int32_t n, const uint64
         return ei_fail(EI_ERR_INVALID, "bad arguments");
     kivi_unkey_stale(e, seq);
     *positions = ei_kv_pool_reuse(e->kv, seq, n, keys);
+    ei_key_shifts_reset(&e->ks, seq); /* cached blocks come from sequences that never moved */
     if (e->kivi) e->kivi_done[seq] = *positions / e->p.kivi_group; /* only quantized blocks are cached */
     return EI_OK;
 }
@@ -1384,4 +1426,26 @@ ei_status ei_engine_seq_quantized(ei_engine *e, int32_t seq, int32_t *n_groups, 
     e->kivi_done[seq] = *n_groups;
     kivi_unkey_stale(e, seq);
     return EI_OK;
+}
+
+/* ---- keys kept as first rotated, for saved sessions (key_shifts.h) ----------------------- */
+
+ei_status ei_engine_seq_key_shifts(ei_engine *e, int32_t seq, int32_t n, int32_t *shifts, int32_t set) {
+    if (!e || seq < 0 || seq >= e->p.n_seq_max || n < 0 || n > e->p.n_ctx || (n && !shifts))
+        return ei_fail(EI_ERR_INVALID, "bad arguments");
+    if (!set) {
+        if (e->ks.shift) memcpy(shifts, e->ks.shift + (size_t)seq * e->p.n_ctx, sizeof(int32_t) * (size_t)n);
+        else memset(shifts, 0, sizeof(int32_t) * (size_t)n);
+        return EI_OK;
+    }
+    for (int p = 0; p < n; p++) {
+        if (shifts[p] && !e->ks.shift)
+            return ei_fail(EI_ERR_INVALID, "this key cache rotates its keys where they move (only q8_0 and q4_0 "
+                           "keys are kept as first rotated): position %d cannot hold a key rotated %d positions "
+                           "ahead", p, shifts[p]);
+        if (shifts[p] < 0 || shifts[p] > e->p.n_ctx - 1 - p)
+            return ei_fail(EI_ERR_INVALID, "position %d cannot hold a key rotated %d positions ahead of it (the "
+                           "context is %d)", p, shifts[p], e->p.n_ctx);
+    }
+    return ei_key_shifts_set(&e->ks, seq, n, shifts, shift_rotation, e);
 }

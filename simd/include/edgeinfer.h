@@ -166,12 +166,14 @@ EI_EXPORT int32_t ei_engine_block_positions(const ei_engine *e);
 EI_EXPORT int32_t ei_engine_pool_stats(const ei_engine *e, int64_t *out, int32_t n);
 /* forgets positions [start, start + count) of sequence seq, which holds n_past: the later ones
  * move down by count, their keys rotated back by count so that RoPE sees their new positions
- * (llama.cpp's context shift; StreamingLLM's eviction behind the attention sinks) */
+ * (llama.cpp's context shift; StreamingLLM's eviction behind the attention sinks); q8_0 and
+ * q4_0 keys move as they are, their shifts growing by count (ei_engine_seq_key_shifts) */
 EI_EXPORT ei_status ei_engine_seq_discard(ei_engine *e, int32_t seq, int32_t start, int32_t count,
                                           int32_t n_past);
 /* the same for n_runs runs (runs[2i] start, runs[2i + 1] count; in order, apart, none empty):
  * every later position moves down by the positions dropped below it, its keys rotated back by
- * as much, and its attention score (track_attention) with it (H2O's eviction) */
+ * as much (q8_0 / q4_0 keys: moved as they are, their shifts grown by as much), and its
+ * attention score (track_attention) with it (H2O's eviction) */
 EI_EXPORT ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const int32_t *runs,
                                         int32_t n_past);
 /* with track_attention: out[p] for p < n, the attention position p of seq received from every
@@ -202,6 +204,11 @@ EI_EXPORT ei_status ei_engine_seq_groups(ei_engine *e, int32_t seq, int32_t laye
 /* the groups of sequence seq that are quantized (*n_groups out), or with set != 0 declares
  * the first *n_groups so after their codes were written */
 EI_EXPORT ei_status ei_engine_seq_quantized(ei_engine *e, int32_t seq, int32_t *n_groups, int32_t set);
+/* a q8_0 / q4_0 key cache keeps its keys as first rotated when positions are dropped (a query
+ * meets them rotated as far ahead itself; simd/common/key_shifts.h): the positions each key of
+ * positions [0, n) of seq is ahead of its own (shifts out, 0 for other caches), or with
+ * set != 0 those of a restored state (0 <= shifts[p] < n_ctx - p; other caches take 0s only) */
+EI_EXPORT ei_status ei_engine_seq_key_shifts(ei_engine *e, int32_t seq, int32_t n, int32_t *shifts, int32_t set);
 EI_EXPORT int ei_engine_isa(const ei_engine *e);
 EI_EXPORT size_t ei_engine_memory(const ei_engine *e); /* bytes this engine allocated */
 /* of those, the interleaved copies of weights (reserved at load, written by the first step

@@ -4,14 +4,16 @@ The first byte of an input chooses how the rest is used: bit 0 reseals it (its l
 replaced by the SHA-256 of the others, so that mutations of the header and body get past the
 checksum to the checks behind it), bit 1 loads it into the numpy engine rather than the
 native one, bit 2 goes on to generate a token after a successful load, bit 3 loads it into a
-KIVI cache (kivi4, groups of 32, a residual of 8) rather than an f16 one. The rest is written
+KIVI cache (kivi4, groups of 32, a residual of 8) rather than an f16 one, bit 4 (without bit 3)
+into a q4_0 cache under the streaming policy, whose keys carry shifts once positions were
+dropped (simd/common/key_shifts.h). The rest is written
 to a file in memory (/dev/shm where there is one) and loaded into the tiny llama fixture
 (context 64). Beyond "typed errors only", a load that succeeds must leave the session
 consistent: the engine holds as many positions as the session has tokens, and a KIVI cache
 no more quantized groups than those positions fill.
 
-The seeds are states saved from that model: empty, after a prompt, after a generation, from
-each engine and each cache, each sealed and resealed.
+The seeds are states saved from that model: empty, after a prompt, after a generation (for
+the q4_0 cache, past the context), from each engine and each cache, each sealed and resealed.
 
     python -m tests.fuzz.fuzz_state --runs 1000000 --corpus DIR --artifacts DIR
 """
@@ -39,8 +41,13 @@ with atheris.instrument_imports(include=["edgeinfer"]):
 
 N_CTX = 64
 ENGINES = ("native", "reference")
-RESEAL, REFERENCE, GENERATE, KIVI = 1, 2, 4, 8
-KIVI_OPTIONS = {"kv_type": "kivi4", "kivi_group": 32, "kivi_residual": 8}
+RESEAL, REFERENCE, GENERATE, KIVI, SHIFTED = 1, 2, 4, 8, 16
+CACHES = ("f16", "kivi", "shifted")
+CACHE_OPTIONS: dict[str, dict[str, Any]] = {
+    "f16": {},
+    "kivi": {"kv_type": "kivi4", "kivi_group": 32, "kivi_residual": 8},
+    "shifted": {"kv_type": "q4_0", "context_policy": "streaming", "n_sink": 4},
+}
 DIGEST_BYTES = 32
 
 _SHM = "/dev/shm"
@@ -59,17 +66,21 @@ def _model_path() -> Path:
 
 
 @functools.cache
-def models() -> dict[tuple[str, bool], Any]:
-    """One model per engine and cache (f16 or KIVI), loaded once per process."""
+def models() -> dict[tuple[str, str], Any]:
+    """One model per engine and cache, loaded once per process."""
     return {
-        (e, kivi): edgeinfer.load(_model_path(), engine=e, n_ctx=N_CTX, **_options(kivi))
+        (e, cache): edgeinfer.load(_model_path(), engine=e, n_ctx=N_CTX, **CACHE_OPTIONS[cache])
         for e in ENGINES
-        for kivi in (False, True)
+        for cache in CACHES
     }
 
 
-def _options(kivi: bool) -> dict[str, Any]:
-    return KIVI_OPTIONS if kivi else {}
+def _cache(flags: int) -> str:
+    return "kivi" if flags & KIVI else "shifted" if flags & SHIFTED else "f16"
+
+
+def _flags(cache: str) -> int:
+    return {"f16": 0, "kivi": KIVI, "shifted": SHIFTED}[cache]
 
 
 def reseal(data: bytes) -> bytes:
@@ -84,7 +95,7 @@ def one_input(data: bytes) -> None:
         return
     flags, payload = data[0], data[1:]
     _INPUT.write_bytes(reseal(payload) if flags & RESEAL else payload)
-    model = models()[("reference" if flags & REFERENCE else "native", bool(flags & KIVI))]
+    model = models()[("reference" if flags & REFERENCE else "native", _cache(flags))]
     session = model._session
     try:
         n = model.load_state(_INPUT)
@@ -93,6 +104,8 @@ def one_input(data: bytes) -> None:
     assert n == model.backend.n_past <= N_CTX
     if flags & KIVI:
         assert 32 * model.backend.quantized_groups() <= n, "groups beyond the positions"
+    shifts = model.backend.key_shifts()
+    assert len(shifts) == n and (shifts + range(n) < N_CTX).all(), "keys rotated past the context"
     if flags & GENERATE:
         model.generate(session.history + [1], max_tokens=1, temperature=0)
 
@@ -100,27 +113,29 @@ def one_input(data: bytes) -> None:
 # --- seeds -------------------------------------------------------------------------------
 
 
-def _states() -> Iterator[tuple[bool, bytes]]:
+def _states() -> Iterator[tuple[str, bytes]]:
     """States of the fixture model from each engine and cache: empty, a prompt, a generation
-    (a KIVI cache's prompt is long enough to fill a group)."""
+    (a KIVI cache's prompt is long enough to fill a group; the q4_0 cache's generation goes
+    past the context, so that its keys carry shifts)."""
     path = _WORK / "seed.state"
-    for engine, kivi in [(e, k) for e in ENGINES for k in (False, True)]:
-        prompt = [1 + (7 * i) % 300 for i in range(50 if kivi else 20)]
-        with edgeinfer.load(_model_path(), engine=engine, n_ctx=N_CTX, **_options(kivi)) as m:
+    for engine, cache in [(e, c) for e in ENGINES for c in CACHES]:
+        prompt = [1 + (7 * i) % 300 for i in range(50 if cache == "kivi" else 20)]
+        options = CACHE_OPTIONS[cache]
+        with edgeinfer.load(_model_path(), engine=engine, n_ctx=N_CTX, **options) as m:
             m.save_state(path)
-            yield kivi, path.read_bytes()
+            yield cache, path.read_bytes()
             m.generate(prompt, max_tokens=0)
             m.save_state(path)
-            yield kivi, path.read_bytes()
-            m.generate(prompt, max_tokens=3, temperature=0)
+            yield cache, path.read_bytes()
+            m.generate(prompt, max_tokens=60 if cache == "shifted" else 3, temperature=0)
             m.save_state(path)
-            yield kivi, path.read_bytes()
+            yield cache, path.read_bytes()
 
 
 def seeds() -> Iterator[bytes]:
-    for kivi, state in _states():
+    for cache, state in _states():
         for flags in (0, RESEAL | GENERATE, REFERENCE | RESEAL):
-            yield bytes([flags | (KIVI if kivi else 0)]) + state
+            yield bytes([flags | _flags(cache)]) + state
 
 
 if __name__ == "__main__":

@@ -295,27 +295,107 @@ def test_chat_saves_its_prompt_cache_at_the_end(fixture_models, tmp_path):
     assert second.returncode == 0 and " cached)" in second.stderr, second.stderr
 
 
+@pytest.mark.parametrize("kv", ["f16", "q4_0"])
 @pytest.mark.parametrize("engine", ["native", "reference"])
-def test_a_state_past_the_context_keeps_its_dropped_run(fixture_models, tmp_path, engine):
+def test_a_state_past_the_context_keeps_its_dropped_run(fixture_models, tmp_path, engine, kv):
     """Under streaming, positions were dropped behind the sinks: the restored session knows
-    the run, so the next turn (the whole history and more) still evaluates only what is new."""
+    the run, so the next turn (the whole history and more) still evaluates only what is new.
+    q4_0 keys moved as they were: the file keeps their shifts (simd/common/key_shifts.h)."""
     path = tmp_path / "s.state"
-    options = {"n_ctx": 64, "context_policy": "streaming", "n_sink": 4}
+    options = {"n_ctx": 64, "context_policy": "streaming", "n_sink": 4, "kv_type": kv}
     prompt = _fixture_prompt(40)
     with _load(fixture_models["llama"], engine, **options) as m:
         out = m.generate(prompt, max_tokens=40, temperature=0)
         history = prompt + out.tokens
         n_past = m.backend.n_past
         assert len(history) > 64 and n_past < len(history) - 4
+        shifts = m.backend.key_shifts()
+        assert shifts.any() == (kv == "q4_0")
         m.save_state(path)
         sampler = ScriptedSampler([NEXT])
         m.generate(history + [NEXT], max_tokens=1, sampler=sampler)
     with _load(fixture_models["llama"], "native", **options) as m:
         assert m.load_state(path) == n_past
         again = ScriptedSampler([NEXT])
+        assert m.backend.key_shifts().tolist() == shifts.tolist()
         restored = m.generate(history + [NEXT], max_tokens=1, sampler=again)
         assert restored.stats.cached_tokens == len(history)
     np.testing.assert_array_equal(again.seen[0], sampler.seen[0])
+
+
+def _shifted_state(fixture_models, tmp_path, kv: str = "q4_0"):
+    """A state of the llama fixture past its context under streaming, and its options."""
+    path = tmp_path / f"{kv}.state"
+    options = {"n_ctx": 64, "context_policy": "streaming", "n_sink": 4, "kv_type": kv}
+    with _load(fixture_models["llama"], "native", **options) as m:
+        m.generate(_fixture_prompt(40), max_tokens=40, temperature=0)
+        m.save_state(path)
+    return path, options
+
+
+def _with_shifts(data: bytes, change) -> bytes:
+    """The file with its key shifts changed by ``change`` (in place on an int32 array) and
+    its checksum made good again."""
+    n_text = struct.unpack_from("<I", data, 12)[0]
+    header = json.loads(data[16 : 16 + n_text])
+    at = 16 + n_text + 4 * header["n_history"]
+    shifts = np.frombuffer(data, "<i4", header["n_past"], at).copy()
+    change(shifts)
+    out = data[:at] + shifts.tobytes() + data[at + 4 * header["n_past"] : -32]
+    return out + hashlib.sha256(out).digest()
+
+
+def _set(index: int, value: int):
+    def change(shifts: np.ndarray) -> None:
+        shifts[index] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("kv", "change", "why"),
+    [
+        ("q4_0", _set(-1, 64), "rotated 64 positions ahead"),
+        ("q4_0", _set(0, -2), "rotated -2 positions ahead"),
+        ("f16", _set(5, 1), "shifted keys, but its f16 key cache rotates"),
+    ],
+)
+def test_impossible_key_shifts_are_refused(fixture_models, tmp_path, kv, change, why):
+    path, options = _shifted_state(fixture_models, tmp_path, kv)
+    bad = tmp_path / "bad.state"
+    bad.write_bytes(_with_shifts(path.read_bytes(), change))
+    with _load(fixture_models["llama"], "native", **options) as m:
+        with pytest.raises(errors.StateFileError, match=why):
+            m.load_state(bad)
+        assert m.backend.n_past == 0
+
+
+def test_a_version_2_state_loads_with_unshifted_keys(fixture_models, llama_state, tmp_path):
+    """Version 2 files (before the key shifts) hold keys rotated where they are."""
+    data = llama_state.read_bytes()
+    n_text = struct.unpack_from("<I", data, 12)[0]
+    header = json.loads(data[16 : 16 + n_text])
+    at = 16 + n_text + 4 * header["n_history"]
+    rest = data[at + 4 * header["n_past"] : -32]
+    old = struct.pack("<8sI", session_state.MAGIC, 2) + data[12:at] + rest
+    path = tmp_path / "v2.state"
+    path.write_bytes(old + hashlib.sha256(old).digest())
+    with _load(fixture_models["llama"], "native", n_ctx=64) as m:
+        want = _load_and_next(m, llama_state)
+        assert _load_and_next(m, path).tolist() == want.tolist()
+        assert not m.backend.key_shifts().any()
+    future = struct.pack("<8sI", session_state.MAGIC, 4) + data[12:-32]
+    path.write_bytes(future + hashlib.sha256(future).digest())
+    with (
+        _load(fixture_models["llama"], "native", n_ctx=64) as m,
+        pytest.raises(errors.StateFileError, match="version 4; this edgeinfer reads 2 and 3"),
+    ):
+        m.load_state(path)
+
+
+def _load_and_next(m, path) -> np.ndarray:
+    m.load_state(path)
+    return m.backend.forward([NEXT])
 
 
 def test_the_native_rows_call_refuses_what_the_layer_does_not_hold(fixture_models):

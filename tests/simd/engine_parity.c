@@ -1,7 +1,9 @@
 /* The native forward pass with every supported variant against the scalar one, bit for bit:
  * small random models whose layers use every weight type, a prompt (tiles with 4 and with
- * fewer activations), then single tokens (tiles with one), several threads, three cache types,
- * a Llama-like and a Gemma-like configuration. Linked from the library's objects; prints
+ * fewer activations), then single tokens (tiles with one), several threads, four cache types,
+ * a Llama-like and a Gemma-like configuration. With q4_0 keys, positions are dropped after the
+ * prompt: the kept keys move as they are and the queries meet them rotated ahead
+ * (common/key_shifts.h). Linked from the library's objects; prints
  * "N passed, M failed". */
 #include <math.h>
 #include <stdio.h>
@@ -90,8 +92,10 @@ static void build(ei_model_desc *m, ei_layer_desc *layers, int gemma) {
     m->layers = layers;
 }
 
-/* the (key, value) cache types run: both f16, both f32, and a mixed pair */
-static const int KV_TYPES[3][2] = {{EI_TYPE_F16, EI_TYPE_F16}, {EI_TYPE_F32, EI_TYPE_F32}, {EI_TYPE_F16, EI_TYPE_F32}};
+/* the (key, value) cache types run: both f16, both f32, and two mixed pairs */
+enum { N_KV = 4, DROP_AT = 2, DROPPED = 3 };
+static const int KV_TYPES[N_KV][2] = {{EI_TYPE_F16, EI_TYPE_F16}, {EI_TYPE_F32, EI_TYPE_F32},
+                                      {EI_TYPE_F16, EI_TYPE_F32}, {EI_TYPE_Q4_0, EI_TYPE_Q8_0}};
 
 /* logits of a prompt, then of single tokens, as (PROMPT + STEPS, VOCAB) */
 static int run(const ei_model_desc *m, int isa, int threads, const int kv[2], float *logits) {
@@ -105,8 +109,10 @@ static int run(const ei_model_desc *m, int isa, int threads, const int kv[2], fl
     int8_t mask[PROMPT];
     for (int i = 0; i < PROMPT; i++) tok[i] = (i * 97 + 13) % VOCAB, pos[i] = i, seq[i] = 0, mask[i] = 1;
     int ok = ei_engine_decode(e, PROMPT, tok, pos, seq, mask, logits) == EI_OK;
+    const int drop = kv[0] == EI_TYPE_Q4_0 ? DROPPED : 0; /* keys kept as first rotated */
+    if (ok && drop) ok = ei_engine_seq_discard(e, 0, DROP_AT, drop, PROMPT) == EI_OK;
     for (int s = 0; s < STEPS && ok; s++) {
-        const int32_t t = (s * 31 + 7) % VOCAB, ps = PROMPT + s, sq = 0;
+        const int32_t t = (s * 31 + 7) % VOCAB, ps = PROMPT - drop + s, sq = 0;
         const int8_t mk = 1;
         ok = ei_engine_decode(e, 1, &t, &ps, &sq, &mk, logits + (size_t)(PROMPT + s) * VOCAB) == EI_OK;
     }
@@ -123,7 +129,7 @@ int main(void) {
     for (int gemma = 0; gemma < 2; gemma++) {
         ei_model_desc m;
         build(&m, layers, gemma);
-        for (int c = 0; c < 3; c++) {
+        for (int c = 0; c < N_KV; c++) {
             const int *kv = KV_TYPES[c];
             if (!run(&m, EI_ISA_SCALAR, 1, kv, ref)) return 1;
             float lo = ref[0], hi = ref[0];
