@@ -68,6 +68,15 @@ static ei_status make_table(ei_key_shifts *ks, int s, const int32_t *shift, ei_r
     return EI_OK;
 }
 
+/* s takes the shifts `next` (n_ctx, freed here) once their table is made; on failure it keeps
+ * its shifts and table */
+static ei_status commit(ei_key_shifts *ks, int s, int32_t *next, ei_rope_row_fn rope, const void *ctx) {
+    const ei_status st = make_table(ks, s, next, rope, ctx);
+    if (st == EI_OK) memcpy(ks->shift + (size_t)s * ks->n_ctx, next, sizeof(int32_t) * (size_t)ks->n_ctx);
+    free(next);
+    return st;
+}
+
 void ei_key_shifts_reset(ei_key_shifts *ks, int s) {
     if (!ks->shift || !ks->any[s]) return;
     memset(ks->shift + (size_t)s * ks->n_ctx, 0, sizeof(int32_t) * (size_t)ks->n_ctx);
@@ -85,10 +94,7 @@ ei_status ei_key_shifts_set(ei_key_shifts *ks, int s, int n, const int32_t *shif
     int32_t *next = calloc((size_t)ks->n_ctx, sizeof(int32_t)); /* (n_ctx) */
     if (!next) return ei_fail(EI_ERR_NOMEM, "out of memory for the key shifts of sequence %d", s);
     if (n > 0) memcpy(next, shifts, sizeof(int32_t) * (size_t)n);
-    const ei_status st = make_table(ks, s, next, rope, ctx);
-    if (st == EI_OK) memcpy(ks->shift + (size_t)s * ks->n_ctx, next, sizeof(int32_t) * (size_t)ks->n_ctx);
-    free(next);
-    return st;
+    return commit(ks, s, next, rope, ctx);
 }
 
 ei_status ei_key_shifts_drop(ei_key_shifts *ks, int s, int n_runs, const int32_t *runs, int n_past,
@@ -104,10 +110,7 @@ ei_status ei_key_shifts_drop(ei_key_shifts *ks, int s, int n_runs, const int32_t
         const int end = r + 1 < n_runs ? runs[2 * r + 2] : n_past;
         for (int p = runs[2 * r] + runs[2 * r + 1]; p < end; p++) next[p - delta] = old[p] + delta;
     }
-    const ei_status st = make_table(ks, s, next, rope, ctx);
-    if (st == EI_OK) memcpy(ks->shift + (size_t)s * ks->n_ctx, next, sizeof(int32_t) * (size_t)ks->n_ctx);
-    free(next);
-    return st;
+    return commit(ks, s, next, rope, ctx);
 }
 
 /* the (cos, sin) pairs of shift d at rope base `base` for s (NULL for 0, or one not in its table) */
