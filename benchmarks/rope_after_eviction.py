@@ -104,6 +104,7 @@ def cache_store(k_type: str) -> Callable[[np.ndarray], np.ndarray]:
 def layer0_keys(eng: Any, k_type: str, shape: tuple[int, int]) -> np.ndarray:
     """Layer 0's cached keys of every held position, decoded: (n_past, n_head_kv, head_dim)."""
     from edgeinfer import quants
+    from edgeinfer.engines.reference import hadamard
     from edgeinfer.kv_cache import cache_type
 
     n_past = eng.seq_length(0)
@@ -112,7 +113,9 @@ def layer0_keys(eng: Any, k_type: str, shape: tuple[int, int]) -> np.ndarray:
         raise RuntimeError(f"layer 0 holds positions from {lo} only: use a smaller context")
     k, _ = eng.read_rows(0, 0, n_past)
     raw = np.frombuffer(k, np.uint8)
-    return quants.dequantize(raw, cache_type(k_type).ggml_type, (n_past, *shape))
+    keys = quants.dequantize(raw, cache_type(k_type).ggml_type, (n_past, *shape))
+    block = cache_type(k_type).hadamard_block(shape[-1], keys=True)
+    return hadamard(keys, block) if block else keys  # a q8_0 / q4_0 cache's rotation undone
 
 
 def stream(path: Path, tokens: list[int], policy: str, k_type: str, args: argparse.Namespace

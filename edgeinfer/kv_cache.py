@@ -73,6 +73,21 @@ class CacheType:
             return kivi.k_block_bytes(self.bits, group, n_values)
         return group * kivi.v_row_bytes(self.bits, group, n_values)
 
+    def hadamard_block(self, head_dim: int, keys: bool) -> int:
+        """The block of values a q8_0 / q4_0 cache rotates each head's rows by before it
+        quantizes them (the orthonormal Walsh-Hadamard matrix, as llama.cpp does; simd's
+        ei_hadamard_block): keys by the largest power of two dividing the head, values by 64;
+        0 for no rotation (another type, or a head that is not a multiple of 64)."""
+        quantized = self.layout == CacheLayout.ROWS and self.ggml_type in (
+            GGMLType.Q8_0, GGMLType.Q4_0,
+        )  # fmt: skip
+        if not quantized or head_dim <= 0 or head_dim % 64:
+            return 0
+        block = 64
+        while keys and head_dim % (2 * block) == 0:
+            block *= 2
+        return block
+
     def bits_per_value(self, n_values: int = 256, group: int = 32, keys: bool = True) -> float:
         """Bits one cached value costs, its scales and zero points counted (q8_0 8.5, q4_0
         4.5; kivi4 keys in groups of 32 positions 5). KIVI's depend on the group and, for the

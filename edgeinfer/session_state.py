@@ -14,7 +14,8 @@ Only sequence 0 is saved (the one generation and chat use). A file is::
     rows     bytes    per layer: the keys, then the values, of its last ``held`` positions
                       (held = min(n_past, positions the layer keeps)), oldest first, each row
                       k_row_bytes / v_row_bytes in the cache's own encoding (a KIVI cache's f16
-                      residual)
+                      residual; q8_0 and q4_0 rows as the cache holds them, Walsh-Hadamard
+                      rotated, since version 4)
     groups   bytes    a KIVI cache only, per layer: the keys, then the values, of its last
                       quantized groups (those of the positions the layer keeps, below
                       n_groups * kivi_group), each group_k_bytes / group_v_bytes as the cache
@@ -64,8 +65,13 @@ from edgeinfer.gguf import GGUFFile
 from edgeinfer.models.base import DecoderConfig
 
 MAGIC = b"EISTATE\0"
-FORMAT_VERSION = 3  # 2: KIVI caches (the group fields); 3: the key shifts
-READ_VERSIONS = (2, 3)
+# 2: KIVI caches (the group fields); 3: the key shifts; 4: q8_0 / q4_0 rows Walsh-Hadamard
+# rotated (kv_cache.CacheType.hadamard_block), so an older file's rows of those types are not
+# what this cache holds, and are refused
+FORMAT_VERSION = 4
+READ_VERSIONS = (2, 3, 4)
+_ROTATED_SINCE = 4
+_ROTATED_TYPES = ("q8_0", "q4_0")
 _PREFIX = struct.Struct("<8sII")  # magic, version, header length
 DIGEST_BYTES = 32
 MAX_HEADER_BYTES = 1 << 20  # a real header is well under a kilobyte per layer
@@ -368,13 +374,19 @@ def read(path: str | os.PathLike[str]) -> tuple[StateHeader, bytes]:
                 raise _bad(source, f"it starts with {magic!r}, not {MAGIC!r}")
             if version not in READ_VERSIONS:
                 raise _bad(
-                    source, f"format version {version}; this edgeinfer reads "
-                    f"{' and '.join(map(str, READ_VERSIONS))}",
+                    source, f"format version {version}; this edgeinfer reads versions "
+                    f"{', '.join(map(str, READ_VERSIONS))}",
                 )  # fmt: skip
             if n_text > MAX_HEADER_BYTES or _PREFIX.size + n_text > size:
                 raise _bad(source, f"a header of {n_text} bytes in a file of {size}")
             text = f.read(n_text)
             h = _parse_header(source, text)
+            if version < _ROTATED_SINCE and {h.cache_type_k, h.cache_type_v} & set(_ROTATED_TYPES):
+                raise _bad(
+                    source, f"format version {version} holds {h.cache_type_k}/{h.cache_type_v} "
+                    f"rows unrotated; this edgeinfer stores q8_0 and q4_0 rows Walsh-Hadamard "
+                    f"rotated (format {_ROTATED_SINCE}): evaluate the prompt again",
+                )  # fmt: skip
             no_shifts = 4 * h.n_past if version < 3 else 0  # read as 0s
             expected = _PREFIX.size + n_text + h.body_bytes - no_shifts + DIGEST_BYTES
             if size != expected:

@@ -72,6 +72,20 @@ def _q8_0_quants(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.rint(b * inv), _round_f16(amax / F32(127.0)), amax
 
 
+def hadamard(x: np.ndarray, block: int) -> np.ndarray:
+    """x (float32) with each block of ``block`` values along its last axis rotated by the
+    orthonormal Walsh-Hadamard matrix, rounding as GGML's fwht (and simd's ei_hadamard) does:
+    scaled by 1/sqrtf(block) first, then butterflies at strides 1, 2, 4, ... in float32."""
+    y = x.astype(F32).reshape(-1, block) * (F32(1.0) / np.sqrt(F32(block)))
+    stride = 1
+    while stride < block:
+        y = y.reshape(-1, block // (2 * stride), 2, stride)
+        u, v = y[:, :, 0, :], y[:, :, 1, :]
+        y = np.stack([u + v, u - v], axis=2)
+        stride *= 2
+    return y.reshape(x.shape)
+
+
 def act_q8_0(x: np.ndarray) -> np.ndarray:
     """Activations as GGML's q8_0 blocks hold them (exact, float64)."""
     q, d, _ = _q8_0_quants(x)
@@ -281,6 +295,18 @@ class ReferenceEngine(SequenceEngine):
             _round_f16 if vt.ggml_type == GGMLType.F16 and not self._kivi else (lambda x: x)
         )
         self._store_k, self._store_v = _CACHE_STORE[kt.ggml_type], _CACHE_STORE[vt.ggml_type]
+        # a q8_0 / q4_0 cache holds its rows Walsh-Hadamard rotated: keys (and the queries
+        # that meet them, after any rope) by the keys' block, values by theirs, the attention
+        # output rotated back (simd/common/engine.c: hadamard_k, hadamard_v)
+        self._hadamard_v = vt.hadamard_block(cfg.head_dim_v, keys=False)
+        self._hadamard_k = hk = kt.hadamard_block(cfg.head_dim, keys=True)
+        if hk:
+            store_k, query_as = self._store_k, self._query_as
+            self._store_k = lambda x: store_k(hadamard(x, hk))
+            self._query_as = lambda x: query_as(hadamard(x, hk))
+        if self._hadamard_v:
+            store_v, hv = self._store_v, self._hadamard_v
+            self._store_v = lambda x: store_v(hadamard(x, hv))
         kv = (n_ctx, cfg.n_head_kv)
         # (n_layer) x (n_ctx, n_head_kv, head_dim)
         self.k_cache = [
@@ -618,6 +644,8 @@ class ReferenceEngine(SequenceEngine):
             out = np.einsum("grnt,tgd->ngrd", pq[..., : len(vq)], vq.astype(F64))
             out += np.einsum("grnt,tgd->ngrd", np.where(quantized, F32(0), probs).astype(F64), vals)
         out = out.astype(F32)  # (n, n_head_kv, group, hd_v)
+        if self._hadamard_v:  # rotated back
+            out = hadamard(out, self._hadamard_v)
         return self.linear(out.reshape(n, cfg.n_head * cfg.head_dim_v), lt.wo)
 
     def _shifted_scores(self, il: int, q: np.ndarray, keys: np.ndarray, scores: np.ndarray) -> None:

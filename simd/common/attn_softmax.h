@@ -70,19 +70,20 @@ static inline int ei_attn_quantized(int type) { return type == EI_TYPE_Q8_0 || t
 /* scores[t] for the keys of every run of a quantized key cache: the query quantized to the
  * key type's partner, each key's dot as the table's vec_dot computes it (attn_dots_q). A run
  * whose keys were rotated ahead of their positions (cs) meets the query rotated as far ahead
- * (the table's rope, then quantized); runs of one rotation share one quantized query. */
+ * (the table's rope); keys stored Walsh-Hadamard rotated meet the query rotated so too, after
+ * the rope and before it is quantized. Runs of one rotation share one quantized query. */
 static inline void ei_attn_quant_scores(const ei_attn_params *p, const float *q, float *scores) {
     uint8_t qq[EI_ATTN_QUERY_BYTES];
+    float qr[EI_MAX_HEAD_DIM]; /* (head_dim) the query as the keys meet it */
     const ei_from_float_fn quantize = p->kt->from_float[ei_partner_type(p->k_type)];
-    quantize(q, qq, p->head_dim);
     const float *cs = NULL; /* the rotation qq has */
     for (int r = 0; r < p->n_runs; r++) {
         const int n = p->runs[r].n;
-        if (p->runs[r].cs != cs) {
+        if (r == 0 || p->runs[r].cs != cs) {
             cs = p->runs[r].cs;
-            float qr[EI_MAX_HEAD_DIM]; /* (head_dim) the query rotated by cs */
             memcpy(qr, q, sizeof(float) * (size_t)p->head_dim);
             if (cs) p->kt->rope(p->n_rot, qr, cs, p->rope_neox);
+            if (p->hadamard_k) ei_hadamard(qr, p->head_dim, p->hadamard_k);
             quantize(qr, qq, p->head_dim);
         }
         p->kt->attn_dots_q(p->k_type, qq, (const uint8_t *)p->runs[r].k, p->k_row_bytes, p->head_dim, n, scores);

@@ -98,6 +98,8 @@ typedef struct {
     int kivi_bits_k, kivi_bits_v, kivi_group, n_kivi_runs;
     size_t kivi_v_row_bytes;
     int n_rot, rope_neox; /* how the query is rotated for a run with cs */
+    int hadamard_k;       /* 0, or the block the keys are stored rotated by (ei_hadamard): the
+                           * query meets them rotated so, after any rotation by a run's cs */
 } ei_attn_params;
 
 typedef void (*ei_attn_fn)(const ei_attn_params *p, const float *q, float *out, double *scratch);
@@ -212,5 +214,16 @@ static inline float ei_fp16_to_fp32(ei_f16 h) {
 ei_f16 ei_fp32_to_fp16(float f);
 float ei_bf16_to_fp32(ei_bf16 h);
 ei_bf16 ei_fp32_to_bf16(float f);
+
+/* x[0..n) rotated, each block of `block` values (a power of two dividing n) on its own, by the
+ * orthonormal Walsh-Hadamard matrix (Sylvester order; its own inverse): scaled by
+ * 1/sqrtf(block) first, then butterflies (u + v, u - v) at strides 1, 2, 4, ... in float, the
+ * roundings GGML's fwht makes. A quantized cache stores its keys and values so rotated
+ * (ei_hadamard_block), as llama.cpp does, which spreads a head's outliers over its block. */
+void ei_hadamard(float *x, int n, int block);
+/* the block a cache of the given type rotates rows of head size hd by: 0 for none (a type
+ * that is not q8_0 / q4_0, or hd not a multiple of 64); keys the largest power of two dividing
+ * hd, values 64 */
+int ei_hadamard_block(int type, int hd, int is_key);
 
 #endif

@@ -43,6 +43,10 @@ struct ei_engine {
     /* a q8_0 / q4_0 key cache keeps its keys as first rotated when positions are dropped
      * (key_shifts.h); a query's runs from the pool are then split where the shift changes */
     ei_key_shifts ks;
+    /* a q8_0 / q4_0 cache stores its rows Walsh-Hadamard rotated (ei_hadamard), as llama.cpp
+     * does: keys and queries by hadamard_k values, values by hadamard_v, and the attention
+     * output rotated back by hadamard_v; 0 for none */
+    int hadamard_k, hadamard_v;
     ei_attn_run *pool_runs; /* (n_threads, max_pool_runs) the pool's runs before the split */
     int max_pool_runs;
     int q_dim, kv_dim, v_dim, att_dim, max_cols;
@@ -328,6 +332,8 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     }
     e->max_runs = e->max_pool_runs = ei_kv_pool_max_runs(e->kv);
     const int kept_rotated = !e->kivi && ei_attn_quantized(p.kv_type_k);
+    e->hadamard_k = e->kivi ? 0 : ei_hadamard_block(p.kv_type_k, m->head_dim, 1);
+    e->hadamard_v = e->kivi ? 0 : ei_hadamard_block(p.kv_type_v, m->head_dim_v, 0);
     if (kept_rotated) { /* a split run holds one position at least */
         e->max_runs += p.n_ctx;
         if (!(e->pool_runs = alloc(e, sizeof(ei_attn_run) * (size_t)e->max_pool_runs * (size_t)p.n_threads)))
@@ -558,6 +564,8 @@ static void qkv_post(ei_engine *e, const step *st, int il, int ith, int nth) {
             if (l->k_norm.data) e->k->rms_norm(m->head_dim, kh, kh, l->k_norm.data, m->norm_eps);
             e->k->rope(m->n_rot, kh, cs, m->rope_neox);
         }
+        if (e->hadamard_k) ei_hadamard(k, e->kv_dim, e->hadamard_k);
+        if (e->hadamard_v) ei_hadamard(v, e->v_dim, e->hadamard_v);
         const int cl = e->kivi ? e->m.n_layer + il : il; /* KIVI: every row enters the residual */
         store_kv(e, e->kivi ? EI_TYPE_F16 : e->p.kv_type_k, k_row(e, st->seq[i], cl, st->pos[i]), k, e->kv_dim);
         store_kv(e, e->kivi ? EI_TYPE_F16 : e->p.kv_type_v, v_row(e, st->seq[i], cl, st->pos[i]), v, e->v_dim);
@@ -730,6 +738,7 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     ap.kt = e->k;
     ap.n_rot = m->n_rot;
     ap.rope_neox = m->rope_neox;
+    ap.hadamard_k = e->hadamard_k;
     if (e->kivi) {
         kivi_attention(e, st, il, &ap, scratch, ith, nth);
         return;
@@ -747,6 +756,7 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
             float *out = e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v;
             if (nq > 1) e->k->attn_group(&ap, nq, q, (size_t)m->head_dim, out, (size_t)m->head_dim_v, scratch);
             else e->k->attn(&ap, q, out, scratch);
+            if (e->hadamard_v) ei_hadamard(out, nq * m->head_dim_v, e->hadamard_v);
         }
         ei_pool_barrier(e->pool);
         return;
@@ -755,8 +765,9 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     for (int w = a; w < b; w++) {
         const int i = w / m->n_head, h = w % m->n_head;
         ap.n_runs = query_runs(e, st, il, i, h / group, runs, &ap, pool_runs);
-        e->k->attn(&ap, e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim,
-                   e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v, scratch);
+        float *out = e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v;
+        e->k->attn(&ap, e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim, out, scratch);
+        if (e->hadamard_v) ei_hadamard(out, m->head_dim_v, e->hadamard_v); /* rotated back */
     }
     ei_pool_barrier(e->pool);
 }

@@ -92,7 +92,11 @@ typedef struct {
     int32_t n_batch;   /* most tokens per internal step; longer calls are split */
     int32_t kv_type_k; /* GGML type of a key cache element (F16, F32, Q8_0, Q4_0); under
                         * EI_KV_KIVI the bits of a key code (2 or 4) */
-    int32_t kv_type_v; /* of a value cache element */
+    int32_t kv_type_v; /* of a value cache element. A Q8_0 / Q4_0 cache stores each head's
+                        * rows Walsh-Hadamard rotated, as llama.cpp does (a head of a multiple
+                        * of 64 values: keys, and the queries meeting them, in blocks of the
+                        * largest power of two dividing it, values in blocks of 64, the
+                        * attention output rotated back), which spreads outliers over a block */
     int32_t kv_layout; /* EI_KV_ROWS: one row per (position, KV head); EI_KV_KIVI: KIVI */
     int32_t isa;       /* EI_ISA_* to use, or -1 for the best supported */
     int32_t ring;      /* 1: a sliding-window layer releases the blocks behind its window (it

@@ -21,7 +21,7 @@ import edgeinfer
 from edgeinfer import errors
 from edgeinfer._native import library
 from edgeinfer.engines.base import Batch
-from edgeinfer.engines.reference import apply_rope, q4_0_values, rope_cos_sin
+from edgeinfer.engines.reference import apply_rope, hadamard, q4_0_values, rope_cos_sin
 from tests.kv.test_block_pool import _engine
 from tests.kv.test_kivi_cache import _native_isas
 
@@ -54,9 +54,15 @@ def test_quantized_keys_move_as_they_are(fixture_models, engine, k_type):
         assert eng.key_shifts().tolist() == []
 
 
+def _unrotated(eng, keys: np.ndarray) -> np.ndarray:
+    """Keys as a q8_0 / q4_0 cache holds them (Walsh-Hadamard rotated), rotated back."""
+    keys = keys.astype(np.float32)
+    return hadamard(keys, eng._hadamard_k) if eng._hadamard_k else keys
+
+
 def _effective_keys(m, shifts: np.ndarray) -> np.ndarray:
     """Layer 0's held keys rotated back by their shifts (float32 rotations: errors ~1e-7)."""
-    cfg, keys = m.backend.cfg, m.backend.k_cache[0][: len(shifts)].astype(np.float32)
+    cfg, keys = m.backend.cfg, _unrotated(m.backend, m.backend.k_cache[0][: len(shifts)])
     base, scale, factors = cfg.layer_rope_base(0), cfg.layer_rope_scale(0), m.backend._freq_factors
     cos, sin = rope_cos_sin(-shifts, cfg.n_rot, base, scale, factors)
     return apply_rope(keys, cos, sin, cfg.n_rot, cfg.rope_neox)
@@ -102,13 +108,15 @@ def test_a_key_moved_seven_times_is_quantized_once(fixture_models, arch):
 
 def _requantized_at_every_move(stored: np.ndarray, eng, moves: int, step: int) -> np.ndarray:
     """The keys as a cache that encodes them again at every move would hold them: from their
-    first rotation, each move rotates them back by ``step`` and rounds them to q4_0."""
+    first rotation, each move rotates them back by ``step`` and rounds them to q4_0 (in the
+    Walsh-Hadamard rotated space the cache stores them in); returned rotated back from it."""
     cfg = eng.cfg
     base, scale, factors = cfg.layer_rope_base(0), cfg.layer_rope_scale(0), eng._freq_factors
     cos, sin = rope_cos_sin(np.full(len(stored), -step), cfg.n_rot, base, scale, factors)
-    x = stored
+    x = _unrotated(eng, stored)
     for _ in range(moves):
-        x = q4_0_values(apply_rope(x, cos, sin, cfg.n_rot, cfg.rope_neox))
+        moved = apply_rope(x, cos, sin, cfg.n_rot, cfg.rope_neox)
+        x = _unrotated(eng, q4_0_values(_unrotated(eng, moved)))  # the rotation is its inverse
     return x
 
 

@@ -384,13 +384,43 @@ def test_a_version_2_state_loads_with_unshifted_keys(fixture_models, llama_state
         want = _load_and_next(m, llama_state)
         assert _load_and_next(m, path).tolist() == want.tolist()
         assert not m.backend.key_shifts().any()
-    future = struct.pack("<8sI", session_state.MAGIC, 4) + data[12:-32]
+    future = struct.pack("<8sI", session_state.MAGIC, 5) + data[12:-32]
     path.write_bytes(future + hashlib.sha256(future).digest())
     with (
         _load(fixture_models["llama"], "native", n_ctx=64) as m,
-        pytest.raises(errors.StateFileError, match="version 4; this edgeinfer reads 2 and 3"),
+        pytest.raises(errors.StateFileError, match="version 5; this edgeinfer reads versions 2, 3"),
     ):
         m.load_state(path)
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_an_older_state_of_quantized_rows_is_refused(fixture_models, tmp_path, engine):
+    """Before version 4, q8_0 / q4_0 rows were stored unrotated: such a file's rows are not
+    what this cache holds (Walsh-Hadamard rotated), so it is refused, and the sequence is left
+    empty; the same file as version 4 loads."""
+    path, options = _shifted_state(fixture_models, tmp_path, "q4_0")
+    data = path.read_bytes()
+    n_text = struct.unpack_from("<I", data, 12)[0]
+    for version in (2, 3):
+        body = data[16:-32] if version == 3 else _without_shifts(data)
+        old = struct.pack("<8sII", session_state.MAGIC, version, n_text) + body
+        bad = tmp_path / f"v{version}.state"
+        bad.write_bytes(old + hashlib.sha256(old).digest())
+        with _load(fixture_models["llama"], engine, **options) as m:
+            why = f"version {version} holds q4_0/q4_0 rows unrotated"
+            with pytest.raises(errors.StateFileError, match=why):
+                m.load_state(bad)
+            assert m.backend.n_past == 0
+            m.load_state(path)
+            assert m.backend.n_past > 0
+
+
+def _without_shifts(data: bytes) -> bytes:
+    """The body of a state file (after its prefix, before its checksum) without its shifts."""
+    n_text = struct.unpack_from("<I", data, 12)[0]
+    header = json.loads(data[16 : 16 + n_text])
+    at = 16 + n_text + 4 * header["n_history"]
+    return data[16:at] + data[at + 4 * header["n_past"] : -32]
 
 
 def _load_and_next(m, path) -> np.ndarray:
