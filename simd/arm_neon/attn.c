@@ -117,6 +117,27 @@ static void rows_sum(const float *pr, const uint8_t *v, size_t row, int f32, int
         for (int t = 0; t < n; t++) acc[d] += (double)pr[t] * kv1(v + (size_t)t * row, d, f32);
 }
 
+/* attn_weighted_sum (KIVI's f16 residual and decoded rows): acc[d] += p[t] * v_t[d] over t in
+ * order, four dimensions in two double lanes at a time; the weights have at most float's bits,
+ * so each product is exact in double and the fused add rounds as the reference's add */
+static void neon_weighted_sum(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int hv,
+                              double *acc) {
+    int d = 0;
+    for (; d + 4 <= hv; d += 4) {
+        float64x2_t a0 = vld1q_f64(acc + d), a1 = vld1q_f64(acc + d + 2);
+        const uint8_t *r = v;
+        for (int t = 0; t < n; t++, r += row_bytes) {
+            const float32x4_t x = kv4(r, d, f32);
+            a0 = vfmaq_n_f64(a0, vcvt_f64_f32(vget_low_f32(x)), p[t]);
+            a1 = vfmaq_n_f64(a1, vcvt_high_f64_f32(x), p[t]);
+        }
+        vst1q_f64(acc + d, a0);
+        vst1q_f64(acc + d + 2, a1);
+    }
+    for (; d < hv; d++)
+        for (int t = 0; t < n; t++) acc[d] += p[t] * kv1(v + (size_t)t * row_bytes, d, f32);
+}
+
 /* acc[16 c0 + e] += sum over t in order of p[t] * v_t[16 c0 + e], e < 16, for value rows of a
  * q8_0 / q4_0 cache (c0 a half block): the values decoded in registers, exact in float, each
  * product exact in double (a fused add rounds as a separate one) */
@@ -223,6 +244,7 @@ static void neon_dots_f16(const double *qd, const uint8_t *k, size_t row_bytes, 
 void EI_NEON_FN(ei_neon_attn)(ei_kernels *k) {
     k->attn = neon_attn;
     k->attn_dots_f16 = neon_dots_f16;
+    k->attn_weighted_sum = neon_weighted_sum;
     k->attn_weighted_sum_q = neon_weighted_sum_q;
     k->attn_types = EI_ATTN_ALL;
 }
