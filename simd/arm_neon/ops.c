@@ -98,6 +98,30 @@ static void neon_scale(int n, float *y, float s) {
     for (; i < n; i++) y[i] *= s;
 }
 
+/* the reference's butterflies: strides 1 and 2 inside a vector (a partner from a permute,
+ * v + (+-u) as u + v or u - v, exactly), wider ones between vectors */
+static void neon_hadamard(float *x, int n, int block) {
+    neon_scale(n, x, 1.0f / sqrtf((float)block));
+    static const float sign1[4] = {1, -1, 1, -1}, sign2[4] = {1, 1, -1, -1};
+    const float32x4_t s1 = vld1q_f32(sign1), s2 = vld1q_f32(sign2);
+    for (int b = 0; b < n; b += block) {
+        float *y = x + b;
+        for (int i = 0; i < block; i += 4) {
+            float32x4_t v = vld1q_f32(y + i);
+            v = vaddq_f32(vrev64q_f32(v), vmulq_f32(v, s1));
+            v = vaddq_f32(vextq_f32(v, v, 2), vmulq_f32(v, s2));
+            vst1q_f32(y + i, v);
+        }
+        for (int len = 4; len < block; len <<= 1)
+            for (int i = 0; i < block; i += 2 * len)
+                for (int j = i; j < i + len; j += 4) {
+                    const float32x4_t u = vld1q_f32(y + j), w = vld1q_f32(y + j + len);
+                    vst1q_f32(y + j, vaddq_f32(u, w));
+                    vst1q_f32(y + j + len, vsubq_f32(u, w));
+                }
+    }
+}
+
 void EI_NEON_FN(ei_neon_ops)(ei_kernels *k) {
     k->rms_norm = neon_rms_norm;
     k->rope = neon_rope;
@@ -105,4 +129,5 @@ void EI_NEON_FN(ei_neon_ops)(ei_kernels *k) {
     k->swiglu = neon_swiglu;
     k->add = neon_add;
     k->scale = neon_scale;
+    k->hadamard = neon_hadamard;
 }

@@ -83,7 +83,7 @@ static inline void ei_attn_quant_scores(const ei_attn_params *p, const float *q,
             cs = p->runs[r].cs;
             memcpy(qr, q, sizeof(float) * (size_t)p->head_dim);
             if (cs) p->kt->rope(p->n_rot, qr, cs, p->rope_neox);
-            if (p->hadamard_k) ei_hadamard(qr, p->head_dim, p->hadamard_k);
+            if (p->hadamard_k) p->kt->hadamard(qr, p->head_dim, p->hadamard_k);
             quantize(qr, qq, p->head_dim);
         }
         p->kt->attn_dots_q(p->k_type, qq, (const uint8_t *)p->runs[r].k, p->k_row_bytes, p->head_dim, n, scores);

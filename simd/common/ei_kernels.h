@@ -98,7 +98,7 @@ typedef struct {
     int kivi_bits_k, kivi_bits_v, kivi_group, n_kivi_runs;
     size_t kivi_v_row_bytes;
     int n_rot, rope_neox; /* how the query is rotated for a run with cs */
-    int hadamard_k;       /* 0, or the block the keys are stored rotated by (ei_hadamard): the
+    int hadamard_k;       /* 0, or the block the keys are stored rotated by (hadamard): the
                            * query meets them rotated so, after any rotation by a run's cs */
 } ei_attn_params;
 
@@ -130,6 +130,13 @@ struct ei_kernels {
     void (*add)(int n, float *y, const float *x);
     /* y *= s */
     void (*scale)(int n, float *y, float s);
+    /* x[0..n) rotated, each block of `block` values (a power of two, at least 64, dividing n)
+     * on its own, by the orthonormal Walsh-Hadamard matrix (Sylvester order; its own inverse):
+     * scaled by 1/sqrtf(block) first, then butterflies (u + v, u - v) at strides 1, 2, 4, ...
+     * in float, the roundings GGML's fwht makes. A q8_0 / q4_0 cache stores its keys and
+     * values so rotated (ei_hadamard_block), as llama.cpp does, which spreads a head's
+     * outliers over its block */
+    void (*hadamard)(float *x, int n, int block);
     ei_attn_fn attn;
     ei_attn_group_fn attn_group; /* NULL: attn per query */
     uint32_t attn_types;         /* bit t set: attn and attn_group read cache rows of type t */
@@ -215,15 +222,9 @@ ei_f16 ei_fp32_to_fp16(float f);
 float ei_bf16_to_fp32(ei_bf16 h);
 ei_bf16 ei_fp32_to_bf16(float f);
 
-/* x[0..n) rotated, each block of `block` values (a power of two dividing n) on its own, by the
- * orthonormal Walsh-Hadamard matrix (Sylvester order; its own inverse): scaled by
- * 1/sqrtf(block) first, then butterflies (u + v, u - v) at strides 1, 2, 4, ... in float, the
- * roundings GGML's fwht makes. A quantized cache stores its keys and values so rotated
- * (ei_hadamard_block), as llama.cpp does, which spreads a head's outliers over its block. */
-void ei_hadamard(float *x, int n, int block);
-/* the block a cache of the given type rotates rows of head size hd by: 0 for none (a type
- * that is not q8_0 / q4_0, or hd not a multiple of 64); keys the largest power of two dividing
- * hd, values 64 */
+/* the block a cache of the given type rotates rows of head size hd by (the kernel table's
+ * hadamard): 0 for none (a type that is not q8_0 / q4_0, or hd not a multiple of 64); keys
+ * the largest power of two dividing hd, values 64 */
 int ei_hadamard_block(int type, int hd, int is_key);
 
 #endif

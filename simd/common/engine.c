@@ -43,7 +43,7 @@ struct ei_engine {
     /* a q8_0 / q4_0 key cache keeps its keys as first rotated when positions are dropped
      * (key_shifts.h); a query's runs from the pool are then split where the shift changes */
     ei_key_shifts ks;
-    /* a q8_0 / q4_0 cache stores its rows Walsh-Hadamard rotated (ei_hadamard), as llama.cpp
+    /* a q8_0 / q4_0 cache stores its rows Walsh-Hadamard rotated (the table's hadamard), as llama.cpp
      * does: keys and queries by hadamard_k values, values by hadamard_v, and the attention
      * output rotated back by hadamard_v; 0 for none */
     int hadamard_k, hadamard_v;
@@ -564,8 +564,8 @@ static void qkv_post(ei_engine *e, const step *st, int il, int ith, int nth) {
             if (l->k_norm.data) e->k->rms_norm(m->head_dim, kh, kh, l->k_norm.data, m->norm_eps);
             e->k->rope(m->n_rot, kh, cs, m->rope_neox);
         }
-        if (e->hadamard_k) ei_hadamard(k, e->kv_dim, e->hadamard_k);
-        if (e->hadamard_v) ei_hadamard(v, e->v_dim, e->hadamard_v);
+        if (e->hadamard_k) e->k->hadamard(k, e->kv_dim, e->hadamard_k);
+        if (e->hadamard_v) e->k->hadamard(v, e->v_dim, e->hadamard_v);
         const int cl = e->kivi ? e->m.n_layer + il : il; /* KIVI: every row enters the residual */
         store_kv(e, e->kivi ? EI_TYPE_F16 : e->p.kv_type_k, k_row(e, st->seq[i], cl, st->pos[i]), k, e->kv_dim);
         store_kv(e, e->kivi ? EI_TYPE_F16 : e->p.kv_type_v, v_row(e, st->seq[i], cl, st->pos[i]), v, e->v_dim);
@@ -756,7 +756,7 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
             float *out = e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v;
             if (nq > 1) e->k->attn_group(&ap, nq, q, (size_t)m->head_dim, out, (size_t)m->head_dim_v, scratch);
             else e->k->attn(&ap, q, out, scratch);
-            if (e->hadamard_v) ei_hadamard(out, nq * m->head_dim_v, e->hadamard_v);
+            if (e->hadamard_v) e->k->hadamard(out, nq * m->head_dim_v, e->hadamard_v);
         }
         ei_pool_barrier(e->pool);
         return;
@@ -767,7 +767,7 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
         ap.n_runs = query_runs(e, st, il, i, h / group, runs, &ap, pool_runs);
         float *out = e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v;
         e->k->attn(&ap, e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim, out, scratch);
-        if (e->hadamard_v) ei_hadamard(out, m->head_dim_v, e->hadamard_v); /* rotated back */
+        if (e->hadamard_v) e->k->hadamard(out, m->head_dim_v, e->hadamard_v); /* rotated back */
     }
     ei_pool_barrier(e->pool);
 }

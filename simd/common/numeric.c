@@ -1,5 +1,5 @@
 /* Portable scalar numerics shared by every variant: half and bfloat16 conversions, and the
- * Walsh-Hadamard rotation of quantized cache rows. */
+ * block by which a quantized cache rotates its rows. */
 #include <math.h>
 #include <string.h>
 
@@ -35,21 +35,6 @@ ei_bf16 ei_fp32_to_bf16(float f) {
     return (ei_bf16)((u + (0x7fff + ((u >> 16) & 1))) >> 16);
 }
 
-
-void ei_hadamard(float *x, int n, int block) {
-    const float scale = 1.0f / sqrtf((float)block);
-    for (int i = 0; i < n; i++) x[i] *= scale;
-    for (int b = 0; b < n; b += block) {
-        float *y = x + b;
-        for (int len = 1; len < block; len <<= 1)
-            for (int i = 0; i < block; i += 2 * len)
-                for (int j = i; j < i + len; j++) {
-                    const float u = y[j], v = y[j + len];
-                    y[j] = u + v;
-                    y[j + len] = u - v;
-                }
-    }
-}
 
 int ei_hadamard_block(int type, int hd, int is_key) {
     if ((type != EI_TYPE_Q8_0 && type != EI_TYPE_Q4_0) || hd <= 0 || hd % 64) return 0;

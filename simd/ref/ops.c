@@ -53,6 +53,21 @@ static void ref_scale(int n, float *y, float s) {
     for (int i = 0; i < n; i++) y[i] *= s;
 }
 
+static void ref_hadamard(float *x, int n, int block) {
+    const float scale = 1.0f / sqrtf((float)block);
+    for (int i = 0; i < n; i++) x[i] *= scale;
+    for (int b = 0; b < n; b += block) {
+        float *y = x + b;
+        for (int len = 1; len < block; len <<= 1)
+            for (int i = 0; i < block; i += 2 * len)
+                for (int j = i; j < i + len; j++) {
+                    const float u = y[j], v = y[j + len];
+                    y[j] = u + v;
+                    y[j + len] = u - v;
+                }
+    }
+}
+
 void ei_ref_op_kernels(ei_kernels *k) {
     k->rms_norm = ref_rms_norm;
     k->rope = ref_rope;
@@ -60,4 +75,5 @@ void ei_ref_op_kernels(ei_kernels *k) {
     k->swiglu = ref_swiglu;
     k->add = ref_add;
     k->scale = ref_scale;
+    k->hadamard = ref_hadamard;
 }

@@ -102,6 +102,31 @@ static void avx2_scale(int n, float *y, float s) {
     for (; i < n; i++) y[i] *= s;
 }
 
+/* the reference's butterflies: strides 1, 2 and 4 inside a vector (a partner from a permute,
+ * v + (+-u) as u + v or u - v, exactly), wider ones between vectors */
+static void avx2_hadamard(float *x, int n, int block) {
+    avx2_scale(n, x, 1.0f / sqrtf((float)block));
+    const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1), s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
+    const __m256 s4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
+    for (int b = 0; b < n; b += block) {
+        float *y = x + b;
+        for (int i = 0; i < block; i += 8) {
+            __m256 v = _mm256_loadu_ps(y + i);
+            v = _mm256_add_ps(_mm256_permute_ps(v, 0xB1), _mm256_mul_ps(v, s1));
+            v = _mm256_add_ps(_mm256_permute_ps(v, 0x4E), _mm256_mul_ps(v, s2));
+            v = _mm256_add_ps(_mm256_permute2f128_ps(v, v, 1), _mm256_mul_ps(v, s4));
+            _mm256_storeu_ps(y + i, v);
+        }
+        for (int len = 8; len < block; len <<= 1)
+            for (int i = 0; i < block; i += 2 * len)
+                for (int j = i; j < i + len; j += 8) {
+                    const __m256 u = _mm256_loadu_ps(y + j), w = _mm256_loadu_ps(y + j + len);
+                    _mm256_storeu_ps(y + j, _mm256_add_ps(u, w));
+                    _mm256_storeu_ps(y + j + len, _mm256_sub_ps(u, w));
+                }
+    }
+}
+
 void ei_avx2_op_kernels(ei_kernels *k) {
     k->rms_norm = avx2_rms_norm;
     k->rope = avx2_rope;
@@ -109,4 +134,5 @@ void ei_avx2_op_kernels(ei_kernels *k) {
     k->swiglu = avx2_swiglu;
     k->add = avx2_add;
     k->scale = avx2_scale;
+    k->hadamard = avx2_hadamard;
 }

@@ -117,6 +117,43 @@ static void scale(int n, float *y, float s) {
     for (; i < n; i++) y[i] *= s;
 }
 
+/* the reference's butterflies: strides 1 to 8 inside a vector (a partner from a permute,
+ * v + (+-u) as u + v or u - v, exactly), wider ones between vectors */
+static void hadamard(float *x, int n, int block) {
+    scale(n, x, 1.0f / sqrtf((float)block));
+    /* lane i's partner at strides 1, 2, 4 and 8 (i ^ stride), and +1 where lane i is the
+     * first of its pair, else -1 */
+    static const int32_t partner[4][16] = {
+        {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14},
+        {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+        {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+        {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
+    };
+    static const float sign[4][16] = {
+        {1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1},
+        {1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1},
+        {1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1},
+        {1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1},
+    };
+    for (int b = 0; b < n; b += block) {
+        float *y = x + b;
+        for (int i = 0; i < block; i += 16) {
+            __m512 v = _mm512_loadu_ps(y + i);
+            for (int k = 0; k < 4; k++)
+                v = _mm512_add_ps(_mm512_permutexvar_ps(_mm512_loadu_si512(partner[k]), v),
+                                  _mm512_mul_ps(v, _mm512_loadu_ps(sign[k])));
+            _mm512_storeu_ps(y + i, v);
+        }
+        for (int len = 16; len < block; len <<= 1)
+            for (int i = 0; i < block; i += 2 * len)
+                for (int j = i; j < i + len; j += 16) {
+                    const __m512 u = _mm512_loadu_ps(y + j), w = _mm512_loadu_ps(y + j + len);
+                    _mm512_storeu_ps(y + j, _mm512_add_ps(u, w));
+                    _mm512_storeu_ps(y + j + len, _mm512_sub_ps(u, w));
+                }
+    }
+}
+
 void ei_avx512_op_kernels(ei_kernels *k) {
     k->rms_norm = rms_norm;
     k->rope = rope;
@@ -124,4 +161,5 @@ void ei_avx512_op_kernels(ei_kernels *k) {
     k->swiglu = swiglu;
     k->add = add;
     k->scale = scale;
+    k->hadamard = hadamard;
 }

@@ -236,6 +236,13 @@ int main(void) {
             var.rope(256, yb, cs, neox);
             check_floats(neox ? "rope neox" : "rope", yb, ya, 256);
         }
+        for (int block = 64; block <= 256; block *= 2) { /* two blocks, then one */
+            memcpy(ya, x[0], sizeof(ya)); memcpy(yb, x[0], sizeof(yb));
+            ref.hadamard(ya, 512, block);
+            var.hadamard(yb, 512, block);
+            snprintf(what, sizeof(what), "hadamard block %d", block);
+            check_floats(what, yb, ya, 512);
+        }
         static ei_f16 table[65536];
         for (int i = 0; i < 65536; i++) table[i] = ei_fp32_to_fp16(ei_fp16_to_fp32((ei_f16)i) * 0.5f);
         ref.geglu(N, ya, x[0], x[1], table);
