@@ -71,7 +71,6 @@ MAGIC = b"EISTATE\0"
 FORMAT_VERSION = 4
 READ_VERSIONS = (2, 3, 4)
 _ROTATED_SINCE = 4
-_ROTATED_TYPES = ("q8_0", "q4_0")
 _PREFIX = struct.Struct("<8sII")  # magic, version, header length
 DIGEST_BYTES = 32
 MAX_HEADER_BYTES = 1 << 20  # a real header is well under a kilobyte per layer
@@ -358,6 +357,13 @@ def save(
 # --- reading ---------------------------------------------------------------------------------
 
 
+def _rotated(*names: str) -> bool:
+    """Whether any of these cache types stores rows Walsh-Hadamard rotated (for some head)."""
+    from edgeinfer.kv_cache import CACHE_TYPES
+
+    return any(n in CACHE_TYPES and CACHE_TYPES[n].hadamard_block(64, keys=True) for n in names)
+
+
 def read(path: str | os.PathLike[str]) -> tuple[StateHeader, bytes]:
     """The header and body of a state file, checked whole (sizes, checksum); nothing else."""
     source = Path(path)
@@ -381,7 +387,7 @@ def read(path: str | os.PathLike[str]) -> tuple[StateHeader, bytes]:
                 raise _bad(source, f"a header of {n_text} bytes in a file of {size}")
             text = f.read(n_text)
             h = _parse_header(source, text)
-            if version < _ROTATED_SINCE and {h.cache_type_k, h.cache_type_v} & set(_ROTATED_TYPES):
+            if version < _ROTATED_SINCE and _rotated(h.cache_type_k, h.cache_type_v):
                 raise _bad(
                     source, f"format version {version} holds {h.cache_type_k}/{h.cache_type_v} "
                     f"rows unrotated; this edgeinfer stores q8_0 and q4_0 rows Walsh-Hadamard "

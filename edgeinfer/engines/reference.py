@@ -74,8 +74,9 @@ def _q8_0_quants(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def hadamard(x: np.ndarray, block: int) -> np.ndarray:
     """x (float32) with each block of ``block`` values along its last axis rotated by the
-    orthonormal Walsh-Hadamard matrix, rounding as GGML's fwht (and simd's ei_hadamard) does:
-    scaled by 1/sqrtf(block) first, then butterflies at strides 1, 2, 4, ... in float32."""
+    orthonormal Walsh-Hadamard matrix, rounding as GGML's fwht (and the kernel table's
+    hadamard) does: scaled by 1/sqrtf(block) first, then butterflies at strides 1, 2, 4, ...
+    in float32."""
     y = x.astype(F32).reshape(-1, block) * (F32(1.0) / np.sqrt(F32(block)))
     stride = 1
     while stride < block:

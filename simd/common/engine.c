@@ -43,9 +43,9 @@ struct ei_engine {
     /* a q8_0 / q4_0 key cache keeps its keys as first rotated when positions are dropped
      * (key_shifts.h); a query's runs from the pool are then split where the shift changes */
     ei_key_shifts ks;
-    /* a q8_0 / q4_0 cache stores its rows Walsh-Hadamard rotated (the table's hadamard), as llama.cpp
-     * does: keys and queries by hadamard_k values, values by hadamard_v, and the attention
-     * output rotated back by hadamard_v; 0 for none */
+    /* a q8_0 / q4_0 cache stores its rows Walsh-Hadamard rotated (the table's hadamard), as
+     * llama.cpp does: keys and queries in blocks of hadamard_k values, values of hadamard_v,
+     * and the attention output rotated back by hadamard_v; 0 for none */
     int hadamard_k, hadamard_v;
     ei_attn_run *pool_runs; /* (n_threads, max_pool_runs) the pool's runs before the split */
     int max_pool_runs;

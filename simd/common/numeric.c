@@ -35,7 +35,6 @@ ei_bf16 ei_fp32_to_bf16(float f) {
     return (ei_bf16)((u + (0x7fff + ((u >> 16) & 1))) >> 16);
 }
 
-
 int ei_hadamard_block(int type, int hd, int is_key) {
     if ((type != EI_TYPE_Q8_0 && type != EI_TYPE_Q4_0) || hd <= 0 || hd % 64) return 0;
     if (!is_key) return 64;

@@ -333,15 +333,21 @@ def _shifted_state(fixture_models, tmp_path, kv: str = "q4_0"):
     return path, options
 
 
-def _with_shifts(data: bytes, change) -> bytes:
-    """The file with its key shifts changed by ``change`` (in place on an int32 array) and
-    its checksum made good again."""
+def _shifts_span(data: bytes) -> tuple[int, int]:
+    """Where a state file's key shifts lie: (first byte, end)."""
     n_text = struct.unpack_from("<I", data, 12)[0]
     header = json.loads(data[16 : 16 + n_text])
     at = 16 + n_text + 4 * header["n_history"]
-    shifts = np.frombuffer(data, "<i4", header["n_past"], at).copy()
+    return at, at + 4 * header["n_past"]
+
+
+def _with_shifts(data: bytes, change) -> bytes:
+    """The file with its key shifts changed by ``change`` (in place on an int32 array) and
+    its checksum made good again."""
+    at, end = _shifts_span(data)
+    shifts = np.frombuffer(data, "<i4", (end - at) // 4, at).copy()
     change(shifts)
-    out = data[:at] + shifts.tobytes() + data[at + 4 * header["n_past"] : -32]
+    out = data[:at] + shifts.tobytes() + data[end:-32]
     return out + hashlib.sha256(out).digest()
 
 
@@ -373,11 +379,8 @@ def test_impossible_key_shifts_are_refused(fixture_models, tmp_path, kv, change,
 def test_a_version_2_state_loads_with_unshifted_keys(fixture_models, llama_state, tmp_path):
     """Version 2 files (before the key shifts) hold keys rotated where they are."""
     data = llama_state.read_bytes()
-    n_text = struct.unpack_from("<I", data, 12)[0]
-    header = json.loads(data[16 : 16 + n_text])
-    at = 16 + n_text + 4 * header["n_history"]
-    rest = data[at + 4 * header["n_past"] : -32]
-    old = struct.pack("<8sI", session_state.MAGIC, 2) + data[12:at] + rest
+    at, end = _shifts_span(data)
+    old = struct.pack("<8sI", session_state.MAGIC, 2) + data[12:at] + data[end:-32]
     path = tmp_path / "v2.state"
     path.write_bytes(old + hashlib.sha256(old).digest())
     with _load(fixture_models["llama"], "native", n_ctx=64) as m:
@@ -417,10 +420,8 @@ def test_an_older_state_of_quantized_rows_is_refused(fixture_models, tmp_path, e
 
 def _without_shifts(data: bytes) -> bytes:
     """The body of a state file (after its prefix, before its checksum) without its shifts."""
-    n_text = struct.unpack_from("<I", data, 12)[0]
-    header = json.loads(data[16 : 16 + n_text])
-    at = 16 + n_text + 4 * header["n_history"]
-    return data[16:at] + data[at + 4 * header["n_past"] : -32]
+    at, end = _shifts_span(data)
+    return data[16:at] + data[end:-32]
 
 
 def _load_and_next(m, path) -> np.ndarray:
