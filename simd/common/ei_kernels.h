@@ -190,8 +190,11 @@ int ei_partner_type(int weight_type);
 size_t ei_row_size(int type, int64_t n);
 int ei_block_size(int type);
 /* EI_X16 rows of n values (row_stride bytes apart) rewritten into the interleaved layout of
- * their type (block_q4_0x16, block_q5_0x16), the same number of bytes; 0 when the type has none */
+ * their type (block_q4_0x16, ...: ei_blocks.h), ei_x16_size bytes; 0 when the type has none */
 int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *out);
+/* bytes of EI_X16 rows of n values in the interleaved layout of their type (0: none); some
+ * layouts keep scales unpacked and take more than the rows as stored */
+size_t ei_x16_size(int type, int64_t n);
 
 void ei_kernels_init_ref(ei_kernels *k);
 void ei_kernels_init_avx2(ei_kernels *k);

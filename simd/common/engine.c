@@ -458,9 +458,44 @@ static void pack_pending(ei_engine *e, const mm_job *jobs, int n_jobs, int ith, 
     ei_pool_barrier(e->pool);
 }
 
+/* rows [r0, r1) of job j's product for every token */
+static void matmul_rows(const ei_engine *e, const mm_job *job, int r0, int r1, int n) {
+    const ei_tensor *w = job->w;
+    const int cols = (int)w->ne0, pt = ei_partner_type(w->type);
+    const size_t wrow = ei_row_size(w->type, cols), arow = e->act_row[pt];
+    const ei_vec_dot_fn dot = e->k->vec_dot[w->type];
+    const ei_gemm_fn gemm = e->k->gemm[w->type];
+    const ei_gemm_x16_fn gemm_x16 = w->layout == EI_LAYOUT_X16 ? e->k->gemm_x16[w->type] : NULL;
+    float *out = job->out;
+    const size_t os = (size_t)job->out_stride;
+    for (int t0 = 0; t0 < n; t0 += EI_TILE) {
+        const int nc = n - t0 < EI_TILE ? n - t0 : EI_TILE;
+        const uint8_t *act = e->act[pt] + (size_t)t0 * arow;
+        if (gemm_x16) { /* whole groups: packed tensors have a multiple of EI_X16 rows */
+            const size_t group = ei_x16_size(w->type, cols);
+            for (int r = r0; r < r1; r += EI_X16)
+                gemm_x16(cols, nc, out + (size_t)t0 * os + r, os, (const uint8_t *)w->data + (size_t)(r / EI_X16) * group,
+                         act, arow);
+            continue;
+        }
+        for (int r = r0; r < r1; r += EI_TILE) {
+            const int nr = r1 - r < EI_TILE ? r1 - r : EI_TILE;
+            const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * wrow;
+            float *s = out + (size_t)t0 * os + r;
+            if (gemm) {
+                gemm(cols, nr, nc, s, os, wr, wrow, act, arow);
+                continue;
+            }
+            for (int c = 0; c < nc; c++)
+                for (int i = 0; i < nr; i++) dot(cols, &s[c * os + i], wr + i * wrow, act + c * arow);
+        }
+    }
+}
+
 /* out_j[t, r] = dot(row r of w_j, in[t]) for every job j: all jobs read the same input;
  * its activations are quantized once per partner type, then the rows of all jobs are
- * shared out among the threads in blocks. */
+ * taken by the threads in pieces of whole row blocks (ei_pool_next), each piece a row block
+ * for every token of a prompt, and up to 16 blocks of contiguous rows for a decoding step. */
 static void matmul_group(ei_engine *e, const mm_job *jobs, int n_jobs, const float *in, int in_stride,
                          int n, int ith, int nth) {
     const int cols = (int)jobs[0].w->ne0;
@@ -477,49 +512,19 @@ static void matmul_group(ei_engine *e, const mm_job *jobs, int n_jobs, const flo
     }
     ei_pool_barrier(e->pool);
 
-    int total = 0;
-    for (int j = 0; j < n_jobs; j++) total += (int)((jobs[j].w->ne1 + ROW_BLOCK - 1) / ROW_BLOCK);
-    int a, b;
-    split(total, ith, nth, &a, &b);
-    int base = 0;
+    const int piece = n >= 16 || n < 1 ? 1 : 16 / n; /* row blocks */
+    int pieces[4], total = 0; /* the pieces of each job, which never span two jobs */
     for (int j = 0; j < n_jobs; j++) {
-        const ei_tensor *w = jobs[j].w;
-        const int blocks = (int)((w->ne1 + ROW_BLOCK - 1) / ROW_BLOCK);
-        const int lo = a > base ? a - base : 0, hi = b - base < blocks ? b - base : blocks;
-        base += blocks;
-        if (lo >= hi) continue;
-        const int pt = ei_partner_type(w->type);
-        const size_t wrow = ei_row_size(w->type, cols), arow = e->act_row[pt];
-        const ei_vec_dot_fn dot = e->k->vec_dot[w->type];
-        const ei_gemm_fn gemm = e->k->gemm[w->type];
-        const ei_gemm_x16_fn gemm_x16 = w->layout == EI_LAYOUT_X16 ? e->k->gemm_x16[w->type] : NULL;
-        const int r_end = hi * ROW_BLOCK < w->ne1 ? hi * ROW_BLOCK : (int)w->ne1;
-        float *out = jobs[j].out;
-        const size_t os = (size_t)jobs[j].out_stride;
-        for (int r0 = lo * ROW_BLOCK; r0 < r_end; r0 += ROW_BLOCK) {
-            const int r1 = r0 + ROW_BLOCK < r_end ? r0 + ROW_BLOCK : r_end;
-            for (int t0 = 0; t0 < n; t0 += EI_TILE) {
-                const int nc = n - t0 < EI_TILE ? n - t0 : EI_TILE;
-                const uint8_t *act = e->act[pt] + (size_t)t0 * arow;
-                if (gemm_x16) { /* whole groups: packed tensors have a multiple of EI_X16 rows */
-                    for (int r = r0; r < r1; r += EI_X16)
-                        gemm_x16(cols, nc, out + (size_t)t0 * os + r, os, (const uint8_t *)w->data + (size_t)r * wrow,
-                                 act, arow);
-                    continue;
-                }
-                for (int r = r0; r < r1; r += EI_TILE) {
-                    const int nr = r1 - r < EI_TILE ? r1 - r : EI_TILE;
-                    const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * wrow;
-                    float *s = out + (size_t)t0 * os + r;
-                    if (gemm) {
-                        gemm(cols, nr, nc, s, os, wr, wrow, act, arow);
-                        continue;
-                    }
-                    for (int c = 0; c < nc; c++)
-                        for (int i = 0; i < nr; i++) dot(cols, &s[c * os + i], wr + i * wrow, act + c * arow);
-                }
-            }
-        }
+        const int blocks = (int)((jobs[j].w->ne1 + ROW_BLOCK - 1) / ROW_BLOCK);
+        pieces[j] = (blocks + piece - 1) / piece;
+        total += pieces[j];
+    }
+    for (int c; (c = ei_pool_next(e->pool)) < total;) {
+        int j = 0;
+        while (c >= pieces[j]) c -= pieces[j++];
+        const int rows = (int)jobs[j].w->ne1, r0 = c * piece * ROW_BLOCK;
+        const int r1 = r0 + piece * ROW_BLOCK < rows ? r0 + piece * ROW_BLOCK : rows;
+        matmul_rows(e, &jobs[j], r0, r1, n);
     }
     ei_pool_barrier(e->pool);
 }
@@ -657,9 +662,8 @@ static void kivi_attention(ei_engine *e, const step *st, int il, ei_attn_params 
     ap->kivi_v_row_bytes = e->kivi_v_row * (size_t)m->n_head_kv;
     ap->k_type = ap->v_type = EI_TYPE_F16;
     const head_units u = split_heads(e, st, nth);
-    int a, b;
-    split(u.n, ith, nth, &a, &b);
-    for (int w = a; w < b; w++) {
+    (void)ith; (void)nth;
+    for (int w; (w = ei_pool_next(e->pool)) < u.n;) {
         int i, g, h0, nq;
         unit_heads(e, u, w, &i, &g, &h0, &nq);
         ap->n_runs = kivi_query_runs(e, st, il, i, g, (ei_attn_run *)ap->runs, ap);
@@ -743,11 +747,9 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
         kivi_attention(e, st, il, &ap, scratch, ith, nth);
         return;
     }
-    int a, b;
     if (e->k->attn_group && group > 1) {
         const head_units u = split_heads(e, st, nth);
-        split(u.n, ith, nth, &a, &b);
-        for (int w = a; w < b; w++) {
+        for (int w; (w = ei_pool_next(e->pool)) < u.n;) {
             int i, g, h0, nq;
             unit_heads(e, u, w, &i, &g, &h0, &nq);
             ap.n_runs = query_runs(e, st, il, i, g, runs, &ap, pool_runs);
@@ -761,8 +763,7 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
         ei_pool_barrier(e->pool);
         return;
     }
-    split(st->n * m->n_head, ith, nth, &a, &b);
-    for (int w = a; w < b; w++) {
+    for (int w; (w = ei_pool_next(e->pool)) < st->n * m->n_head;) {
         const int i = w / m->n_head, h = w % m->n_head;
         ap.n_runs = query_runs(e, st, il, i, h / group, runs, &ap, pool_runs);
         float *out = e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v;

@@ -16,7 +16,7 @@
 
 struct ei_repack_item {
     ei_tensor *t;  /* the engine's own, writable description of the weight */
-    uint8_t *copy; /* its interleaved rows, the same number of bytes */
+    uint8_t *copy; /* its interleaved rows (ei_x16_size per group of EI_X16) */
     int release;   /* whether the file's pages may be dropped once copied */
 };
 
@@ -43,7 +43,8 @@ int ei_repack_reserve(ei_repack *r, int capacity) {
 int ei_repack_plan(ei_repack *r, const ei_kernels *k, ei_tensor *t, const void *shared) {
     if (!k->gemm_x16[t->type] || t->ne1 % EI_X16) return 1;
     if (r->n == r->capacity) return 0;
-    const size_t size = ei_row_size(t->type, t->ne0) * (size_t)t->ne1;
+    const size_t size = ei_x16_size(t->type, t->ne0) * (size_t)(t->ne1 / EI_X16);
+    if (!size) return 1;
     ei_repack_item *it = &r->items[r->n];
     if (!(it->copy = malloc(size))) return 0;
     it->t = t;
@@ -65,11 +66,11 @@ static const ei_repack_item *copy_of(const ei_repack *r, const ei_tensor *t) {
  * copies are never resident together (only pages wholly inside the share) */
 void ei_repack_share(const ei_repack *r, const ei_tensor *t, int ith, int nth) {
     const ei_repack_item *it = copy_of(r, t);
-    const size_t row = ei_row_size(t->type, t->ne0);
+    const size_t row = ei_row_size(t->type, t->ne0), packed = ei_x16_size(t->type, t->ne0);
     const int64_t groups = t->ne1 / EI_X16, g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
     for (int64_t g = g0; g < g1; g++)
         ei_pack_x16(t->type, (const uint8_t *)t->data + (size_t)g * EI_X16 * row, row, t->ne0,
-                    it->copy + (size_t)g * EI_X16 * row);
+                    it->copy + (size_t)g * packed);
     const size_t group_bytes = (size_t)EI_X16 * row;
     const uint8_t *share = (const uint8_t *)t->data + (size_t)g0 * group_bytes;
     if (it->release) release_pages(share, (size_t)(g1 - g0) * group_bytes);

@@ -67,6 +67,11 @@ struct ei_pool {
     /* sense-reversing barrier */
     atomic_int barrier_count;
     atomic_int barrier_sense;
+    /* Work taken piece by piece (ei_pool_next): the phase after the b-th barrier counts its
+     * pieces in work[b & 1]. The barrier that ends phase b - 1 zeroes the other counter, which
+     * no thread can still be using (they have all finished phase b - 1), for phase b + 1. */
+    atomic_uint passed; /* barriers completed (wrapping) */
+    atomic_int work[2];
 };
 
 typedef struct {
@@ -143,11 +148,13 @@ int ei_pool_size(const ei_pool *p) { return p->n; }
 
 void ei_pool_run(ei_pool *p, ei_task_fn fn, void *ctx) {
     if (p->n == 1) {
+        atomic_store(&p->work[atomic_load(&p->passed) & 1], 0);
         fn(ctx, 0, 1);
         return;
     }
     p->fn = fn;
     p->ctx = ctx;
+    atomic_store(&p->work[atomic_load(&p->passed) & 1], 0); /* the task's first phase */
     atomic_store(&p->finished, 0);
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     if (atomic_load(&p->sleeping) > 0) {
@@ -160,16 +167,32 @@ void ei_pool_run(ei_pool *p, ei_task_fn fn, void *ctx) {
     while (atomic_load_explicit(&p->finished, memory_order_acquire) != p->n - 1) backoff(&spins);
 }
 
+/* the last thread to reach a barrier, before it releases the others */
+static void end_phase(ei_pool *p) {
+    const unsigned b = atomic_load_explicit(&p->passed, memory_order_relaxed) + 1u;
+    atomic_store_explicit(&p->work[(b + 1u) & 1u], 0, memory_order_relaxed);
+    atomic_store_explicit(&p->passed, b, memory_order_relaxed);
+}
+
 void ei_pool_barrier(ei_pool *p) {
-    if (p->n == 1) return;
+    if (p->n == 1) {
+        end_phase(p);
+        return;
+    }
     const int sense = atomic_load_explicit(&p->barrier_sense, memory_order_relaxed);
     if (atomic_fetch_add_explicit(&p->barrier_count, 1, memory_order_acq_rel) == p->n - 1) {
+        end_phase(p);
         atomic_store_explicit(&p->barrier_count, 0, memory_order_relaxed);
         atomic_store_explicit(&p->barrier_sense, !sense, memory_order_release);
     } else {
         int spins = 0;
         while (atomic_load_explicit(&p->barrier_sense, memory_order_acquire) == sense) backoff(&spins);
     }
+}
+
+int ei_pool_next(ei_pool *p) {
+    const unsigned b = atomic_load_explicit(&p->passed, memory_order_relaxed);
+    return atomic_fetch_add_explicit(&p->work[b & 1u], 1, memory_order_relaxed);
 }
 
 void ei_pool_free(ei_pool *p) {

@@ -10,6 +10,11 @@ ei_pool *ei_pool_create(int n_threads); /* n_threads includes the caller; NULL o
 void ei_pool_run(ei_pool *pool, ei_task_fn fn, void *ctx);
 void ei_pool_barrier(ei_pool *pool); /* every thread of the running task must call it */
 int ei_pool_size(const ei_pool *pool);
+/* 0, 1, 2, ...: the next piece of the work between two barriers (or the start of the task and
+ * a barrier), each number given to one thread. Threads that take pieces until the numbers run
+ * past the work share it by how fast each runs, so a thread slowed by another program on its
+ * core leaves its pieces to the others instead of holding up the barrier. */
+int ei_pool_next(ei_pool *pool);
 void ei_pool_free(ei_pool *pool);
 
 #endif

@@ -35,6 +35,13 @@ size_t ei_row_size(int t, int64_t n) {
     return (size_t)(n / ti.block) * (size_t)ti.bytes;
 }
 
+size_t ei_x16_size(int type, int64_t n) {
+    switch (type) {
+    case EI_TYPE_Q4_0: case EI_TYPE_Q5_0: return EI_X16 * ei_row_size(type, n);
+    default: return 0;
+    }
+}
+
 int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *out) {
     if ((type != EI_TYPE_Q4_0 && type != EI_TYPE_Q5_0) || n % QK4_0) return 0;
     for (int r = 0; r < EI_X16; r++) {

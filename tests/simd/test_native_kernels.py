@@ -814,7 +814,7 @@ int main(void) {
         for (unsigned ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
             const int n = counts[ci] * bs;
             const size_t wr = ei_row_size(type, n) + PAD, ar = ei_row_size(pt, n) + PAD;
-            uint8_t *w = malloc(EI_X16 * wr), *packed = malloc(EI_X16 * ei_row_size(type, n)), *act = malloc(EI_TILE * ar);
+            uint8_t *w = malloc(EI_X16 * wr), *packed = malloc(ei_x16_size(type, n)), *act = malloc(EI_TILE * ar);
             static float x[MAX_N];
             for (int g = 0; g < EI_X16; g += EI_TILE) weights(type, n, w + g * wr, wr, &ref, 0);
             if (!ei_pack_x16(type, w, wr, n, packed)) { printf("FAIL pack_x16 type %d\n", type); failed++; }
