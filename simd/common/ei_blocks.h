@@ -85,6 +85,40 @@ typedef struct {
 } block_q6_K;
 static_assert(sizeof(block_q6_K) == QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, "block_q6_K size");
 
+/* the 6-bit scale and minimum of sub-block j (0..7) of Q4_K / Q5_K */
+static inline void ei_k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* K super-blocks of EI_X16 rows interleaved (the engine's copies, like block_q4_0x16): the
+ * values of each 32-value unit u of the super-block as nibbles laid out as a block_q4_0x16's
+ * qs, so that byte 64 k + 4 r + b of the unit holds value 4 k + b of row r in its low nibble
+ * and value 16 + 4 k + b in its high one (k < 4, b < 4), and the rows' scales unpacked, row
+ * by row within each sub-block. Q4_K keeps 8 scales and mins of 6 bits as bytes (64 bytes
+ * more than 16 rows as stored); Q6_K keeps the high two bits of its 6-bit values in qh, for
+ * each unit and m < 2 byte 64 m + 4 r + b: bits 0-1 those of value 8 m + b, 2-3 of 16 + 8 m
+ * + b, 4-5 of 8 m + 4 + b, 6-7 of 16 + 8 m + 4 + b (the same size as the rows). */
+typedef struct {
+    ei_f16 d[EI_X16], dmin[EI_X16];
+    uint8_t sc[QK_K / 32][EI_X16], mn[QK_K / 32][EI_X16];
+    uint8_t qs[QK_K / 32][EI_X16 * 16];
+} block_q4_Kx16;
+static_assert(sizeof(block_q4_Kx16) == EI_X16 * (2 + 2 + 8 + 8 + QK_K / 2), "block_q4_Kx16 size");
+
+typedef struct {
+    ei_f16 d[EI_X16];
+    int8_t sc[QK_K / 16][EI_X16];
+    uint8_t ql[QK_K / 32][EI_X16 * 16];
+    uint8_t qh[QK_K / 32][EI_X16 * 8];
+} block_q6_Kx16;
+static_assert(sizeof(block_q6_Kx16) == EI_X16 * sizeof(block_q6_K), "block_q6_Kx16 size");
+
 /* activations for K-quant dots: float scale, int8 values, sums of each 16 */
 typedef struct {
     float d;

@@ -17,7 +17,8 @@
  *   kernels.c  the folder's table: ei_kernels_init_<isa>
  *   simd.h     the folder's private header: intrinsics, inline helpers, its files' entry points
  *   blocks.h   weight blocks unpacked for the integer products, shared by quants.c and gemm.c
- * ref/ has no gemm.c (a NULL gemm loops vec_dot) and no private headers. */
+ * ref/ has no private headers; its gemm.c holds the references of the interleaved products
+ * only (ei_ref_gemm_x16), and a NULL gemm loops vec_dot. */
 #ifndef EI_KERNELS_H
 #define EI_KERNELS_H
 
@@ -195,6 +196,9 @@ int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *
 /* bytes of EI_X16 rows of n values in the interleaved layout of their type (0: none); some
  * layouts keep scales unpacked and take more than the rows as stored */
 size_t ei_x16_size(int type, int64_t n);
+/* the scalar reference of gemm_x16 for a type's interleaved layout (ref/gemm.c), NULL where
+ * it has none; not in any table (the tests check each variant's kernel against it) */
+ei_gemm_x16_fn ei_ref_gemm_x16(int type);
 
 void ei_kernels_init_ref(ei_kernels *k);
 void ei_kernels_init_avx2(ei_kernels *k);

@@ -466,13 +466,13 @@ static void matmul_rows(const ei_engine *e, const mm_job *job, int r0, int r1, i
     const ei_vec_dot_fn dot = e->k->vec_dot[w->type];
     const ei_gemm_fn gemm = e->k->gemm[w->type];
     const ei_gemm_x16_fn gemm_x16 = w->layout == EI_LAYOUT_X16 ? e->k->gemm_x16[w->type] : NULL;
+    const size_t group = gemm_x16 ? ei_x16_size(w->type, cols) : 0; /* bytes of EI_X16 packed rows */
     float *out = job->out;
     const size_t os = (size_t)job->out_stride;
     for (int t0 = 0; t0 < n; t0 += EI_TILE) {
         const int nc = n - t0 < EI_TILE ? n - t0 : EI_TILE;
         const uint8_t *act = e->act[pt] + (size_t)t0 * arow;
         if (gemm_x16) { /* whole groups: packed tensors have a multiple of EI_X16 rows */
-            const size_t group = ei_x16_size(w->type, cols);
             for (int r = r0; r < r1; r += EI_X16)
                 gemm_x16(cols, nc, out + (size_t)t0 * os + r, os, (const uint8_t *)w->data + (size_t)(r / EI_X16) * group,
                          act, arow);

@@ -38,12 +38,89 @@ size_t ei_row_size(int t, int64_t n) {
 size_t ei_x16_size(int type, int64_t n) {
     switch (type) {
     case EI_TYPE_Q4_0: case EI_TYPE_Q5_0: return EI_X16 * ei_row_size(type, n);
+    case EI_TYPE_Q4_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q4_Kx16);
+    case EI_TYPE_Q6_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q6_Kx16);
     default: return 0;
     }
 }
 
+/* the 256 values of a Q4_K super-block (0..15) and its 8 scales and mins */
+static void q4_K_values(const block_q4_K *b, uint8_t *u, uint8_t *sc, uint8_t *mn) {
+    for (int j = 0; j < 8; j++) {
+        int s, m;
+        ei_k4_scale_min(b->scales, j, &s, &m);
+        sc[j] = (uint8_t)s, mn[j] = (uint8_t)m;
+    }
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            u[64 * c + l] = b->qs[32 * c + l] & 0xf;
+            u[64 * c + 32 + l] = b->qs[32 * c + l] >> 4;
+        }
+}
+
+/* the 256 values of a Q6_K super-block, unsigned (value + 32, 0..63) */
+static void q6_K_values(const block_q6_K *b, uint8_t *u) {
+    for (int half = 0; half < 2; half++) {
+        const uint8_t *ql = b->ql + 64 * half, *qh = b->qh + 32 * half;
+        uint8_t *o = u + 128 * half;
+        for (int l = 0; l < 32; l++) {
+            o[l] = (uint8_t)((ql[l] & 0xf) | ((qh[l] & 3) << 4));
+            o[l + 32] = (uint8_t)((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4));
+            o[l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+            o[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+        }
+    }
+}
+
+/* unit (32 values u[0..32)) of row r as nibble pairs (ei_blocks.h: block_q4_Kx16) */
+static void pack_unit(const uint8_t *u, int r, uint8_t *qs) {
+    for (int k = 0; k < 4; k++)
+        for (int b = 0; b < 4; b++)
+            qs[64 * k + 4 * r + b] = (uint8_t)((u[4 * k + b] & 0xf) | (u[16 + 4 * k + b] & 0xf) << 4);
+}
+
+/* the high two bits of the unit's values of row r (block_q6_Kx16's qh) */
+static void pack_unit_high(const uint8_t *u, int r, uint8_t *qh) {
+    for (int m = 0; m < 2; m++)
+        for (int b = 0; b < 4; b++) {
+            const int v[4] = {u[8 * m + b], u[16 + 8 * m + b], u[8 * m + 4 + b], u[16 + 8 * m + 4 + b]};
+            qh[64 * m + 4 * r + b] = (uint8_t)((v[0] >> 4) | (v[1] >> 4) << 2 | (v[2] >> 4) << 4 | (v[3] >> 4) << 6);
+        }
+}
+
+static void pack_k_row(int type, const uint8_t *row, int r, int64_t n, uint8_t *out) {
+    uint8_t u[QK_K];
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        if (type == EI_TYPE_Q4_K) {
+            const block_q4_K *src = (const block_q4_K *)row + i;
+            block_q4_Kx16 *dst = (block_q4_Kx16 *)out + i;
+            uint8_t sc[8], mn[8];
+            q4_K_values(src, u, sc, mn);
+            dst->d[r] = src->d, dst->dmin[r] = src->dmin;
+            for (int j = 0; j < 8; j++) {
+                dst->sc[j][r] = sc[j], dst->mn[j][r] = mn[j];
+                pack_unit(u + 32 * j, r, dst->qs[j]);
+            }
+        } else {
+            const block_q6_K *src = (const block_q6_K *)row + i;
+            block_q6_Kx16 *dst = (block_q6_Kx16 *)out + i;
+            q6_K_values(src, u);
+            dst->d[r] = src->d;
+            for (int j = 0; j < 16; j++) dst->sc[j][r] = src->scales[j];
+            for (int j = 0; j < 8; j++) {
+                pack_unit(u + 32 * j, r, dst->ql[j]);
+                pack_unit_high(u + 32 * j, r, dst->qh[j]);
+            }
+        }
+    }
+}
+
 int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *out) {
-    if ((type != EI_TYPE_Q4_0 && type != EI_TYPE_Q5_0) || n % QK4_0) return 0;
+    if (!ei_x16_size(type, n)) return 0;
+    if (type == EI_TYPE_Q4_K || type == EI_TYPE_Q6_K) {
+        for (int r = 0; r < EI_X16; r++) pack_k_row(type, (const uint8_t *)rows + (size_t)r * row_stride, r, n, out);
+        return 1;
+    }
     for (int r = 0; r < EI_X16; r++) {
         const uint8_t *row = (const uint8_t *)rows + (size_t)r * row_stride;
         for (int64_t i = 0; i < n / QK4_0; i++) {

@@ -164,19 +164,8 @@ static void unpack_q3_K(const block_q3_K *b, int8_t *q, int *sc) {
             }
 }
 
-/* the 6-bit scale and minimum of sub-block j (0..7) of Q4_K / Q5_K */
-static void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 static void unpack_q4_K(const block_q4_K *b, int8_t *q, int *sc, int *mn) {
-    for (int j = 0; j < 8; j++) k4_scale_min(b->scales, j, &sc[j], &mn[j]);
+    for (int j = 0; j < 8; j++) ei_k4_scale_min(b->scales, j, &sc[j], &mn[j]);
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
             q[64 * c + l] = (int8_t)(b->qs[32 * c + l] & 0xf);
@@ -185,7 +174,7 @@ static void unpack_q4_K(const block_q4_K *b, int8_t *q, int *sc, int *mn) {
 }
 
 static void unpack_q5_K(const block_q5_K *b, int8_t *q, int *sc, int *mn) {
-    for (int j = 0; j < 8; j++) k4_scale_min(b->scales, j, &sc[j], &mn[j]);
+    for (int j = 0; j < 8; j++) ei_k4_scale_min(b->scales, j, &sc[j], &mn[j]);
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
             q[64 * c + l] = (int8_t)((b->qs[32 * c + l] & 0xf) | (((b->qh[l] >> (2 * c)) & 1) << 4));

@@ -334,7 +334,167 @@ static void avx2_gemm_x16_q5_0(int n, int nc, float *s, size_t ss, const void *x
     avx2_gemm_x16(1, n, nc, s, ss, x, y, ys);
 }
 
+/* ---- K super-blocks interleaved by 16 (block_q4_Kx16, block_q6_Kx16) ---------------------- */
+
+/* what every column shares in a super-block: for each half h (rows 8h..8h+7, one per 32-bit
+ * lane) the int16 pair (s, s) of each sub-block's scale, and the int16 multipliers of each pair
+ * of the activation's block sums; the rows' d (and dmin) as doubles, four rows a vector */
+typedef struct {
+    __m256i sc[2][16];
+    __m256i bmul[2][8];
+    __m256d d[4], dmin[4];
+} kx16_shared;
+
+/* (lo, hi) int16 pairs of 8 int32 lanes */
+EI_AVX2_INLINE __m256i pairs16(__m256i lo, __m256i hi) {
+    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(hi, 16));
+}
+
+EI_AVX2_INLINE void kx16_prepare(int q6, const uint8_t *x, kx16_shared *sh) {
+    const ei_f16 *d = q6 ? ((const block_q6_Kx16 *)x)->d : ((const block_q4_Kx16 *)x)->d;
+    for (int q = 0; q < 4; q++) {
+        sh->d[q] = _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(d + 4 * q))));
+        if (!q6)
+            sh->dmin[q] = _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(((const block_q4_Kx16 *)x)->dmin + 4 * q))));
+    }
+    for (int h = 0; h < 2; h++) {
+        if (q6) {
+            const block_q6_Kx16 *b = (const block_q6_Kx16 *)x;
+            __m256i v[16];
+            for (int j = 0; j < 16; j++) {
+                v[j] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->sc[j] + 8 * h)));
+                sh->sc[h][j] = pairs16(v[j], v[j]);
+            }
+            /* the values are stored 32 up: 32 sc times each block sum comes off */
+            for (int m = 0; m < 8; m++) sh->bmul[h][m] = pairs16(_mm256_slli_epi32(v[2 * m], 5), _mm256_slli_epi32(v[2 * m + 1], 5));
+        } else {
+            const block_q4_Kx16 *b = (const block_q4_Kx16 *)x;
+            for (int j = 0; j < 8; j++) {
+                const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->sc[j] + 8 * h)));
+                const __m256i mn = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->mn[j] + 8 * h)));
+                sh->sc[h][j] = pairs16(sc, sc);
+                sh->bmul[h][j] = pairs16(mn, mn); /* both block sums of sub-block j */
+            }
+        }
+    }
+}
+
+/* the 8 weight vectors of unit j for rows 8h..8h+7: w[k] values 4k..4k+3, w[4 + k] 16 + 4k.. */
+EI_AVX2_INLINE void kx16_unit(int q6, const uint8_t *x, int j, int h, __m256i *w) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const uint8_t *qs = q6 ? ((const block_q6_Kx16 *)x)->ql[j] : ((const block_q4_Kx16 *)x)->qs[j];
+    EI_UNROLL
+    for (int k = 0; k < 4; k++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * k + 32 * h));
+        w[k] = _mm256_and_si256(v, low);
+        w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+    if (!q6) return;
+    const __m256i two = _mm256_set1_epi8(0x30);
+    const uint8_t *qh = ((const block_q6_Kx16 *)x)->qh[j];
+    EI_UNROLL
+    for (int m = 0; m < 2; m++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qh + 64 * m + 32 * h));
+        w[2 * m] = _mm256_or_si256(w[2 * m], _mm256_and_si256(_mm256_slli_epi16(v, 4), two));
+        w[4 + 2 * m] = _mm256_or_si256(w[4 + 2 * m], _mm256_and_si256(_mm256_slli_epi16(v, 2), two));
+        w[2 * m + 1] = _mm256_or_si256(w[2 * m + 1], _mm256_and_si256(v, two));
+        w[4 + 2 * m + 1] = _mm256_or_si256(w[4 + 2 * m + 1], _mm256_and_si256(_mm256_srli_epi16(v, 2), two));
+    }
+}
+
+EI_AVX2_INLINE __m256i bcast4(const int8_t *p) {
+    int32_t a;
+    memcpy(&a, p, 4);
+    return _mm256_set1_epi32(a);
+}
+
+/* iacc (rows 8h..8h+7) += the scaled integer dots of unit j with one activation row: Q4_K's
+ * unit is one sub-block (8 products of values below 16 add up in int16), Q6_K's two, whose
+ * values below 64 allow two products per int16 sum */
+EI_AVX2_INLINE __m256i kx16_dots(int q6, const __m256i *w, const int8_t *y, const __m256i *sc, int j,
+                                 __m256i iacc) {
+    if (!q6) {
+        __m256i p = _mm256_maddubs_epi16(w[0], bcast4(y));
+        EI_UNROLL
+        for (int k = 1; k < 4; k++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[k], bcast4(y + 4 * k)));
+        EI_UNROLL
+        for (int k = 0; k < 4; k++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[4 + k], bcast4(y + 16 + 4 * k)));
+        return _mm256_add_epi32(iacc, _mm256_madd_epi16(p, sc[j]));
+    }
+    EI_UNROLL
+    for (int half = 0; half < 2; half++) { /* sub-block 2j + half: values 16 half .. 16 half + 15 */
+        const __m256i *wh = w + 4 * half;
+        const int8_t *yh = y + 16 * half;
+        const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(wh[0], bcast4(yh)), _mm256_maddubs_epi16(wh[1], bcast4(yh + 4)));
+        const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(wh[2], bcast4(yh + 8)), _mm256_maddubs_epi16(wh[3], bcast4(yh + 12)));
+        iacc = _mm256_add_epi32(iacc, _mm256_add_epi32(_mm256_madd_epi16(p0, sc[2 * j + half]), _mm256_madd_epi16(p1, sc[2 * j + half])));
+    }
+    return iacc;
+}
+
+/* Lane r of a vector = row r of 8: per super-block and half, the rows' integer sums with
+ * every activation row come out of broadcast activation bytes (no horizontal sums), and the
+ * super-block's term is rounded as the reference rounds it: (d_y d) isum - (d_y dmin) imin for
+ * Q4_K, (d_y d) isum for Q6_K, added in super-block order: vec_dot bit for bit. */
+EI_AVX2_INLINE void avx2_gemm_kx16(int q6, int n, int nc, float *s, size_t ss, const void *vx, const void *vy,
+                                   size_t ys) {
+    const size_t bytes = q6 ? sizeof(block_q6_Kx16) : sizeof(block_q4_Kx16);
+    const uint8_t *x = vx;
+    __m256d acc[EI_TILE][4]; /* (column, rows 4q..4q+3) */
+    for (int c = 0; c < EI_TILE; c++)
+        for (int q = 0; q < 4; q++) acc[c][q] = _mm256_setzero_pd();
+    kx16_shared sh;
+    for (int i = 0; i < n / QK_K; i++, x += bytes) {
+        if (nc == 1) /* decoding streams the weights once: ask for them a few super-blocks ahead */
+            for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + 3 * bytes + line, _MM_HINT_T0);
+        kx16_prepare(q6, x, &sh);
+        for (int h = 0; h < 2; h++) {
+            __m256i iacc[EI_TILE];
+            for (int c = 0; c < nc; c++) iacc[c] = _mm256_setzero_si256();
+            for (int j = 0; j < QK_K / 32; j++) {
+                __m256i w[8];
+                kx16_unit(q6, x, j, h, w);
+                for (int c = 0; c < nc; c++) {
+                    const block_q8_K *y = (const block_q8_K *)((const uint8_t *)vy + (size_t)c * ys) + i;
+                    iacc[c] = kx16_dots(q6, w, y->qs + 32 * j, sh.sc[h], j, iacc[c]);
+                }
+            }
+            for (int c = 0; c < nc; c++) {
+                const block_q8_K *y = (const block_q8_K *)((const uint8_t *)vy + (size_t)c * ys) + i;
+                __m256i imin = _mm256_setzero_si256();
+                EI_UNROLL
+                for (int m = 0; m < 8; m++)
+                    imin = _mm256_add_epi32(imin, _mm256_madd_epi16(sh.bmul[h][m], bcast4((const int8_t *)(y->bsums + 2 * m))));
+                const __m256d yd = _mm256_set1_pd((double)y->d);
+                if (q6) iacc[c] = _mm256_sub_epi32(iacc[c], imin);
+                EI_UNROLL
+                for (int part = 0; part < 2; part++) {
+                    const int q = 2 * h + part;
+                    const __m128i is = part ? _mm256_extracti128_si256(iacc[c], 1) : _mm256_castsi256_si128(iacc[c]);
+                    __m256d term = _mm256_mul_pd(_mm256_mul_pd(yd, sh.d[q]), _mm256_cvtepi32_pd(is));
+                    if (!q6) {
+                        const __m128i im = part ? _mm256_extracti128_si256(imin, 1) : _mm256_castsi256_si128(imin);
+                        term = _mm256_sub_pd(term, _mm256_mul_pd(_mm256_mul_pd(yd, sh.dmin[q]), _mm256_cvtepi32_pd(im)));
+                    }
+                    acc[c][q] = _mm256_add_pd(acc[c][q], term);
+                }
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++)
+        for (int q = 0; q < 4; q++) _mm_storeu_ps(s + (size_t)c * ss + 4 * q, _mm256_cvtpd_ps(acc[c][q]));
+}
+
+static void avx2_gemm_x16_q4_K(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    avx2_gemm_kx16(0, n, nc, s, ss, x, y, ys);
+}
+static void avx2_gemm_x16_q6_K(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    avx2_gemm_kx16(1, n, nc, s, ss, x, y, ys);
+}
+
 void ei_avx2_gemm_kernels(ei_kernels *k) {
+    k->gemm_x16[EI_TYPE_Q4_K] = avx2_gemm_x16_q4_K;
+    k->gemm_x16[EI_TYPE_Q6_K] = avx2_gemm_x16_q6_K;
     k->gemm_x16[EI_TYPE_Q4_0] = avx2_gemm_x16_q4_0;
     k->gemm_x16[EI_TYPE_Q5_0] = avx2_gemm_x16_q5_0;
     k->gemm[EI_TYPE_Q4_0] = avx2_gemm_q4_0;

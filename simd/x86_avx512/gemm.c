@@ -420,6 +420,152 @@ EI_INLINE void gemm_x16_impl(int q5, int n, int nc, float *s, size_t ss, const v
 GEMM_X16(q4_0, 0)
 GEMM_X16(q5_0, 1)
 
+/* ---- K super-blocks interleaved by 16 (block_q4_Kx16, block_q6_Kx16) ---------------------- */
+
+/* (lo, hi) int16 pairs of 16 int32 lanes */
+EI_INLINE __m512i pairs16(__m512i lo, __m512i hi) {
+    return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(hi, 16));
+}
+
+/* what every column shares in a super-block, lane r = row r: the int16 pair (s, s) of each
+ * sub-block's scale, the int16 multipliers of each pair of the activation's block sums, and
+ * the rows' d (and dmin) as doubles, rows 0..7 and 8..15 */
+typedef struct {
+    __m512i sc[16], bmul[8];
+    __m512d d[2], dmin[2];
+} kx16_shared;
+
+EI_INLINE __m512d f16x8_pd(const ei_f16 *h) { return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h))); }
+
+EI_INLINE void kx16_prepare(int q6, const uint8_t *x, kx16_shared *sh) {
+    if (q6) {
+        const block_q6_Kx16 *b = (const block_q6_Kx16 *)x;
+        sh->d[0] = f16x8_pd(b->d), sh->d[1] = f16x8_pd(b->d + 8);
+        __m512i v[16];
+        EI_UNROLL for (int j = 0; j < 16; j++) {
+            v[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->sc[j]));
+            sh->sc[j] = pairs16(v[j], v[j]);
+        }
+        /* the values are stored 32 up: 32 sc times each block sum comes off */
+        EI_UNROLL for (int m = 0; m < 8; m++) sh->bmul[m] = pairs16(_mm512_slli_epi32(v[2 * m], 5), _mm512_slli_epi32(v[2 * m + 1], 5));
+        return;
+    }
+    const block_q4_Kx16 *b = (const block_q4_Kx16 *)x;
+    sh->d[0] = f16x8_pd(b->d), sh->d[1] = f16x8_pd(b->d + 8);
+    sh->dmin[0] = f16x8_pd(b->dmin), sh->dmin[1] = f16x8_pd(b->dmin + 8);
+    EI_UNROLL for (int j = 0; j < 8; j++) {
+        const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->sc[j]));
+        const __m512i mn = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->mn[j]));
+        sh->sc[j] = pairs16(sc, sc);
+        sh->bmul[j] = pairs16(mn, mn); /* both block sums of sub-block j */
+    }
+}
+
+/* the 8 weight vectors of unit j, every row: w[k] values 4k..4k+3, w[4 + k] 16 + 4k.. */
+EI_INLINE void kx16_unit(int q6, const uint8_t *x, int j, __m512i *w) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const uint8_t *qs = q6 ? ((const block_q6_Kx16 *)x)->ql[j] : ((const block_q4_Kx16 *)x)->qs[j];
+    EI_UNROLL for (int k = 0; k < 4; k++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * k));
+        w[k] = _mm512_and_si512(v, low);
+        w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    if (!q6) return;
+    const __m512i two = _mm512_set1_epi8(0x30);
+    const uint8_t *qh = ((const block_q6_Kx16 *)x)->qh[j];
+    EI_UNROLL for (int m = 0; m < 2; m++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(qh + 64 * m));
+        w[2 * m] = _mm512_or_si512(w[2 * m], _mm512_and_si512(_mm512_slli_epi16(v, 4), two));
+        w[4 + 2 * m] = _mm512_or_si512(w[4 + 2 * m], _mm512_and_si512(_mm512_slli_epi16(v, 2), two));
+        w[2 * m + 1] = _mm512_or_si512(w[2 * m + 1], _mm512_and_si512(v, two));
+        w[4 + 2 * m + 1] = _mm512_or_si512(w[4 + 2 * m + 1], _mm512_and_si512(_mm512_srli_epi16(v, 2), two));
+    }
+}
+
+EI_INLINE __m512i bcast4(const void *p) {
+    int32_t a;
+    memcpy(&a, p, 4);
+    return _mm512_set1_epi32(a);
+}
+
+/* iacc += the scaled integer dots of unit j with one activation row: Q4_K's unit is one
+ * sub-block (8 products of values below 16 add up in int16), Q6_K's two, whose values below
+ * 64 allow two products per int16 sum */
+EI_INLINE __m512i kx16_dots(int q6, const __m512i *w, const int8_t *y, const __m512i *sc, int j, __m512i iacc,
+                            int vnni) {
+    if (!q6) {
+        __m512i p = _mm512_maddubs_epi16(w[0], bcast4(y));
+        EI_UNROLL for (int k = 1; k < 4; k++) p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[k], bcast4(y + 4 * k)));
+        EI_UNROLL for (int k = 0; k < 4; k++) p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[4 + k], bcast4(y + 16 + 4 * k)));
+        return dot_s16(iacc, p, sc[j], vnni);
+    }
+    EI_UNROLL for (int half = 0; half < 2; half++) { /* sub-block 2j + half */
+        const __m512i *wh = w + 4 * half;
+        const int8_t *yh = y + 16 * half;
+        const __m512i p0 = _mm512_add_epi16(_mm512_maddubs_epi16(wh[0], bcast4(yh)), _mm512_maddubs_epi16(wh[1], bcast4(yh + 4)));
+        const __m512i p1 = _mm512_add_epi16(_mm512_maddubs_epi16(wh[2], bcast4(yh + 8)), _mm512_maddubs_epi16(wh[3], bcast4(yh + 12)));
+        iacc = dot_s16(dot_s16(iacc, p0, sc[2 * j + half], vnni), p1, sc[2 * j + half], vnni);
+    }
+    return iacc;
+}
+
+/* Lane r = row r: per super-block, every row's integer sums with each activation row come
+ * out of broadcast activation bytes (no horizontal sums), and the super-block's term is
+ * rounded as the reference rounds it: (d_y d) isum - (d_y dmin) imin for Q4_K, (d_y d) isum
+ * for Q6_K, added in super-block order: vec_dot bit for bit. */
+EI_INLINE void gemm_kx16_impl(int q6, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys,
+                              int vnni) {
+    const size_t bytes = q6 ? sizeof(block_q6_Kx16) : sizeof(block_q4_Kx16);
+    const uint8_t *x = vx;
+    __m512d acc[EI_TILE][2];
+    EI_UNROLL for (int c = 0; c < EI_TILE; c++) acc[c][0] = acc[c][1] = _mm512_setzero_pd();
+    kx16_shared sh;
+    for (int i = 0; i < n / QK_K; i++, x += bytes) {
+        if (nc == 1) /* decoding streams the weights once: ask for them a few super-blocks ahead */
+            for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + 3 * bytes + line, _MM_HINT_T0);
+        kx16_prepare(q6, x, &sh);
+        __m512i iacc[EI_TILE];
+        EI_UNROLL for (int c = 0; c < EI_TILE; c++) iacc[c] = _mm512_setzero_si512();
+        for (int j = 0; j < QK_K / 32; j++) {
+            __m512i w[8];
+            kx16_unit(q6, x, j, w);
+            EI_UNROLL for (int c = 0; c < EI_TILE; c++) {
+                if (c >= nc) break;
+                const block_q8_K *y = (const block_q8_K *)((const uint8_t *)vy + (size_t)c * ys) + i;
+                iacc[c] = kx16_dots(q6, w, y->qs + 32 * j, sh.sc, j, iacc[c], vnni);
+            }
+        }
+        EI_UNROLL for (int c = 0; c < EI_TILE; c++) {
+            if (c >= nc) break;
+            const block_q8_K *y = (const block_q8_K *)((const uint8_t *)vy + (size_t)c * ys) + i;
+            __m512i imin = _mm512_setzero_si512();
+            EI_UNROLL for (int m = 0; m < 8; m++) imin = dot_s16(imin, sh.bmul[m], bcast4(y->bsums + 2 * m), vnni);
+            const __m512d yd = _mm512_set1_pd((double)y->d);
+            if (q6) iacc[c] = _mm512_sub_epi32(iacc[c], imin);
+            EI_UNROLL for (int part = 0; part < 2; part++) {
+                __m512d term = _mm512_mul_pd(_mm512_mul_pd(yd, sh.d[part]), part ? cvt_hi(iacc[c]) : cvt_lo(iacc[c]));
+                if (!q6)
+                    term = _mm512_sub_pd(term, _mm512_mul_pd(_mm512_mul_pd(yd, sh.dmin[part]), part ? cvt_hi(imin) : cvt_lo(imin)));
+                acc[c][part] = _mm512_add_pd(acc[c][part], term);
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        _mm256_storeu_ps(s + (size_t)c * ss, _mm512_cvtpd_ps(acc[c][0]));
+        _mm256_storeu_ps(s + (size_t)c * ss + 8, _mm512_cvtpd_ps(acc[c][1]));
+    }
+}
+
+#define GEMM_KX16(T, Q6)                                                                                       \
+    static void gemm_x16_##T##_vnni(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
+        gemm_kx16_impl(Q6, n, nc, s, ss, x, y, ys, 1);                                                         \
+    }                                                                                                          \
+    static void gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {     \
+        gemm_kx16_impl(Q6, n, nc, s, ss, x, y, ys, 0);                                                         \
+    }
+GEMM_KX16(q4_K, 0)
+GEMM_KX16(q6_K, 1)
+
 /* ---- the table --------------------------------------------------------------------------- */
 
 /* one activation row (decoding): the weight rows one by one through vec_dot */
@@ -470,4 +616,6 @@ void ei_avx512_gemm_kernels(ei_kernels *k, int vnni) {
 #undef SET
     k->gemm_x16[EI_TYPE_Q4_0] = vnni ? gemm_x16_q4_0_vnni : gemm_x16_q4_0;
     k->gemm_x16[EI_TYPE_Q5_0] = vnni ? gemm_x16_q5_0_vnni : gemm_x16_q5_0;
+    k->gemm_x16[EI_TYPE_Q4_K] = vnni ? gemm_x16_q4_K_vnni : gemm_x16_q4_K;
+    k->gemm_x16[EI_TYPE_Q6_K] = vnni ? gemm_x16_q6_K_vnni : gemm_x16_q6_K;
 }
