@@ -327,11 +327,20 @@ EI_AVX2_INLINE void avx2_gemm_x16(int q5, int n, int nc, float *s, size_t ss, co
         for (int q = 0; q < 4; q++) _mm_storeu_ps(s + (size_t)c * ss + 4 * q, _mm256_cvtpd_ps(acc[c][q]));
 }
 
+/* the column count a constant inside each inlined copy (the accumulators stay in registers) */
+#define X16_CASES(KERNEL, ARG)                                              \
+    switch (nc) {                                                           \
+    case 1: KERNEL(ARG, n, 1, s, ss, x, y, ys); break;                      \
+    case 2: KERNEL(ARG, n, 2, s, ss, x, y, ys); break;                      \
+    case 3: KERNEL(ARG, n, 3, s, ss, x, y, ys); break;                      \
+    default: KERNEL(ARG, n, EI_TILE, s, ss, x, y, ys); break;               \
+    }
+
 static void avx2_gemm_x16_q4_0(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
-    avx2_gemm_x16(0, n, nc, s, ss, x, y, ys);
+    X16_CASES(avx2_gemm_x16, 0)
 }
 static void avx2_gemm_x16_q5_0(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
-    avx2_gemm_x16(1, n, nc, s, ss, x, y, ys);
+    X16_CASES(avx2_gemm_x16, 1)
 }
 
 /* ---- K super-blocks interleaved by 16 (block_q4_Kx16, block_q6_Kx16) ---------------------- */
@@ -485,12 +494,12 @@ EI_AVX2_INLINE void avx2_gemm_kx16(int q6, int n, int nc, float *s, size_t ss, c
         for (int q = 0; q < 4; q++) _mm_storeu_ps(s + (size_t)c * ss + 4 * q, _mm256_cvtpd_ps(acc[c][q]));
 }
 
-static void avx2_gemm_x16_q4_K(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
-    avx2_gemm_kx16(0, n, nc, s, ss, x, y, ys);
-}
-static void avx2_gemm_x16_q6_K(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
-    avx2_gemm_kx16(1, n, nc, s, ss, x, y, ys);
-}
+#define KX16(T, Q6)                                                                                       \
+    static void avx2_gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
+        X16_CASES(avx2_gemm_kx16, Q6)                                                                     \
+    }
+KX16(q4_K, 0)
+KX16(q6_K, 1)
 
 void ei_avx2_gemm_kernels(ei_kernels *k) {
     k->gemm_x16[EI_TYPE_Q4_K] = avx2_gemm_x16_q4_K;

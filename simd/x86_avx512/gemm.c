@@ -556,12 +556,21 @@ EI_INLINE void gemm_kx16_impl(int q6, int n, int nc, float *s, size_t ss, const 
     }
 }
 
+/* the column count a constant inside each inlined copy, so that the accumulators stay in
+ * registers */
+#define KX16_CASES(Q6, VNNI)                                                           \
+    switch (nc) {                                                                      \
+    case 1: gemm_kx16_impl(Q6, n, 1, s, ss, x, y, ys, VNNI); break;                   \
+    case 2: gemm_kx16_impl(Q6, n, 2, s, ss, x, y, ys, VNNI); break;                   \
+    case 3: gemm_kx16_impl(Q6, n, 3, s, ss, x, y, ys, VNNI); break;                   \
+    default: gemm_kx16_impl(Q6, n, EI_TILE, s, ss, x, y, ys, VNNI); break;            \
+    }
 #define GEMM_KX16(T, Q6)                                                                                       \
     static void gemm_x16_##T##_vnni(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
-        gemm_kx16_impl(Q6, n, nc, s, ss, x, y, ys, 1);                                                         \
+        KX16_CASES(Q6, 1)                                                                                      \
     }                                                                                                          \
     static void gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {     \
-        gemm_kx16_impl(Q6, n, nc, s, ss, x, y, ys, 0);                                                         \
+        KX16_CASES(Q6, 0)                                                                                      \
     }
 GEMM_KX16(q4_K, 0)
 GEMM_KX16(q6_K, 1)
