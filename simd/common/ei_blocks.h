@@ -34,6 +34,8 @@ static_assert(sizeof(block_q4_1) == 2 + 2 + QK4_1 / 2, "block_q4_1 size");
 
 typedef struct { ei_f16 d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
 static_assert(sizeof(block_q5_0) == 2 + 4 + QK5_0 / 2, "block_q5_0 size");
+/* Q5_0 rows interleaved likewise; qh[r][b], bit k: the high bit of value 4 k + b (k < 4) or
+ * 16 + 4 (k - 4) + b (k >= 4) of row r, so one shift and mask moves it under the nibble */
 typedef struct { ei_f16 d[EI_X16]; uint8_t qh[EI_X16][4]; uint8_t qs[EI_X16 * QK5_0 / 2]; } block_q5_0x16;
 static_assert(sizeof(block_q5_0x16) == EI_X16 * sizeof(block_q5_0), "block_q5_0x16 size");
 

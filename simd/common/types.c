@@ -135,7 +135,13 @@ int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *
                 const block_q5_0 *src = (const block_q5_0 *)row + i;
                 block_q5_0x16 *dst = (block_q5_0x16 *)out + i;
                 dst->d[r] = src->d;
-                memcpy(dst->qh[r], src->qh, 4);
+                uint32_t h;
+                memcpy(&h, src->qh, 4); /* bit l: value l's high bit */
+                for (int b = 0; b < 4; b++) {
+                    uint8_t bits = 0;
+                    for (int k = 0; k < 8; k++) bits |= (uint8_t)(((h >> (k < 4 ? 4 * k + b : 16 + 4 * (k - 4) + b)) & 1) << k);
+                    dst->qh[r][b] = bits;
+                }
                 qs = src->qs, dst_qs = dst->qs;
             }
             for (int k = 0; k < 4; k++) memcpy(&dst_qs[64 * k + 4 * r], &qs[4 * k], 4);

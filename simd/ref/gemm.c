@@ -30,7 +30,7 @@ static void ref_x16_legacy(int q5, int n, int nc, float *s, size_t ss, const voi
                 int isum = 0;
                 for (int l = 0; l < 32; l++) {
                     int q = nibble(q5 ? b5->qs : b4->qs, r, l) - (q5 ? 16 : 8);
-                    if (q5) q += ((b5->qh[r][l / 8] >> (l % 8)) & 1) << 4;
+                    if (q5) q += ((b5->qh[r][l % 4] >> (l % 16 / 4 + 4 * (l / 16))) & 1) << 4;
                     isum += q * y[i].qs[l];
                 }
                 sum += (double)F16(q5 ? b5->d[r] : b4->d[r]) * F16(y[i].d) * isum;

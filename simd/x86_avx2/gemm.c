@@ -254,15 +254,6 @@ EI_AVX2_INLINE int avx2_block_sum(const int8_t *qs) {
     return _mm_cvtsi128_si32(t) - 32 * 128;
 }
 
-/* lane-wise: the 4 bits of each 32-bit lane's v >> shift (bits 0..3) as bit 4 of its 4 bytes */
-EI_AVX2_INLINE __m256i avx2_high_bits(__m256i v, int shift) {
-    const __m256i low_byte = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
-                                              0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
-    const __m256i bit = _mm256_set1_epi32(0x08040201);
-    const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_srli_epi32(v, shift), low_byte), bit);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10));
-}
-
 /* Lane r = row r (rows 0..7 in half 0, 8..15 in half 1) of block_q4_0x16 or block_q5_0x16:
  * per block and half, the 8 products of 4 weight bytes of each row with 4 broadcast
  * activation bytes (vpmaddubsw) add up in 16 bits without saturating (weights below 16:
@@ -301,9 +292,10 @@ EI_AVX2_INLINE void avx2_gemm_x16(int q5, int n, int nc, float *s, size_t ss, co
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * k + 32 * h));
                 w[k] = _mm256_and_si256(v, low);
                 w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                if (q5) {
-                    w[k] = _mm256_or_si256(w[k], avx2_high_bits(qh, 4 * k));
-                    w[4 + k] = _mm256_or_si256(w[4 + k], avx2_high_bits(qh, 16 + 4 * k));
+                if (q5) { /* bit k of each byte of qh (k + 4 for w[4 + k]) to bit 4 */
+                    const __m256i bit4 = _mm256_set1_epi8(0x10);
+                    w[k] = _mm256_or_si256(w[k], _mm256_and_si256(_mm256_slli_epi16(qh, 4 - k), bit4));
+                    w[4 + k] = _mm256_or_si256(w[4 + k], _mm256_and_si256(_mm256_srli_epi16(qh, k), bit4));
                 }
             }
             for (int c = 0; c < nc; c++) {

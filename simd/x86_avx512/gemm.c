@@ -351,14 +351,6 @@ EI_INLINE int block_sum_q8(const int8_t *qs) {
     return _mm_cvtsi128_si32(t) - 32 * 128;
 }
 
-/* lane-wise: the 4 bits of v >> shift (bits 0..3) spread to bit 4 of each of the lane's 4 bytes */
-EI_INLINE __m512i high_bits(__m512i v, int shift) {
-    const __m512i spread = _mm512_setr_epi32(0x00000000, 0x00000010, 0x00001000, 0x00001010, 0x00100000, 0x00100010,
-                                             0x00101000, 0x00101010, 0x10000000, 0x10000010, 0x10001000, 0x10001010,
-                                             0x10100000, 0x10100010, 0x10101000, 0x10101010);
-    return _mm512_permutexvar_epi32(_mm512_srli_epi32(v, (unsigned)shift), spread); /* uses bits 0..3 */
-}
-
 /* 16 interleaved rows (block_q4_0x16 or block_q5_0x16), lane r = row r: per block, 8
  * products of the rows' bytes with four broadcast activation bytes give every row's isum
  * without a horizontal reduction; the weights' offset (8 or 16) comes out as that times
@@ -385,9 +377,10 @@ EI_INLINE void gemm_x16_impl(int q5, int n, int nc, float *s, size_t ss, const v
             const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * k));
             w[k] = _mm512_and_si512(v, low);
             w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            if (q5) {
-                w[k] = _mm512_or_si512(w[k], high_bits(qh, 4 * k));
-                w[4 + k] = _mm512_or_si512(w[4 + k], high_bits(qh, 16 + 4 * k));
+            if (q5) { /* bit k of each byte of qh (k + 4 for w[4 + k]) to bit 4 */
+                const __m512i bit4 = _mm512_set1_epi8(0x10);
+                w[k] = _mm512_or_si512(w[k], _mm512_and_si512(_mm512_slli_epi16(qh, 4 - k), bit4));
+                w[4 + k] = _mm512_or_si512(w[4 + k], _mm512_and_si512(_mm512_srli_epi16(qh, k), bit4));
             }
         }
         EI_UNROLL for (int c = 0; c < EI_TILE; c++) {
