@@ -5,21 +5,28 @@ every figure is printed with the ratio edgeinfer / llama.cpp (for load time and 
 llama.cpp / edgeinfer: above 1 means edgeinfer is better everywhere).
 
     python benchmarks/compare_llamacpp.py MODEL.gguf [-t 2] [-p 512] [-n 128] [--rounds 2]
-                                          [--membw] [--json]
+                                          [--membw] [--busy] [--json]
 
 With --membw it also measures the machine's memory read bandwidth with the same threads
 (membw.py) and prints what share of it each engine's generation uses: bytes of weights read
 per token (every tensor but a token embedding that is only looked up) x tokens per second.
+
+With --busy another process keeps one core busy (a Python loop) while both engines are
+measured, still alternating, so each runs on a loaded machine as on a desktop with other work
+(the bandwidth of --membw is measured after, without it); the header says so, and the JSON has
+"busy": true.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -37,6 +44,28 @@ def _run(cmd: list[str]) -> dict:
     if out.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-2000:]}")
     return json.loads(out.stdout[out.stdout.index("{") :])
+
+
+@contextlib.contextmanager
+def busy_core(enabled: bool = True) -> Iterator[subprocess.Popen | None]:
+    """While the body runs, a process that keeps one core busy (None when not ``enabled``);
+    stopped when the body ends, however it ends."""
+    if not enabled:
+        yield None
+        return
+    loop = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield loop
+    finally:
+        loop.terminate()
+        try:
+            loop.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            loop.kill()
+            loop.wait()
 
 
 def weight_bytes_per_token(model: str) -> int:
@@ -63,6 +92,9 @@ def main() -> int:
     ap.add_argument(
         "--membw", action="store_true", help="measure bandwidth and its use by generation"
     )
+    ap.add_argument(
+        "--busy", action="store_true", help="keep one core busy while the engines are measured"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     common = [
@@ -80,10 +112,14 @@ def main() -> int:
         ours_cmd += ["--isa", args.isa]
     theirs_cmd = [sys.executable, str(HERE / "llamacpp_bench.py"), args.model, *common]
     ours, theirs = [], []
-    for _ in range(args.rounds):
-        ours.append(_run(ours_cmd))
-        theirs.append(_run(theirs_cmd))
-    result = {"model": args.model, "threads": args.threads, "isa": ours[0]["isa"], "figures": {}}
+    with busy_core(args.busy):
+        for _ in range(args.rounds):
+            ours.append(_run(ours_cmd))
+            theirs.append(_run(theirs_cmd))
+    result = {
+        "model": args.model, "threads": args.threads, "isa": ours[0]["isa"], "busy": args.busy,
+        "figures": {},
+    }  # fmt: skip
     for key, _label, higher_better in FIGURES:
         a = statistics.mean(r[key] for r in ours)
         b = statistics.mean(r[key] for r in theirs)
@@ -105,7 +141,8 @@ def main() -> int:
         return 0
     print(f"{Path(args.model).name}: {args.threads} threads, "
           f"edgeinfer {ours[0]['engine']}/{ours[0]['isa']}, llama.cpp {theirs[0]['version']}; "
-          f"pp{args.n_prompt} tg{args.n_gen}, {args.rounds} rounds")  # fmt: skip
+          f"pp{args.n_prompt} tg{args.n_gen}, {args.rounds} rounds"
+          + ("; one core kept busy by another process" if args.busy else ""))  # fmt: skip
     print(f"{'':28} {'edgeinfer':>12} {'llama.cpp':>12} {'ratio':>8}")
     for key, label, _ in FIGURES:
         f = result["figures"][key]
