@@ -101,6 +101,15 @@ static inline __m512i ei_simde_cvtepi8_epi32(__m128i a) {
 #define _mm512_cvtepi8_epi32(a) ei_simde_cvtepi8_epi32(a)
 #endif
 
+#ifndef _mm512_cvtepu8_epi32
+static inline __m512i ei_simde_cvtepu8_epi32(__m128i a) {
+    EI_LANES(uint8_t, b, a); int32_t r[16];
+    for (int i = 0; i < 16; i++) r[i] = b[i];
+    return _mm512_loadu_si512(r);
+}
+#define _mm512_cvtepu8_epi32(a) ei_simde_cvtepu8_epi32(a)
+#endif
+
 #ifndef _mm512_cvtepi16_epi32
 static inline __m512i ei_simde_cvtepi16_epi32(__m256i a) {
     EI_LANES(int16_t, w, a); int32_t r[16];
