@@ -209,6 +209,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
     bench.add_argument("--isa", default=None, help="force an instruction-set variant")
     bench.add_argument("--json", action="store_true")
+    bench.add_argument("--profile", action="store_true",
+                       help="where the time goes, per op, for one prompt step and for decoding "
+                       "(-r repeats the prompt step)")  # fmt: skip
     bench.add_argument("-c", "--ctx", type=_CTX, default=None,
                        help="context (default: prompt + generated tokens); smaller, the policy "
                        "makes room")  # fmt: skip
@@ -610,6 +613,8 @@ def _cache_line(c: dict[str, Any]) -> str:
 def cmd_bench(args: argparse.Namespace) -> int:
     from edgeinfer.bench import run
 
+    if args.profile:
+        return _bench_profile(args)
     r = run(
         args.model, n_prompt=args.n_prompt, n_gen=args.n_gen, n_threads=args.threads,
         repetitions=args.repetitions, engine=args.engine, isa=args.isa, n_ctx=args.ctx,
@@ -636,6 +641,51 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if r["dropped_tokens"]:
         print(f"         {r['dropped_tokens']} tokens dropped past the context ({r['policy']})")
     return 0
+
+
+def _bench_profile(args: argparse.Namespace) -> int:
+    from edgeinfer.bench import profile
+
+    options = _cache_options(args)
+    for name in ("context_policy", "n_keep", "n_sink"):  # the profile's context always fits
+        options.pop(name, None)
+    r = profile(
+        args.model, n_prompt=args.n_prompt, n_gen=args.n_gen, n_threads=args.threads,
+        repetitions=args.repetitions, engine=args.engine, isa=args.isa, **options,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(
+        f"{os.path.basename(r['model'])}: {r['engine']} engine ({r['isa']}), {r['threads']} "
+        "threads, per-op profile"
+    )
+    for title, phase in (
+        (f"prompt step of {r['n_prompt']} tokens", r["prompt"]),
+        (f"decoding, {r['n_gen']} steps of one token", r["decode"]),
+    ):
+        print()
+        print("\n".join(_profile_table(title, phase)))
+    return 0
+
+
+def _profile_table(title: str, phase: dict[str, Any]) -> list[str]:
+    """A phase of a profile: its times per step, then a row per op, largest first."""
+
+    def rate(v: float | None) -> str:
+        return f"{v:9.1f}" if v is not None else " " * 9
+
+    lines = [
+        f"{title}: {phase['step_ms']:.3f} ms a step, {phase['engine_ms']:.3f} in the engine; "
+        f"the parts add up to {phase['parts_ms']:.3f}",
+        f"  {'op':<36} {'calls':>7} {'ms':>9} {'share':>6} {'GFLOP/s':>9} {'GB/s':>9}",
+    ]
+    for row in phase["ops"]:
+        lines.append(
+            f"  {row['op']:<36} {row['calls']:7.4g} {row['ms']:9.3f} {row['share']:6.1%} "
+            f"{rate(row['gflops'])} {rate(row['gbps'])}".rstrip()
+        )
+    return lines
 
 
 # --- perplexity ------------------------------------------------------------------------------

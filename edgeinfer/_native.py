@@ -5,8 +5,10 @@ exceptions here; pointers never leave this module. The library reads the weights
 from the memory map, which this module keeps alive for as long as an engine uses it.
 
 The library is used only when it matches this module exactly: its API version, the size of
-every struct mirrored here (``ei_struct_size``) and the order of the layer tensors
-(``ei_layer_tensor_name``, checked against :class:`edgeinfer.models.base.LayerTensors`). Any
+every struct mirrored here (``ei_struct_size``), the order of the layer tensors
+(``ei_layer_tensor_name``, checked against :class:`edgeinfer.models.base.LayerTensors`) and
+of the per-op profile's kinds (``ei_profile_kind_name``, against
+:data:`edgeinfer.engines.base.PROFILE_KINDS`). Any
 mismatch, or a missing file, leaves it unused with the reason in :func:`available` and the
 file looked for in :func:`library_path_looked_for`: a struct read with the wrong layout would
 corrupt memory. The library is looked for next to this module, or in the folder named by the
@@ -29,7 +31,7 @@ import numpy as np
 
 from edgeinfer import errors
 from edgeinfer.engines import ENGINES
-from edgeinfer.engines.base import Batch, SequenceEngine
+from edgeinfer.engines.base import PROFILE_KINDS, Batch, EngineProfile, OpTime, SequenceEngine
 from edgeinfer.gguf import GGUFFile, TensorInfo
 from edgeinfer.gguf.constants import GGMLType
 from edgeinfer.kv_cache import (
@@ -47,7 +49,7 @@ from edgeinfer.kv_cache import (
 from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 8
+API_VERSION = 9
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = (
@@ -104,8 +106,17 @@ class EngineParams(ctypes.Structure):
     ]  # fmt: skip
 
 
+class ProfileEntry(ctypes.Structure):
+    _fields_ = [
+        ("kind", c_int32), ("type", c_int32),
+        *[(n, c_int64) for n in ("rows", "cols", "calls", "ns", "flops", "bytes")],
+    ]  # fmt: skip
+
+
 # ei_struct_size(which) -> the struct mirrored here, in the order of the C EI_STRUCT_* enum
-_STRUCTS: tuple[type[ctypes.Structure], ...] = (Tensor, LayerDesc, ModelDesc, EngineParams)
+_STRUCTS: tuple[type[ctypes.Structure], ...] = (
+    Tensor, LayerDesc, ModelDesc, EngineParams, ProfileEntry,
+)  # fmt: skip
 
 # cache element types the native attention reads and writes, as rows (CacheLayout.ROWS)
 _NATIVE_CACHE_TYPES = frozenset({GGMLType.F16, GGMLType.F32, GGMLType.Q8_0, GGMLType.Q4_0})
@@ -121,6 +132,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_last_error": (c_char_p, []),
     "ei_struct_size": (c_size_t, [c_int]),
     "ei_layer_tensor_name": (c_char_p, [c_int]),
+    "ei_profile_kind_name": (c_char_p, [c_int]),
     "ei_isa_name": (c_char_p, [c_int]),
     "ei_isa_supported": (c_int, [c_int]),
     "ei_isa_reason": (c_char_p, [c_int]),
@@ -156,6 +168,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     ),
     "ei_engine_seq_quantized": (c_int, [c_void_p, c_int32, _P(c_int32), c_int32]),
     "ei_engine_seq_key_shifts": (c_int, [c_void_p, c_int32, c_int32, c_void_p, c_int32]),
+    "ei_engine_profile": (c_int, [c_void_p, c_int32]),
+    "ei_engine_profile_read": (c_int, [c_void_p, _P(ProfileEntry), c_int32, _P(c_int32)]),
     "ei_engine_isa": (c_int, [c_void_p]),
     "ei_engine_memory": (c_size_t, [c_void_p]),
     "ei_engine_weight_copies": (c_size_t, [c_void_p]),
@@ -218,6 +232,11 @@ def _mismatch(lib: ctypes.CDLL) -> str | None:
         names.append(name.decode())
     if tuple(names) != _LAYER_TENSORS:
         return f"its layer tensors are {names}, edgeinfer's LayerTensors are {list(_LAYER_TENSORS)}"
+    kinds: list[str] = []
+    while (name := lib.ei_profile_kind_name(len(kinds))) is not None:
+        kinds.append(name.decode())
+    if tuple(kinds) != PROFILE_KINDS:
+        return f"its profile kinds are {kinds}, edgeinfer's are {list(PROFILE_KINDS)}"
     return None
 
 
@@ -612,6 +631,29 @@ class NativeEngine(SequenceEngine):
         lib = library()
         for index in range(first, last):
             check(lib.ei_engine_seq_set_key(self._handle, seq, index, 0))
+
+    can_profile = True
+
+    def set_profiling(self, on: bool) -> None:
+        self._check_open()
+        check(library().ei_engine_profile(self._handle, int(on)))
+
+    def profile(self) -> EngineProfile:
+        self._check_open()
+        lib, n = library(), c_int32()
+        check(lib.ei_engine_profile_read(self._handle, None, 0, ctypes.byref(n)))
+        rows = (ProfileEntry * max(n.value, 1))()
+        check(lib.ei_engine_profile_read(self._handle, rows, n.value, ctypes.byref(n)))
+        ops, calls, ns = [], 0, 0
+        for r in rows[: n.value]:
+            if PROFILE_KINDS[r.kind] == "call":
+                calls, ns = int(r.calls), int(r.ns)
+                continue
+            ops.append(OpTime(
+                PROFILE_KINDS[r.kind], int(r.type) if r.type >= 0 else None, int(r.rows),
+                int(r.cols), int(r.calls), int(r.ns), int(r.flops), int(r.bytes),
+            ))  # fmt: skip
+        return EngineProfile(tuple(ops), calls, ns)
 
     can_save_rows = True
 

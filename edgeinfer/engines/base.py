@@ -81,6 +81,44 @@ class Batch:
         return len(self.tokens)
 
 
+# the kinds of phase a native forward pass is cut into by its per-op profile, in the order of
+# EI_PROFILE_KINDS (simd/include/edgeinfer.h), which edgeinfer._native checks against this;
+# "call" is a whole engine call, the total the others add up to
+PROFILE_KINDS = (
+    "call", "cache_blocks", "threads", "embed", "rope_tables", "norm", "act_quant", "repack",
+    "matmul", "qkv_post", "kivi_quant", "attention", "output_rows", "glu", "softcap",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """One row of an engine's per-op profile: every phase of one kind (for ``matmul``, of one
+    weight type and shape) since profiling started."""
+
+    kind: str  # one of PROFILE_KINDS other than "call"
+    weight_type: int | None  # matmul: the weight's GGML type
+    rows: int  # matmul: the weight's rows (outputs) and columns (inputs); 0 otherwise
+    cols: int
+    calls: int
+    ns: int  # wall time, the wait for the slowest thread included
+    flops: int  # floating-point operations done; 0 where none are counted
+    bytes: int  # bytes read (weights; cache rows for attention); 0 where none are counted
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """What an engine's per-op profile holds: its rows, and the wall time of the engine calls
+    they were taken from (measured apart, so that the rows can be checked against it)."""
+
+    ops: tuple[OpTime, ...]
+    calls: int  # engine calls (decode) profiled
+    ns: int  # their wall time inside the engine
+
+    @property
+    def parts_ns(self) -> int:
+        return sum(op.ns for op in self.ops)
+
+
 @runtime_checkable
 class Engine(Protocol):
     """The one interface ``load()``, generation, the CLI, ``doctor`` and ``bench`` use."""
@@ -157,6 +195,17 @@ class Engine(Protocol):
         """(seq_length,) int64: the attention each position of ``seq`` received from every
         query head of every layer since it was evaluated, in units of 2**-32 (created with
         ``track_attention``)."""
+        ...
+
+    can_profile: ClassVar[bool]  # whether the two methods below work
+
+    def set_profiling(self, on: bool) -> None:
+        """Starts the per-op profile, every counter at zero (``on``), or pauses it. Off, it
+        costs nothing measurable."""
+        ...
+
+    def profile(self) -> EngineProfile:
+        """What the profile holds since it was last started (refused if it never was)."""
         ...
 
     can_save_rows: bool  # whether the rows methods below work (saved sessions)
@@ -369,6 +418,20 @@ class SequenceEngine:
 
     def _attention_scores(self, seq: int) -> np.ndarray:
         raise NotImplementedError
+
+    # --- the per-op profile ------------------------------------------------------------------
+
+    can_profile: ClassVar[bool] = False
+
+    def set_profiling(self, on: bool) -> None:
+        raise errors.InvalidOptionError(
+            f"the {self.spec.name} engine keeps no per-op profile (the native engine does)"
+        )
+
+    def profile(self) -> EngineProfile:
+        raise errors.InvalidOptionError(
+            f"the {self.spec.name} engine keeps no per-op profile (the native engine does)"
+        )
 
     # --- rows of the cache (saved sessions: edgeinfer.session_state) -----------------------
 

@@ -18,6 +18,7 @@ size_t ei_struct_size(int which) {
     case EI_STRUCT_LAYER_DESC: return sizeof(ei_layer_desc);
     case EI_STRUCT_MODEL_DESC: return sizeof(ei_model_desc);
     case EI_STRUCT_ENGINE_PARAMS: return sizeof(ei_engine_params);
+    case EI_STRUCT_PROFILE_ENTRY: return sizeof(ei_profile_entry);
     default: return 0;
     }
 }
@@ -28,6 +29,13 @@ static const char *const g_layer_tensor_names[] = {EI_LAYER_TENSORS(EI_LAYER_NAM
 const char *ei_layer_tensor_name(int i) {
     const int n = (int)(sizeof(g_layer_tensor_names) / sizeof(g_layer_tensor_names[0]));
     return i >= 0 && i < n ? g_layer_tensor_names[i] : NULL;
+}
+
+#define EI_PROFILE_NAME_(name) #name,
+static const char *const g_profile_kind_names[] = {EI_PROFILE_KINDS(EI_PROFILE_NAME_)};
+
+const char *ei_profile_kind_name(int kind) {
+    return kind >= 0 && kind < EI_PROF_KIND_COUNT ? g_profile_kind_names[kind] : NULL;
 }
 
 ei_status ei_fail(ei_status status, const char *fmt, ...) {

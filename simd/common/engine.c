@@ -11,6 +11,7 @@
 #include "key_shifts.h"
 #include "kivi.h"
 #include "kv_pool.h"
+#include "profile.h"
 #include "repack.h"
 #include "threadpool.h"
 
@@ -18,6 +19,9 @@
 #define ROW_BLOCK 16    /* weight rows one thread takes at a time (kept in L1 across tokens) */
 static_assert(ROW_BLOCK % EI_X16 == 0, "row blocks hold whole interleaved groups");
 #define MAX_BATCH EI_MAX_BATCH  /* tokens per internal step */
+#define MAX_JOBS 4      /* products in one group (matmul_group) */
+static_assert(MAX_JOBS <= EI_PROF_MAX_JOBS && EI_PROF_MAX_JOBS <= EI_PROF_STRIDE,
+              "the profile keeps each thread's time in every product of a group");
 
 struct ei_engine {
     ei_model_desc m;
@@ -67,6 +71,7 @@ struct ei_engine {
     float *freq_factors; /* (n_rot / 2) or NULL */
     ei_f16 *gelu;    /* (65536) GELU of every fp16 value, as fp16 */
     ei_repack repack; /* interleaved copies of weights (repack.c) */
+    ei_profile prof;  /* the per-op profile (ei_engine_profile); prof.on: recording */
     size_t bytes;
     size_t failed_bytes;   /* the size of the allocation that failed last, for the message */
 };
@@ -419,6 +424,7 @@ void ei_engine_free(ei_engine *e) {
     free(e->gate); free(e->up); free(e->scratch); free(e->scores); free(e->rope); free(e->gelu);
     free(e->layer_base); free(e->layers);
     ei_repack_release(&e->repack);
+    ei_profile_free(&e->prof);
     free(e);
 }
 
@@ -444,18 +450,62 @@ typedef struct mm_job {
     int out_stride;
 } mm_job;
 
+/* ---- the per-op profile (profile.h) ------------------------------------------------------ */
+
+/* thread 0, after the barrier that closes a phase: the time from the last boundary to that
+ * barrier's release is kind's. Off, this is the one check a phase costs. */
+static void mark(ei_engine *e, int ith, int kind, int64_t flops, int64_t bytes) {
+    if (e->prof.on && ith == 0) ei_profile_mark(&e->prof, kind, ei_pool_released_ns(e->pool), 1, flops, bytes);
+}
+
+/* the caller, between the pool's tasks: the time until now is kind's */
+static void mark_caller(ei_engine *e, int kind, int64_t calls) {
+    if (e->prof.on) ei_profile_mark(&e->prof, kind, ei_clock_ns(), calls, 0, 0);
+}
+
+/* thread 0, after the barrier that closes a group's products: the time since the last
+ * boundary, split between the products by the threads' time in each (the last one takes the
+ * rounding, so that the parts still add up) */
+static void mark_products(ei_engine *e, const mm_job *jobs, int n_jobs, int n) {
+    ei_profile *p = &e->prof;
+    const int64_t now = ei_pool_released_ns(e->pool), wall = now - p->last;
+    int64_t spent[EI_PROF_MAX_JOBS] = {0}, total = 0, given = 0;
+    for (int t = 0; t < p->n_threads; t++)
+        for (int j = 0; j < n_jobs; j++) {
+            spent[j] += p->job_ns[(size_t)t * EI_PROF_STRIDE + j];
+            p->job_ns[(size_t)t * EI_PROF_STRIDE + j] = 0;
+        }
+    for (int j = 0; j < n_jobs; j++) total += spent[j];
+    for (int j = 0; j < n_jobs; j++) {
+        const ei_tensor *w = jobs[j].w;
+        const int64_t ns = j == n_jobs - 1 ? wall - given
+                           : total > 0    ? (int64_t)((double)wall * (double)spent[j] / (double)total)
+                                          : wall / n_jobs;
+        given += ns;
+        ei_profile_add(p, EI_PROF_matmul, w->type, w->ne1, w->ne0, 1, ns, 2 * w->ne0 * w->ne1 * n,
+                       w->ne1 * (int64_t)ei_row_size(w->type, w->ne0));
+    }
+    p->last = now;
+}
+
 /* the pending copies of a group of products, made by every thread together */
 static void pack_pending(ei_engine *e, const mm_job *jobs, int n_jobs, int ith, int nth) {
     int pending = 0;
     for (int j = 0; j < n_jobs; j++) pending |= jobs[j].w->layout == EI_LAYOUT_PENDING;
     if (!pending) return;
-    for (int j = 0; j < n_jobs; j++)
-        if (jobs[j].w->layout == EI_LAYOUT_PENDING) ei_repack_share(&e->repack, jobs[j].w, ith, nth);
+    int64_t bytes = 0; /* of the weights copied */
+    for (int j = 0; j < n_jobs; j++) {
+        const ei_tensor *w = jobs[j].w;
+        if (w->layout != EI_LAYOUT_PENDING) continue;
+        ei_repack_share(&e->repack, w, ith, nth);
+        bytes += w->ne1 * (int64_t)ei_row_size(w->type, w->ne0);
+    }
     ei_pool_barrier(e->pool); /* every share written, every thread past its layout reads */
     if (ith == 0)
         for (int j = 0; j < n_jobs; j++)
             if (jobs[j].w->layout == EI_LAYOUT_PENDING) ei_repack_finish(&e->repack, jobs[j].w);
     ei_pool_barrier(e->pool);
+    mark(e, ith, EI_PROF_repack, 0, bytes);
 }
 
 /* rows [r0, r1) of job j's product for every token */
@@ -500,33 +550,39 @@ static void matmul_group(ei_engine *e, const mm_job *jobs, int n_jobs, const flo
                          int n, int ith, int nth) {
     const int cols = (int)jobs[0].w->ne0;
     pack_pending(e, jobs, n_jobs, ith, nth);
-    int done[EI_TYPE_COUNT] = {0};
+    int done[EI_TYPE_COUNT] = {0}, n_types = 0;
     for (int j = 0; j < n_jobs; j++) {
         const int pt = ei_partner_type(jobs[j].w->type);
         if (done[pt]) continue;
         done[pt] = 1;
+        n_types++;
         int a, b;
         split(n, ith, nth, &a, &b);
         for (int t = a; t < b; t++)
             e->k->from_float[pt](in + (size_t)t * in_stride, e->act[pt] + (size_t)t * e->act_row[pt], cols);
     }
     ei_pool_barrier(e->pool);
+    mark(e, ith, EI_PROF_act_quant, 0, (int64_t)n * cols * 4 * n_types); /* floats read */
 
     const int piece = n >= 16 || n < 1 ? 1 : 16 / n; /* row blocks */
-    int pieces[4], total = 0; /* the pieces of each job, which never span two jobs */
+    int pieces[MAX_JOBS], total = 0; /* the pieces of each job, which never span two jobs */
     for (int j = 0; j < n_jobs; j++) {
         const int blocks = (int)((jobs[j].w->ne1 + ROW_BLOCK - 1) / ROW_BLOCK);
         pieces[j] = (blocks + piece - 1) / piece;
         total += pieces[j];
     }
+    int64_t *spent = e->prof.on ? e->prof.job_ns + (size_t)ith * EI_PROF_STRIDE : NULL; /* (n_jobs) */
     for (int c; (c = ei_pool_next(e->pool)) < total;) {
         int j = 0;
         while (c >= pieces[j]) c -= pieces[j++];
         const int rows = (int)jobs[j].w->ne1, r0 = c * piece * ROW_BLOCK;
         const int r1 = r0 + piece * ROW_BLOCK < rows ? r0 + piece * ROW_BLOCK : rows;
+        const int64_t t0 = spent ? ei_clock_ns() : 0;
         matmul_rows(e, &jobs[j], r0, r1, n);
+        if (spent) spent[j] += ei_clock_ns() - t0;
     }
     ei_pool_barrier(e->pool);
+    if (spent && ith == 0) mark_products(e, jobs, n_jobs, n);
 }
 
 static void add_bias(const ei_tensor *b, float *x, int n) {
@@ -823,6 +879,108 @@ static int keep_output_rows(ei_engine *e, step *st, int ith) {
     return st->n_out;
 }
 
+/* thread 0, after attention's barrier: its flops (a query head's dot with each key it sees,
+ * and the weighted sum of their values) and the cache rows its queries read */
+static void mark_attention(ei_engine *e, const step *st, int il) {
+    const ei_model_desc *m = &e->m;
+    const int window = e->layers[il].window;
+    int64_t keys = 0;
+    for (int i = 0; i < st->n; i++) {
+        const int pos = st->pos[i], t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        keys += pos + 1 - t0;
+    }
+    const int64_t flops = keys * m->n_head * 2 * (int64_t)(m->head_dim + m->head_dim_v);
+    const int64_t bytes = e->kivi ? 0 : keys * (int64_t)(e->k_row_bytes + e->v_row_bytes);
+    ei_profile_mark(&e->prof, EI_PROF_attention, ei_pool_released_ns(e->pool), 1, flops, bytes);
+}
+
+/* the embeddings of the step's tokens into the residual stream, and the rope tables */
+static void embed(ei_engine *e, const step *st, int ith, int nth) {
+    const ei_model_desc *m = &e->m;
+    const int E = m->n_embd;
+    int a, b;
+    split(st->n, ith, nth, &a, &b);
+    const size_t erow = ei_row_size(m->tok_embd.type, E);
+    for (int i = a; i < b; i++) {
+        float *x = e->x + (size_t)i * E;
+        e->k->to_float[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)st->tok[i] * erow, x, E);
+        if (m->embed_scale != 1.0f) e->k->scale(E, x, m->embed_scale);
+    }
+    if (e->prof.on) { /* profiled, the embeddings are a phase of their own */
+        ei_pool_barrier(e->pool);
+        mark(e, ith, EI_PROF_embed, 0, (int64_t)st->n * (int64_t)erow);
+    }
+    rope_tables(e, st, ith, nth);
+    ei_pool_barrier(e->pool);
+    mark(e, ith, EI_PROF_rope_tables, 0, 0);
+}
+
+/* layer il's attention block, the residual added and the FFN's input normalised; returns the
+ * tokens carried on (the last layer keeps those whose logits are wanted) */
+static int attention_block(ei_engine *e, step *st, int il, int n, int ith, int nth) {
+    const ei_model_desc *m = &e->m;
+    const ei_layer_desc *l = &e->layers[il];
+    const int E = m->n_embd;
+    norm_rows(e, e->h, E, e->x, E, &l->attn_norm, n, ith, nth);
+    ei_pool_barrier(e->pool);
+    mark(e, ith, EI_PROF_norm, 0, 0);
+    const mm_job qkv[3] = {{&l->wq, e->q, e->q_dim}, {&l->wk, e->kk, e->kv_dim}, {&l->wv, e->vv, e->v_dim}};
+    matmul_group(e, qkv, 3, e->h, E, n, ith, nth);
+    qkv_post(e, st, il, ith, nth);
+    mark(e, ith, EI_PROF_qkv_post, 0, 0);
+    if (e->kivi) {
+        kivi_quantize(e, il, ith, nth);
+        mark(e, ith, EI_PROF_kivi_quant, 0, 0);
+    }
+    attention(e, st, il, ith, nth);
+    if (e->prof.on && ith == 0) mark_attention(e, st, il);
+    if (il == m->n_layer - 1 && st->n_out < n) {
+        n = keep_output_rows(e, st, ith);
+        mark(e, ith, EI_PROF_output_rows, 0, 0);
+    }
+    const mm_job wo = {&l->wo, e->t, E};
+    matmul_group(e, &wo, 1, e->att, e->att_dim, n, ith, nth);
+
+    int a, b;
+    split(n, ith, nth, &a, &b);
+    for (int i = a; i < b; i++) {
+        float *t = e->t + (size_t)i * E, *x = e->x + (size_t)i * E;
+        if (l->attn_post_norm.data) e->k->rms_norm(E, t, t, l->attn_post_norm.data, m->norm_eps);
+        e->k->add(E, x, t);
+        e->k->rms_norm(E, e->h + (size_t)i * E, x, l->ffn_norm.data, m->norm_eps);
+    }
+    ei_pool_barrier(e->pool);
+    mark(e, ith, EI_PROF_norm, 0, 0);
+    return n;
+}
+
+/* layer il's FFN on the normalised rows in h, its output added to the residual stream */
+static void ffn_block(ei_engine *e, int il, int n, int ith, int nth) {
+    const ei_model_desc *m = &e->m;
+    const ei_layer_desc *l = &e->layers[il];
+    const int E = m->n_embd;
+    int a, b;
+    split(n, ith, nth, &a, &b);
+    const mm_job gu[2] = {{&l->ffn_gate, e->gate, m->n_ff}, {&l->ffn_up, e->up, m->n_ff}};
+    matmul_group(e, gu, 2, e->h, E, n, ith, nth);
+    for (int i = a; i < b; i++) {
+        float *g = e->gate + (size_t)i * m->n_ff;
+        if (m->act_gelu) e->k->geglu(m->n_ff, g, g, e->up + (size_t)i * m->n_ff, e->gelu);
+        else e->k->swiglu(m->n_ff, g, g, e->up + (size_t)i * m->n_ff);
+    }
+    ei_pool_barrier(e->pool);
+    mark(e, ith, EI_PROF_glu, 0, 0);
+    const mm_job down = {&l->ffn_down, e->t, E};
+    matmul_group(e, &down, 1, e->gate, m->n_ff, n, ith, nth);
+    for (int i = a; i < b; i++) {
+        float *t = e->t + (size_t)i * E;
+        if (l->ffn_post_norm.data) e->k->rms_norm(E, t, t, l->ffn_post_norm.data, m->norm_eps);
+        e->k->add(E, e->x + (size_t)i * E, t);
+    }
+    ei_pool_barrier(e->pool);
+    mark(e, ith, EI_PROF_norm, 0, 0);
+}
+
 static void forward_task(void *raw, int ith, int nth) {
     step *st = raw;
     ei_engine *e = st->e;
@@ -830,54 +988,14 @@ static void forward_task(void *raw, int ith, int nth) {
     const int E = m->n_embd;
     int n = st->n, a, b;
 
-    /* embeddings and rope tables */
-    split(n, ith, nth, &a, &b);
-    const size_t erow = ei_row_size(m->tok_embd.type, E);
-    for (int i = a; i < b; i++) {
-        float *x = e->x + (size_t)i * E;
-        e->k->to_float[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)st->tok[i] * erow, x, E);
-        if (m->embed_scale != 1.0f) e->k->scale(E, x, m->embed_scale);
+    if (e->prof.on) { /* profiled, the threads' start is a phase of its own */
+        ei_pool_barrier(e->pool);
+        mark(e, ith, EI_PROF_threads, 0, 0);
     }
-    rope_tables(e, st, ith, nth);
-    ei_pool_barrier(e->pool);
-
+    embed(e, st, ith, nth);
     for (int il = 0; il < m->n_layer; il++) {
-        const ei_layer_desc *l = &e->layers[il];
-        norm_rows(e, e->h, E, e->x, E, &l->attn_norm, n, ith, nth);
-        ei_pool_barrier(e->pool);
-        const mm_job qkv[3] = {{&l->wq, e->q, e->q_dim}, {&l->wk, e->kk, e->kv_dim}, {&l->wv, e->vv, e->v_dim}};
-        matmul_group(e, qkv, 3, e->h, E, n, ith, nth);
-        qkv_post(e, st, il, ith, nth);
-        if (e->kivi) kivi_quantize(e, il, ith, nth);
-        attention(e, st, il, ith, nth);
-        if (il == m->n_layer - 1 && st->n_out < n) n = keep_output_rows(e, st, ith);
-        const mm_job wo = {&l->wo, e->t, E};
-        matmul_group(e, &wo, 1, e->att, e->att_dim, n, ith, nth);
-
-        split(n, ith, nth, &a, &b);
-        for (int i = a; i < b; i++) {
-            float *t = e->t + (size_t)i * E, *x = e->x + (size_t)i * E;
-            if (l->attn_post_norm.data) e->k->rms_norm(E, t, t, l->attn_post_norm.data, m->norm_eps);
-            e->k->add(E, x, t);
-            e->k->rms_norm(E, e->h + (size_t)i * E, x, l->ffn_norm.data, m->norm_eps);
-        }
-        ei_pool_barrier(e->pool);
-        const mm_job gu[2] = {{&l->ffn_gate, e->gate, m->n_ff}, {&l->ffn_up, e->up, m->n_ff}};
-        matmul_group(e, gu, 2, e->h, E, n, ith, nth);
-        for (int i = a; i < b; i++) {
-            float *g = e->gate + (size_t)i * m->n_ff;
-            if (m->act_gelu) e->k->geglu(m->n_ff, g, g, e->up + (size_t)i * m->n_ff, e->gelu);
-            else e->k->swiglu(m->n_ff, g, g, e->up + (size_t)i * m->n_ff);
-        }
-        ei_pool_barrier(e->pool);
-        const mm_job down = {&l->ffn_down, e->t, E};
-        matmul_group(e, &down, 1, e->gate, m->n_ff, n, ith, nth);
-        for (int i = a; i < b; i++) {
-            float *t = e->t + (size_t)i * E;
-            if (l->ffn_post_norm.data) e->k->rms_norm(E, t, t, l->ffn_post_norm.data, m->norm_eps);
-            e->k->add(E, e->x + (size_t)i * E, t);
-        }
-        ei_pool_barrier(e->pool);
+        n = attention_block(e, st, il, n, ith, nth);
+        ffn_block(e, il, n, ith, nth);
     }
 
     if (st->n_out == 0) return;
@@ -888,6 +1006,7 @@ static void forward_task(void *raw, int ith, int nth) {
         e->k->rms_norm(E, e->h + (size_t)j * E, x, m->output_norm.data, m->norm_eps);
     }
     ei_pool_barrier(e->pool);
+    mark(e, ith, EI_PROF_norm, 0, 0);
     const mm_job out = {&m->output, st->logits, m->n_vocab};
     matmul_group(e, &out, 1, e->h, E, st->n_out, ith, nth);
     if (m->final_softcap != 0.0f) {
@@ -896,6 +1015,10 @@ static void forward_task(void *raw, int ith, int nth) {
         for (int j = a; j < b; j++) {
             float *row = st->logits + (size_t)j * m->n_vocab;
             for (int v = 0; v < m->n_vocab; v++) row[v] = (float)tanh((double)(row[v] / cap)) * cap;
+        }
+        if (e->prof.on) { /* profiled, a barrier ends it, so that the threads' join is apart */
+            ei_pool_barrier(e->pool);
+            mark(e, ith, EI_PROF_softcap, 0, 0);
         }
     }
 }
@@ -933,6 +1056,8 @@ ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const
     }
     int32_t rows[MAX_BATCH];
     float *out = logits;
+    const int64_t began = e->prof.on ? ei_clock_ns() : 0;
+    if (e->prof.on) e->prof.last = began;
     for (int start = 0; start < n; start += e->p.n_batch) {
         const int len = n - start < e->p.n_batch ? n - start : e->p.n_batch;
         step st = {e, len, tokens + start, pos + start, seq + start, 0, rows, out};
@@ -941,10 +1066,44 @@ ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const
         if (st.n_out > 0 && !logits) return ei_fail(EI_ERR_INVALID, "logits requested without an output buffer");
         const ei_status ready = prepare_step(e, &st);
         if (ready != EI_OK) return ready;
+        mark_caller(e, EI_PROF_cache_blocks, 1);
         ei_pool_run(e->pool, forward_task, &st);
+        mark_caller(e, EI_PROF_threads, 0); /* the join ends the phase its start began */
         for (int i = 0; i < len; i++) ei_kv_pool_trim(e->kv, st.seq[i], st.pos[i] + 1);
         out += (size_t)st.n_out * e->m.n_vocab;
     }
+    if (e->prof.on) { /* the last trim is the cache's, no phase of its own; then the call's total */
+        mark_caller(e, EI_PROF_cache_blocks, 0);
+        ei_profile_add(&e->prof, EI_PROF_call, -1, 0, 0, 1, ei_clock_ns() - began, 0, 0);
+    }
+    return EI_OK;
+}
+
+/* ---- the per-op profile's API ----------------------------------------------------------- */
+
+ei_status ei_engine_profile(ei_engine *e, int32_t enable) {
+    if (!e) return ei_fail(EI_ERR_INVALID, "no engine");
+    if (!enable) {
+        e->prof.on = 0;
+        ei_pool_time_barriers(e->pool, 0);
+        return EI_OK;
+    }
+    /* a row per matrix (every layer's and the output) at most, and one per other kind */
+    const int cap = e->m.n_layer * EI_LAYER_MATRICES + 1 + EI_PROF_KIND_COUNT;
+    if (!ei_profile_start(&e->prof, cap, e->p.n_threads))
+        return ei_fail(EI_ERR_NOMEM, "out of memory for a profile of %d rows", cap);
+    ei_pool_time_barriers(e->pool, 1);
+    return EI_OK;
+}
+
+ei_status ei_engine_profile_read(const ei_engine *e, ei_profile_entry *out, int32_t cap, int32_t *n) {
+    if (!e || !n) return ei_fail(EI_ERR_INVALID, "bad arguments");
+    if (!e->prof.entries) return ei_fail(EI_ERR_INVALID, "the engine was never profiled (ei_engine_profile)");
+    *n = e->prof.n;
+    if (!out) return EI_OK;
+    if (cap < e->prof.n)
+        return ei_fail(EI_ERR_INVALID, "the profile has %d rows, the buffer room for %d", e->prof.n, cap);
+    memcpy(out, e->prof.entries, sizeof(ei_profile_entry) * (size_t)e->prof.n);
     return EI_OK;
 }
 

@@ -2,6 +2,8 @@
  * calls back within microseconds) and then sleep on a condition variable. */
 #include "threadpool.h"
 
+#include "profile.h"
+
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -72,6 +74,8 @@ struct ei_pool {
      * no thread can still be using (they have all finished phase b - 1), for phase b + 1. */
     atomic_uint passed; /* barriers completed (wrapping) */
     atomic_int work[2];
+    int timed;            /* ei_pool_time_barriers */
+    int64_t released_ns;  /* the last barrier's release, written before it (with timed) */
 };
 
 typedef struct {
@@ -172,7 +176,11 @@ static void end_phase(ei_pool *p) {
     const unsigned b = atomic_load_explicit(&p->passed, memory_order_relaxed) + 1u;
     atomic_store_explicit(&p->work[(b + 1u) & 1u], 0, memory_order_relaxed);
     atomic_store_explicit(&p->passed, b, memory_order_relaxed);
+    if (p->timed) p->released_ns = ei_clock_ns();
 }
+
+void ei_pool_time_barriers(ei_pool *p, int on) { p->timed = on; }
+int64_t ei_pool_released_ns(const ei_pool *p) { return p->released_ns; }
 
 void ei_pool_barrier(ei_pool *p) {
     if (p->n == 1) {

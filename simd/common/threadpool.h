@@ -3,6 +3,8 @@
 #ifndef EI_THREADPOOL_H
 #define EI_THREADPOOL_H
 
+#include <stdint.h>
+
 typedef struct ei_pool ei_pool;
 typedef void (*ei_task_fn)(void *ctx, int ith, int nth);
 
@@ -15,6 +17,12 @@ int ei_pool_size(const ei_pool *pool);
  * past the work share it by how fast each runs, so a thread slowed by another program on its
  * core leaves its pieces to the others instead of holding up the barrier. */
 int ei_pool_next(ei_pool *pool);
+/* on != 0: the last thread to reach each barrier reads the clock (ei_clock_ns) as it releases
+ * the others, so that a phase's end is when its slowest thread finished, not when a given
+ * thread (perhaps preempted) noticed; set between tasks. Off, a barrier checks one flag. */
+void ei_pool_time_barriers(ei_pool *pool, int on);
+/* with timed barriers: when the last barrier the calling thread passed was released */
+int64_t ei_pool_released_ns(const ei_pool *pool);
 void ei_pool_free(ei_pool *pool);
 
 #endif

@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 8
+#define EI_API_VERSION 9
 
 /* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
 #define EI_MAX_THREADS 512
@@ -127,7 +127,7 @@ EI_EXPORT const char *ei_last_error(void);
 
 /* the structs Python mirrors, for ei_struct_size(): a mismatch means the library is not used */
 enum { EI_STRUCT_TENSOR = 0, EI_STRUCT_LAYER_DESC, EI_STRUCT_MODEL_DESC, EI_STRUCT_ENGINE_PARAMS,
-       EI_STRUCT_COUNT };
+       EI_STRUCT_PROFILE_ENTRY, EI_STRUCT_COUNT };
 EI_EXPORT size_t ei_struct_size(int which); /* sizeof of an EI_STRUCT_*, 0 for another number */
 /* the name of layer tensor i in EI_LAYER_TENSORS order, NULL past the last */
 EI_EXPORT const char *ei_layer_tensor_name(int i);
@@ -138,6 +138,39 @@ EI_EXPORT int ei_isa_supported(int isa);
 EI_EXPORT const char *ei_isa_reason(int isa);
 EI_EXPORT int ei_isa_best(void);
 EI_EXPORT const char *ei_cpu_features(void); /* space-separated feature names found */
+
+/* The per-op profile (ei_engine_profile): the kinds of phase a forward pass is cut into,
+ * written once; ei_profile_kind_name() reports them to Python, which labels them.
+ * call: a whole ei_engine_decode call (not a part: the total the parts add up to);
+ * cache_blocks: blocks taken, copied and trimmed around each step, the KIVI plan; threads: the
+ * pool's threads woken for a step and joined after it (a busy machine's waits for a thread
+ * that lost its core land here, or in the phase they delay); embed: the
+ * token embeddings; rope_tables: the (cos, sin) pairs of the step's positions; norm: RMS
+ * norms with the residual adds; act_quant: activations quantized for a group of products;
+ * repack: interleaved copies of weights made on first use; matmul: the products of one weight
+ * type and shape (type, rows, cols); qkv_post: biases, q/k norms, RoPE and cache writes;
+ * kivi_quant: KIVI groups quantized; attention; output_rows: the last layer's rows gathered;
+ * glu: the gated activation; softcap: the final logit softcap. */
+#define EI_PROFILE_KINDS(X) \
+    X(call) X(cache_blocks) X(threads) X(embed) X(rope_tables) X(norm) X(act_quant) X(repack) X(matmul) \
+    X(qkv_post) X(kivi_quant) X(attention) X(output_rows) X(glu) X(softcap)
+#define EI_PROFILE_KIND_(name) EI_PROF_##name,
+enum { EI_PROFILE_KINDS(EI_PROFILE_KIND_) EI_PROF_KIND_COUNT };
+
+/* one row of the profile: the wall time of every phase of a kind (and for matmul, of one
+ * weight type and shape) since profiling was enabled, summed over the calls */
+typedef struct {
+    int32_t kind;       /* EI_PROF_* */
+    int32_t type;       /* matmul: the weight's GGML type; -1 otherwise */
+    int64_t rows, cols; /* matmul: the weight's shape (rows of cols values); 0 otherwise */
+    int64_t calls;      /* phases recorded */
+    int64_t ns;         /* their wall time, each from one barrier's release to the next's */
+    int64_t flops;      /* floating-point operations done (a multiply-add counts 2); 0: none counted */
+    int64_t bytes;      /* bytes read (matmul: the weights; attention: the cache rows each
+                         * query reads); 0: none counted */
+} ei_profile_entry;
+
+EI_EXPORT const char *ei_profile_kind_name(int kind); /* NULL past the last */
 
 EI_EXPORT ei_status ei_engine_create(const ei_model_desc *model, const ei_engine_params *params,
                                      ei_engine **out);
@@ -213,6 +246,15 @@ EI_EXPORT ei_status ei_engine_seq_quantized(ei_engine *e, int32_t seq, int32_t *
  * positions [0, n) of seq is ahead of its own (shifts out, 0 for other caches), or with
  * set != 0 those of a restored state (0 <= shifts[p] < n_ctx - p; other caches take 0s only) */
 EI_EXPORT ei_status ei_engine_seq_key_shifts(ei_engine *e, int32_t seq, int32_t n, int32_t *shifts, int32_t set);
+/* enable != 0 starts the per-op profile with every counter at zero (the last thread to reach
+ * each barrier then reads a monotonic clock as it releases the others, and barriers set apart
+ * the threads' start, the embeddings and the softcap); 0 pauses it, keeping the counters.
+ * Off, a forward pass checks one flag per phase. Not to be called while ei_engine_decode runs. */
+EI_EXPORT ei_status ei_engine_profile(ei_engine *e, int32_t enable);
+/* the profile's rows: *n = how many there are; written to out when out != NULL (cap rows
+ * fit; fewer is an error). An engine never profiled has no profile to read (an error). */
+EI_EXPORT ei_status ei_engine_profile_read(const ei_engine *e, ei_profile_entry *out, int32_t cap,
+                                           int32_t *n);
 EI_EXPORT int ei_engine_isa(const ei_engine *e);
 EI_EXPORT size_t ei_engine_memory(const ei_engine *e); /* bytes this engine allocated */
 /* of those, the interleaved copies of weights (reserved at load, written by the first step

@@ -234,6 +234,41 @@ def test_bench_text(fixture_models):
     assert lines[1].endswith("tok/s") and lines[2].endswith("tok/s"), proc.stdout
 
 
+def _native_available() -> bool:
+    from edgeinfer import _native
+
+    return _native.available()[0]
+
+
+needs_native = pytest.mark.skipif(not _native_available(), reason="native library unavailable")
+
+
+@needs_native
+def test_bench_profile_prints_both_tables(fixture_models):
+    path = fixture_models["llama"]
+    args = ("bench", path, "--profile", "-p", "16", "-n", "3", "-t", "2", "--engine", "native")
+    proc = cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert text.startswith("llama.gguf: native engine (") and "per-op profile" in text
+    assert "prompt step of 16 tokens: " in text and "decoding, 3 steps of one token: " in text
+    assert text.count("GFLOP/s") == 2
+    for label in ("matmul Q4_0 256x256", "attention", "python side", "sampling (argmax)"):
+        assert text.count(f"  {label} ") == 2, label
+
+    r = json.loads(cli(*args, "--json").stdout)
+    assert (r["n_prompt"], r["n_gen"], r["engine"]) == (16, 3, "native")
+    for phase in ("prompt", "decode"):
+        assert {"step_ms", "engine_ms", "python_ms", "sampling_ms", "parts_ms"} <= set(r[phase])
+        assert {row["op"] for row in r[phase]["ops"]} >= {"attention", "python side"}
+
+
+def test_bench_profile_on_the_reference_engine_is_a_one_line_error(fixture_models):
+    proc = cli("bench", fixture_models["llama"], "--profile", "-p", "4", "-n", "1",
+               "--engine", "reference")  # fmt: skip
+    assert "no per-op profile" in assert_one_line_error(proc, 2)  # an impossible option
+
+
 # --- perplexity ------------------------------------------------------------------------------
 
 PPL_CTX, PPL_WINDOWS = 128, 3
