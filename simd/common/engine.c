@@ -954,6 +954,18 @@ static int attention_block(ei_engine *e, step *st, int il, int n, int ith, int n
     return n;
 }
 
+/* gate = act(gate) * up, element by element: the (n, n_ff) values are split between the threads
+ * as one range (a decoding step's single row too), in whole cache lines */
+static void glu(ei_engine *e, int n, int ith, int nth) {
+    const int64_t total = (int64_t)n * e->m.n_ff;
+    const int64_t a = total * ith / nth / 16 * 16, b = ith == nth - 1 ? total : total * (ith + 1) / nth / 16 * 16;
+    if (b <= a) return;
+    float *g = e->gate + a;
+    const float *u = e->up + a;
+    if (e->m.act_gelu) e->k->geglu((int)(b - a), g, g, u, e->gelu);
+    else e->k->swiglu((int)(b - a), g, g, u);
+}
+
 /* layer il's FFN on the normalised rows in h, its output added to the residual stream */
 static void ffn_block(ei_engine *e, int il, int n, int ith, int nth) {
     const ei_model_desc *m = &e->m;
@@ -963,11 +975,7 @@ static void ffn_block(ei_engine *e, int il, int n, int ith, int nth) {
     split(n, ith, nth, &a, &b);
     const mm_job gu[2] = {{&l->ffn_gate, e->gate, m->n_ff}, {&l->ffn_up, e->up, m->n_ff}};
     matmul_group(e, gu, 2, e->h, E, n, ith, nth);
-    for (int i = a; i < b; i++) {
-        float *g = e->gate + (size_t)i * m->n_ff;
-        if (m->act_gelu) e->k->geglu(m->n_ff, g, g, e->up + (size_t)i * m->n_ff, e->gelu);
-        else e->k->swiglu(m->n_ff, g, g, e->up + (size_t)i * m->n_ff);
-    }
+    glu(e, n, ith, nth);
     ei_pool_barrier(e->pool);
     mark(e, ith, EI_PROF_glu, 0, 0);
     const mm_job down = {&l->ffn_down, e->t, E};

@@ -169,6 +169,45 @@ static void check_kivi(const ei_kernels *ref, const ei_kernels *var) {
         }
 }
 
+/* swiglu in place (y = g, as the engine calls it) over float bit patterns of every exponent
+ * (a prime stride through all 2^32, NaNs left out), the edges of a variant's fast path (|g| near
+ * 80, zeros, values below the floats' normal range) and gates whose exact value lies next to
+ * the midpoint of two floats, where a variant's own exp must give way to libm's */
+static void check_swiglu_sweep(const ei_kernels *ref, const ei_kernels *var) {
+    enum { CHUNK = 4096 };
+    static float g[CHUNK], u[CHUNK], ya[CHUNK], yb[CHUNK];
+    int n = 0, chunks = 0, near = 0;
+    uint32_t rng = 99;
+    const float edges[] = {0.0f, -0.0f, 80.0f, -80.0f, 80.00001f, -80.00001f, 1e-38f, -1e-38f, 1e-45f,
+                           -88.0f, -104.0f, 89.0f, 1e30f, -1e30f, INFINITY, -INFINITY, 1e-7f, -3.5f};
+    for (size_t i = 0; i < sizeof(edges) / sizeof(edges[0]); i++) g[n++] = edges[i];
+    for (int tries = 0; tries < 1 << 22 && near < 64; tries++) { /* about one in 2^16 lies that close */
+        rng = rng * 1664525u + 1013904223u;
+        const float x = ((float)(rng >> 8) / 16777216.0f - 0.5f) * 40.0f;
+        const double q = x / (1.0 + exp(-(double)x));
+        uint64_t bits;
+        memcpy(&bits, &q, 8);
+        const int64_t off = (int64_t)(bits & 0x1FFFFFFF) - 0x10000000;
+        if (off > -4096 && off < 4096) g[n++] = x, near++;
+    }
+    for (uint64_t b = 0; b <= 0xFFFFFFFFu; b += 65521) {
+        const uint32_t v = (uint32_t)b;
+        if ((v & 0x7F800000) == 0x7F800000 && (v & 0x007FFFFF)) continue; /* NaN */
+        memcpy(&g[n++], &v, 4);
+        if (n == CHUNK || b + 65521 > 0xFFFFFFFFu) {
+            for (int i = 0; i < n; i++) u[i] = 0.25f + (float)(i % 13);
+            ref->swiglu(n, ya, g, u);
+            memcpy(yb, g, sizeof(float) * (size_t)n);
+            var->swiglu(n, yb, yb, u);
+            char what[64];
+            snprintf(what, sizeof(what), "swiglu in place, sweep chunk %d", chunks++);
+            check_floats(what, yb, ya, n);
+            n = 0;
+        }
+    }
+    if (near < 16) { failed++; printf("FAIL swiglu: only %d gates next to a midpoint found\n", near); }
+}
+
 int main(void) {
     ei_kernels ref, var;
     ei_kernels_init_ref(&ref);
@@ -259,6 +298,7 @@ int main(void) {
         check_attention(&ref, &var, x[2], x[3]);
     }
     check_kivi(&ref, &var);
+    check_swiglu_sweep(&ref, &var);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
