@@ -331,7 +331,215 @@ FLOAT_GEMM(f32, ROW_F32)
 FLOAT_GEMM(f16, ROW_F16)
 FLOAT_GEMM(bf16, ROW_BF16)
 
+#if EI_NEON_LEVEL >= 1
+/* ---- rows interleaved by 16 (block_q4_0x16, block_q5_0x16, block_q4_Kx16, block_q6_Kx16) ----
+ * A 16-byte load at 64 k + 16 v of a 256-byte unit of nibble pairs holds 4 bytes of each of
+ * rows 4v..4v+3, which is sdot's lane layout: with the activation's 4 bytes broadcast by the
+ * lane form, lane r of the sum is row 4v + r's (x86_avx2/gemm.c states the layouts' reasons).
+ * Unsigned values go in as they are, and each offset (8, 16, 32) starts the sum at its
+ * multiple of the activation's sum. Integer sums are exact, and each output adds its
+ * block terms in block order, rounded as the reference rounds them: vec_dot bit for bit. The
+ * columns share each block's unpacked weights; rows 4v..4v+3 of a block are done for every
+ * column before the next four, so the accumulators of a column are (rows 2q, 2q + 1). */
+
+/* rows 4v..4v+3 of a unit of nibble pairs: w[k] values 4k..4k+3, w[4 + k] values 16 + 4k.. */
+EI_INLINE void x16_nibbles(const uint8_t *qs, int v, uint8x16_t w[8]) {
+    EI_UNROLL for (int k = 0; k < 4; k++) {
+        const uint8x16_t q = vld1q_u8(qs + 64 * k + 16 * v);
+        w[k] = vandq_u8(q, vdupq_n_u8(0x0f));
+        w[4 + k] = vshrq_n_u8(q, 4);
+    }
+}
+
+/* acc + the four rows of w[0..3] against 16 activations a (values 4k..4k+3 in lane k) */
+EI_INLINE int32x4_t x16_dot16(int32x4_t acc, const uint8x16_t w[4], int8x16_t a) {
+    acc = vdotq_laneq_s32(acc, vreinterpretq_s8_u8(w[0]), a, 0);
+    acc = vdotq_laneq_s32(acc, vreinterpretq_s8_u8(w[1]), a, 1);
+    acc = vdotq_laneq_s32(acc, vreinterpretq_s8_u8(w[2]), a, 2);
+    return vdotq_laneq_s32(acc, vreinterpretq_s8_u8(w[3]), a, 3);
+}
+
+/* the four rows' fp16 fields at p (4 consecutive), as floats */
+EI_INLINE float32x4_t x16_h2f(const ei_f16 *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+
+/* the lanes of acc[c][0..7] (16 rows) as floats to s + c * ss */
+EI_INLINE void x16_store(int nc, float *s, size_t ss, float64x2_t acc[EI_TILE][8]) {
+    for (int c = 0; c < nc; c++) {
+        EI_UNROLL for (int q = 0; q < 4; q++)
+            vst1q_f32(s + (size_t)c * ss + 4 * q, vcvt_high_f32_f64(vcvt_f32_f64(acc[c][2 * q]), acc[c][2 * q + 1]));
+    }
+}
+
+/* Q5_0's fifth bits of rows 4v..4v+3 (qh: their 16 bytes) under the nibbles: bit k to w[k],
+ * bit 4 + k to w[4 + k] */
+EI_INLINE void x16_q5_high(const uint8_t *qh, uint8x16_t w[8]) {
+    const uint8x16_t h = vld1q_u8(qh), bit4 = vdupq_n_u8(0x10);
+    EI_UNROLL for (int k = 0; k < 4; k++) {
+        w[k] = vorrq_u8(w[k], vandq_u8(shl(h, 4 - k), bit4));
+        w[4 + k] = vorrq_u8(w[4 + k], vandq_u8(shl(h, -k), bit4));
+    }
+}
+
+EI_INLINE void x16_legacy(int q5, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
+    const size_t bytes = q5 ? sizeof(block_q5_0x16) : sizeof(block_q4_0x16);
+    const uint8_t *x = vx;
+    float64x2_t acc[EI_TILE][8];
+    for (int c = 0; c < nc; c++) {
+        EI_UNROLL for (int q = 0; q < 8; q++) acc[c][q] = vdupq_n_f64(0.0);
+    }
+    for (int i = 0; i < n / QK4_0; i++, x += bytes) {
+        const ei_f16 *d = q5 ? ((const block_q5_0x16 *)x)->d : ((const block_q4_0x16 *)x)->d;
+        const uint8_t *qs = q5 ? ((const block_q5_0x16 *)x)->qs : ((const block_q4_0x16 *)x)->qs;
+        int8x16_t a[EI_TILE][2];
+        int32x4_t start[EI_TILE]; /* the weights' offset times the activations' sum */
+        float dy[EI_TILE];
+        for (int c = 0; c < nc; c++) {
+            const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i;
+            a[c][0] = vld1q_s8(y->qs), a[c][1] = vld1q_s8(y->qs + 16);
+            start[c] = vdupq_n_s32((q5 ? -16 : -8) * (vaddlvq_s8(a[c][0]) + vaddlvq_s8(a[c][1])));
+            dy[c] = h2f(y->d);
+        }
+        EI_UNROLL for (int v = 0; v < 4; v++) {
+            uint8x16_t w[8];
+            x16_nibbles(qs, v, w);
+            if (q5) x16_q5_high(((const block_q5_0x16 *)x)->qh[4 * v], w);
+            const float32x4_t dw = x16_h2f(d + 4 * v);
+            for (int c = 0; c < nc; c++) {
+                const int32x4_t isum = x16_dot16(x16_dot16(start[c], w, a[c][0]), w + 4, a[c][1]);
+                float64x2_t t[2];
+                block_terms(t, vmulq_n_f32(dw, dy[c]), isum, 0, dw);
+                acc[c][2 * v] = vaddq_f64(acc[c][2 * v], t[0]);
+                acc[c][2 * v + 1] = vaddq_f64(acc[c][2 * v + 1], t[1]);
+            }
+        }
+    }
+    x16_store(nc, s, ss, acc);
+}
+
+/* 4 bytes at p (the scales or minimums of four rows) as int32 lanes */
+EI_INLINE int32x4_t x16_u8x4(const uint8_t *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(u))))));
+}
+EI_INLINE int32x4_t x16_s8x4(const int8_t *p) {
+    int32_t u;
+    memcpy(&u, p, 4);
+    return vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(u)))));
+}
+
+/* Q4_K, rows 4v..4v+3 of super-block b: isum[c] = sum_j sc_j dot_j, imin[c] = sum_j mn_j bsum_j */
+EI_INLINE void x16_q4_K_rows(const block_q4_Kx16 *b, int v, int nc, const block_q8_K *y[EI_TILE],
+                             int32x4_t isum[EI_TILE], int32x4_t imin[EI_TILE]) {
+    for (int j = 0; j < QK_K / 32; j++) {
+        uint8x16_t w[8];
+        x16_nibbles(b->qs[j], v, w);
+        const int32x4_t sc = x16_u8x4(b->sc[j] + 4 * v), mn = x16_u8x4(b->mn[j] + 4 * v);
+        for (int c = 0; c < nc; c++) {
+            const int8_t *a = y[c]->qs + 32 * j;
+            const int32x4_t dot = x16_dot16(x16_dot16(vdupq_n_s32(0), w, vld1q_s8(a)), w + 4, vld1q_s8(a + 16));
+            isum[c] = vmlaq_s32(isum[c], dot, sc);
+            imin[c] = vmlaq_n_s32(imin[c], mn, y[c]->bsums[2 * j] + y[c]->bsums[2 * j + 1]);
+        }
+    }
+}
+
+/* Q6_K's high two bits of rows 4v..4v+3 of a unit under the nibbles (block_q6_Kx16's qh) */
+EI_INLINE void x16_q6_high(const uint8_t *qh, int v, uint8x16_t w[8]) {
+    const uint8x16_t two = vdupq_n_u8(0x30);
+    EI_UNROLL for (int m = 0; m < 2; m++) {
+        const uint8x16_t h = vld1q_u8(qh + 64 * m + 16 * v);
+        w[2 * m] = vorrq_u8(w[2 * m], vandq_u8(vshlq_n_u8(h, 4), two));
+        w[4 + 2 * m] = vorrq_u8(w[4 + 2 * m], vandq_u8(vshlq_n_u8(h, 2), two));
+        w[2 * m + 1] = vorrq_u8(w[2 * m + 1], vandq_u8(h, two));
+        w[4 + 2 * m + 1] = vorrq_u8(w[4 + 2 * m + 1], vandq_u8(vshrq_n_u8(h, 2), two));
+    }
+}
+
+/* Q6_K, rows 4v..4v+3 of super-block b: isum[c] = sum over the 16 sub-blocks s of
+ * sc_s (dot_s - 32 bsum_s); unit j's low nibbles are sub-block 2j, its high ones 2j + 1 */
+EI_INLINE void x16_q6_K_rows(const block_q6_Kx16 *b, int v, int nc, const block_q8_K *y[EI_TILE],
+                             int32x4_t isum[EI_TILE]) {
+    for (int j = 0; j < QK_K / 32; j++) {
+        uint8x16_t w[8];
+        x16_nibbles(b->ql[j], v, w);
+        x16_q6_high(b->qh[j], v, w);
+        const int32x4_t sc0 = x16_s8x4(b->sc[2 * j] + 4 * v), sc1 = x16_s8x4(b->sc[2 * j + 1] + 4 * v);
+        for (int c = 0; c < nc; c++) {
+            const int8_t *a = y[c]->qs + 32 * j;
+            const int16_t *bs = y[c]->bsums + 2 * j;
+            const int32x4_t lo = x16_dot16(vdupq_n_s32(-32 * bs[0]), w, vld1q_s8(a));
+            const int32x4_t hi = x16_dot16(vdupq_n_s32(-32 * bs[1]), w + 4, vld1q_s8(a + 16));
+            isum[c] = vmlaq_s32(vmlaq_s32(isum[c], lo, sc0), hi, sc1);
+        }
+    }
+}
+
+/* super-block terms (d_y d) isum [- (d_y dmin) imin] of rows 4v..4v+3, as the reference rounds them */
+EI_INLINE void x16_k_terms(float64x2_t acc[2], double yd, float32x4_t d, int32x4_t isum, const float32x4_t *dmin,
+                           int32x4_t imin) {
+    float64x2_t t0 = vmulq_f64(vmulq_n_f64(vcvt_f64_f32(vget_low_f32(d)), yd), f64_lo(isum));
+    float64x2_t t1 = vmulq_f64(vmulq_n_f64(vcvt_high_f64_f32(d), yd), f64_hi(isum));
+    if (dmin) {
+        t0 = vsubq_f64(t0, vmulq_f64(vmulq_n_f64(vcvt_f64_f32(vget_low_f32(*dmin)), yd), f64_lo(imin)));
+        t1 = vsubq_f64(t1, vmulq_f64(vmulq_n_f64(vcvt_high_f64_f32(*dmin), yd), f64_hi(imin)));
+    }
+    acc[0] = vaddq_f64(acc[0], t0);
+    acc[1] = vaddq_f64(acc[1], t1);
+}
+
+EI_INLINE void x16_k(int q6, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
+    const size_t bytes = q6 ? sizeof(block_q6_Kx16) : sizeof(block_q4_Kx16);
+    const uint8_t *x = vx;
+    float64x2_t acc[EI_TILE][8];
+    for (int c = 0; c < nc; c++) {
+        EI_UNROLL for (int q = 0; q < 8; q++) acc[c][q] = vdupq_n_f64(0.0);
+    }
+    for (int i = 0; i < n / QK_K; i++, x += bytes) {
+        const block_q8_K *y[EI_TILE];
+        for (int c = 0; c < nc; c++) y[c] = (const block_q8_K *)((const uint8_t *)vy + (size_t)c * ys) + i;
+        EI_NO_UNROLL for (int v = 0; v < 4; v++) {
+            int32x4_t isum[EI_TILE], imin[EI_TILE];
+            for (int c = 0; c < nc; c++) isum[c] = imin[c] = vdupq_n_s32(0);
+            if (q6) {
+                const block_q6_Kx16 *b = (const block_q6_Kx16 *)x;
+                x16_q6_K_rows(b, v, nc, y, isum);
+                const float32x4_t d = x16_h2f(b->d + 4 * v);
+                for (int c = 0; c < nc; c++) x16_k_terms(acc[c] + 2 * v, y[c]->d, d, isum[c], NULL, imin[c]);
+            } else {
+                const block_q4_Kx16 *b = (const block_q4_Kx16 *)x;
+                x16_q4_K_rows(b, v, nc, y, isum, imin);
+                const float32x4_t d = x16_h2f(b->d + 4 * v), dmin = x16_h2f(b->dmin + 4 * v);
+                for (int c = 0; c < nc; c++) x16_k_terms(acc[c] + 2 * v, y[c]->d, d, isum[c], &dmin, imin[c]);
+            }
+        }
+    }
+    x16_store(nc, s, ss, acc);
+}
+
+/* the column count a constant inside each inlined copy */
+#define X16_GEMM(T, KERNEL, ARG)                                                                        \
+    static void neon_gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
+        switch (nc) {                                                                                   \
+        case 1: KERNEL(ARG, n, 1, s, ss, x, y, ys); break;                                              \
+        case 2: KERNEL(ARG, n, 2, s, ss, x, y, ys); break;                                              \
+        case 3: KERNEL(ARG, n, 3, s, ss, x, y, ys); break;                                              \
+        default: KERNEL(ARG, n, EI_TILE, s, ss, x, y, ys); break;                                       \
+        }                                                                                               \
+    }
+X16_GEMM(q4_0, x16_legacy, 0)
+X16_GEMM(q5_0, x16_legacy, 1)
+X16_GEMM(q4_K, x16_k, 0)
+X16_GEMM(q6_K, x16_k, 1)
+#endif
+
 void EI_NEON_FN(ei_neon_gemms)(ei_kernels *k) {
+#if EI_NEON_LEVEL >= 1
+    k->gemm_x16[EI_TYPE_Q4_0] = neon_gemm_x16_q4_0;
+    k->gemm_x16[EI_TYPE_Q5_0] = neon_gemm_x16_q5_0;
+    k->gemm_x16[EI_TYPE_Q4_K] = neon_gemm_x16_q4_K;
+    k->gemm_x16[EI_TYPE_Q6_K] = neon_gemm_x16_q6_K;
+#endif
     k->gemm[EI_TYPE_Q4_0] = neon_gemm_q4_0;
     k->gemm[EI_TYPE_Q4_1] = neon_gemm_q4_1;
     k->gemm[EI_TYPE_Q5_0] = neon_gemm_q5_0;

@@ -8,6 +8,9 @@ the flags a real aarch64 install uses. From those objects:
   tests/simd/check_edges.c, which must print "0 failed"), under ``-cpu max`` and under the
   oldest CPU model that has the level's instructions (an instruction from a later level would
   stop the program with SIGILL there);
+- the tile driver of test_native_kernels (every gemm tile shape, and the products of rows
+  interleaved by 16, gemm_x16, with 1..4 activation rows on several block counts) against
+  vec_dot and the interleaved layout's scalar reference, for each level;
 - a static program calls the dispatcher on CPU models with and without dotprod and i8mm;
 - the whole forward pass (tests/simd/engine_parity.c) gives the scalar logits bit for bit
   with every level;
@@ -30,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.simd.platform_gates import missing_tool
+from tests.simd.test_native_kernels import TILE_DRIVER
 
 pytestmark = pytest.mark.slow
 
@@ -203,6 +207,19 @@ def test_kernels_match_reference(cc, qemu, aarch64_build, tmp_path, level, cpu):
 @pytest.mark.parametrize("level", sorted(LEVELS))
 def test_edge_cases_match_reference(cc, qemu, aarch64_build, tmp_path, level):
     _check_level(cc, qemu, aarch64_build, tmp_path, HERE / "check_edges.c", level, "max")
+
+
+@pytest.mark.parametrize("level", sorted(LEVELS))
+def test_tiles_match_reference(cc, qemu, aarch64_build, tmp_path, level):
+    """gemm tiles and gemm_x16 of each level: the x86 tile driver, cross-built, under qemu."""
+    init, name, _ = LEVELS[level]
+    driver = tmp_path / "tiles.c"
+    header = SIMD / "common" / "ei_kernels.h"
+    driver.write_text(TILE_DRIVER.replace('"../common/ei_kernels.h"', f'"{header}"'))
+    objects = _variant_objects(aarch64_build, level)
+    exe = _link(cc, driver, tmp_path / f"tiles{level}", objects, [f"-DEI_CHECK_INIT={init}"])
+    out = _check(_run([qemu, "-cpu", "max", str(exe)]), f"tile driver for {name}")
+    assert out.rstrip().endswith(" 0 failed"), out[-4000:]
 
 
 @pytest.fixture(scope="module")
