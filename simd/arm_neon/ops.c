@@ -1,5 +1,6 @@
 /* NEON float operations of a decoder step: the reference's float32 operations lane by lane,
- * in the same order and unfused; sums in double in element order; exp through libm. */
+ * in the same order and unfused; sums in double in element order; exp in double lanes where
+ * the result rounds as libm's would, else through libm. */
 #include "simd.h"
 
 static void neon_rms_norm(int n, float *y, const float *x, const float *w, float eps) {
@@ -72,18 +73,67 @@ static void neon_geglu(int n, float *y, const float *g, const float *u, const ei
     for (; i < n; i++) y[i] = gelu_of(g[i], tab) * u[i];
 }
 
-/* exp has no vector form that rounds as libm does: four calls, the rest in lanes */
+/* exp(x) for |x| <= 80, in double, to a relative 1e-14, as x86_avx2/ops.c's avx2_exp_pd:
+ * x = n ln2 + r, the Taylor series of exp(r) to r^11 in Estrin's order, times 2^n through the
+ * exponent bits */
+EI_INLINE float64x2_t exp_f64(float64x2_t x) {
+    const float64x2_t magic = vdupq_n_f64(0x1.8p52); /* adding it rounds to an integer, held in the low bits */
+    const float64x2_t nd = vaddq_f64(vmulq_f64(x, vdupq_n_f64(0x1.71547652b82fep0)), magic);
+    const float64x2_t n = vsubq_f64(nd, magic);
+    float64x2_t r = vfmsq_f64(x, n, vdupq_n_f64(0x1.62e42fefa39efp-1));
+    r = vfmsq_f64(r, n, vdupq_n_f64(0x1.abc9e3b39803fp-56));
+#define C(k, f) const float64x2_t k = vdupq_n_f64(1.0 / (f))
+    C(c2, 2); C(c3, 6); C(c4, 24); C(c5, 120); C(c6, 720); C(c7, 5040);
+    C(c8, 40320); C(c9, 362880); C(c10, 3628800); C(c11, 39916800);
+#undef C
+    const float64x2_t r2 = vmulq_f64(r, r), r4 = vmulq_f64(r2, r2), r8 = vmulq_f64(r4, r4);
+    const float64x2_t one = vdupq_n_f64(1.0);
+    const float64x2_t a0 = vaddq_f64(one, r), a1 = vfmaq_f64(c2, c3, r), a2 = vfmaq_f64(c4, c5, r);
+    const float64x2_t a3 = vfmaq_f64(c6, c7, r), a4 = vfmaq_f64(c8, c9, r), a5 = vfmaq_f64(c10, c11, r);
+    const float64x2_t b0 = vfmaq_f64(a0, a1, r2), b1 = vfmaq_f64(a2, a3, r2), b2 = vfmaq_f64(a4, a5, r2);
+    const float64x2_t p = vfmaq_f64(vfmaq_f64(b0, b1, r4), b2, r8);
+    const int64x2_t shift = vshlq_n_s64(vsubq_s64(vreinterpretq_s64_f64(nd), vreinterpretq_s64_f64(magic)), 52);
+    return vreinterpretq_f64_s64(vaddq_s64(vreinterpretq_s64_f64(p), shift));
+}
+
+/* g / (1 + exp(-g)), with the lanes whose rounding to float is sure to be libm's in *sure: not
+ * within SWIGLU_MARGIN of a midpoint of two floats, |g| <= 80 and in the floats' normal range
+ * (why these, in x86_avx2/ops.c) */
+#define SWIGLU_MARGIN 4096
+EI_INLINE float64x2_t silu_f64(float64x2_t g, uint64x2_t *sure) {
+    const float64x2_t q = vdivq_f64(g, vaddq_f64(vdupq_n_f64(1.0), exp_f64(vnegq_f64(g))));
+    /* a negative difference wraps to near 2^64: one unsigned compare */
+    const uint64x2_t below = vsubq_u64(vandq_u64(vreinterpretq_u64_f64(q), vdupq_n_u64(0x1FFFFFFF)),
+                                       vdupq_n_u64(0x10000000 - SWIGLU_MARGIN));
+    const uint64x2_t near = vcltq_u64(below, vdupq_n_u64(2 * SWIGLU_MARGIN));
+    const uint64x2_t ok = vandq_u64(vcaleq_f64(g, vdupq_n_f64(80.0)), vcageq_f64(q, vdupq_n_f64(0x1p-126)));
+    *sure = vbicq_u64(ok, near);
+    return q;
+}
+
+static inline float silu_of(float g) { return (float)(g / (1.0 + exp(-(double)g))); }
+
 static void neon_swiglu(int n, float *y, const float *g, const float *u) {
     int i = 0;
     for (; i + 4 <= n; i += 4) {
         const float32x4_t gv = vld1q_f32(g + i);
-        const float64x2_t g0 = vcvt_f64_f32(vget_low_f32(gv)), g1 = vcvt_high_f64_f32(gv);
-        const double e[4] = {exp(-(double)g[i]), exp(-(double)g[i + 1]), exp(-(double)g[i + 2]), exp(-(double)g[i + 3])};
-        const float64x2_t one = vdupq_n_f64(1.0);
-        const float64x2_t q0 = vdivq_f64(g0, vaddq_f64(one, vld1q_f64(e))), q1 = vdivq_f64(g1, vaddq_f64(one, vld1q_f64(e + 2)));
-        vst1q_f32(y + i, vmulq_f32(vcvt_high_f32_f64(vcvt_f32_f64(q0), q1), vld1q_f32(u + i)));
+        uint64x2_t s0, s1;
+        const float64x2_t q0 = silu_f64(vcvt_f64_f32(vget_low_f32(gv)), &s0), q1 = silu_f64(vcvt_high_f64_f32(gv), &s1);
+        const float32x4_t prod = vmulq_f32(vcvt_high_f32_f64(vcvt_f32_f64(q0), q1), vld1q_f32(u + i));
+        const uint32x4_t sure = vcombine_u32(vmovn_u64(s0), vmovn_u64(s1));
+        if (vminvq_u32(sure)) {
+            vst1q_f32(y + i, prod);
+            continue;
+        }
+        float t[4]; /* y may be g: the unsure lanes read g before the store */
+        uint32_t lane_sure[4];
+        vst1q_f32(t, prod);
+        vst1q_u32(lane_sure, sure);
+        for (int j = 0; j < 4; j++)
+            if (!lane_sure[j]) t[j] = silu_of(g[i + j]) * u[i + j];
+        vst1q_f32(y + i, vld1q_f32(t));
     }
-    for (; i < n; i++) y[i] = (float)(g[i] / (1.0 + exp(-(double)g[i]))) * u[i];
+    for (; i < n; i++) y[i] = silu_of(g[i]) * u[i];
 }
 
 static void neon_add(int n, float *y, const float *x) {

@@ -92,16 +92,65 @@ static void geglu(int n, float *y, const float *g, const float *u, const ei_f16 
     }
 }
 
+/* exp(x) for |x| <= 80, in double, to a relative 1e-14, as x86_avx2/ops.c's avx2_exp_pd:
+ * x = n ln2 + r, the Taylor series of exp(r) to r^11 in Estrin's order, times 2^n through the
+ * exponent bits */
+EI_INLINE __m512d exp_pd(__m512d x) {
+    const __m512d magic = _mm512_set1_pd(0x1.8p52); /* adding it rounds to an integer, held in the low bits */
+    const __m512d nd = _mm512_add_pd(_mm512_mul_pd(x, _mm512_set1_pd(0x1.71547652b82fep0)), magic);
+    const __m512d n = _mm512_sub_pd(nd, magic);
+    __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(0x1.62e42fefa39efp-1), x);
+    r = _mm512_fnmadd_pd(n, _mm512_set1_pd(0x1.abc9e3b39803fp-56), r);
+#define C(k, f) const __m512d k = _mm512_set1_pd(1.0 / (f))
+    C(c2, 2); C(c3, 6); C(c4, 24); C(c5, 120); C(c6, 720); C(c7, 5040);
+    C(c8, 40320); C(c9, 362880); C(c10, 3628800); C(c11, 39916800);
+#undef C
+    const __m512d r2 = _mm512_mul_pd(r, r), r4 = _mm512_mul_pd(r2, r2), r8 = _mm512_mul_pd(r4, r4);
+    const __m512d one = _mm512_set1_pd(1.0);
+    const __m512d a0 = _mm512_fmadd_pd(one, r, one), a1 = _mm512_fmadd_pd(c3, r, c2);
+    const __m512d a2 = _mm512_fmadd_pd(c5, r, c4), a3 = _mm512_fmadd_pd(c7, r, c6);
+    const __m512d a4 = _mm512_fmadd_pd(c9, r, c8), a5 = _mm512_fmadd_pd(c11, r, c10);
+    const __m512d b0 = _mm512_fmadd_pd(a1, r2, a0), b1 = _mm512_fmadd_pd(a3, r2, a2), b2 = _mm512_fmadd_pd(a5, r2, a4);
+    const __m512d p = _mm512_fmadd_pd(b2, r8, _mm512_fmadd_pd(b1, r4, b0));
+    const __m512i shift = _mm512_slli_epi64(_mm512_sub_epi64(_mm512_castpd_si512(nd), _mm512_castpd_si512(magic)), 52);
+    return _mm512_castsi512_pd(_mm512_add_epi64(_mm512_castpd_si512(p), shift));
+}
+
+/* g / (1 + exp(-g)), with the lanes whose rounding to float may differ from libm's in *unsure:
+ * within SWIGLU_MARGIN of a midpoint of two floats, |g| > 80 or below the floats' normal range
+ * (why these, in x86_avx2/ops.c) */
+#define SWIGLU_MARGIN 4096
+EI_INLINE __m512d silu_pd(__m512d g, __mmask8 *unsure) {
+    const __m512d d = _mm512_add_pd(_mm512_set1_pd(1.0), exp_pd(_mm512_xor_pd(g, _mm512_set1_pd(-0.0))));
+    const __m512d q = _mm512_div_pd(g, d);
+    /* a negative difference wraps to near 2^64: one unsigned compare */
+    const __m512i below = _mm512_sub_epi64(_mm512_and_si512(_mm512_castpd_si512(q), _mm512_set1_epi64(0x1FFFFFFF)),
+                                           _mm512_set1_epi64(0x10000000 - SWIGLU_MARGIN));
+    const __mmask8 near = _mm512_cmple_epu64_mask(below, _mm512_set1_epi64(2 * SWIGLU_MARGIN - 1));
+    const __mmask8 ok = _mm512_cmp_pd_mask(_mm512_abs_pd(g), _mm512_set1_pd(80.0), _CMP_LE_OQ) &
+                        _mm512_cmp_pd_mask(_mm512_abs_pd(q), _mm512_set1_pd(0x1p-126), _CMP_GE_OQ);
+    *unsure = (__mmask8)(near | ~ok);
+    return q;
+}
+
+static float swiglu_one(float g, float u) { return (float)(g / (1.0 + exp(-(double)g))) * u; }
+
 static void swiglu(int n, float *y, const float *g, const float *u) {
     int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        double e[8]; /* libm's exp, as the reference */
-        EI_UNROLL for (int j = 0; j < 8; j++) e[j] = exp(-(double)g[i + j]);
-        const __m512d gd = _mm512_cvtps_pd(_mm256_loadu_ps(g + i));
-        const __m512d f = _mm512_div_pd(gd, _mm512_add_pd(_mm512_set1_pd(1.0), _mm512_loadu_pd(e)));
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm512_cvtpd_ps(f), _mm256_loadu_ps(u + i)));
+    for (; i + 16 <= n; i += 16) {
+        __mmask8 lo, hi;
+        const __m256 slo = _mm512_cvtpd_ps(silu_pd(_mm512_cvtps_pd(_mm256_loadu_ps(g + i)), &lo));
+        const __m256 shi = _mm512_cvtpd_ps(silu_pd(_mm512_cvtps_pd(_mm256_loadu_ps(g + i + 8)), &hi));
+        const __m512 silu = _mm512_insertf32x8(_mm512_castps256_ps512(slo), shi, 1);
+        const unsigned unsure = lo | (unsigned)hi << 8;
+        /* y may be g: the unsure lanes are left out of the store, so they still hold g */
+        _mm512_mask_storeu_ps(y + i, (__mmask16)~unsure, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
+        for (unsigned m = unsure; m; m &= m - 1) {
+            const int j = __builtin_ctz(m);
+            y[i + j] = swiglu_one(g[i + j], u[i + j]);
+        }
     }
-    for (; i < n; i++) y[i] = (float)(g[i] / (1.0 + exp(-(double)g[i]))) * u[i];
+    for (; i < n; i++) y[i] = swiglu_one(g[i], u[i]);
 }
 
 static void add(int n, float *y, const float *x) {
