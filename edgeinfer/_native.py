@@ -49,7 +49,7 @@ from edgeinfer.kv_cache import (
 from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 9
+API_VERSION = 10
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = (
@@ -103,6 +103,7 @@ class EngineParams(ctypes.Structure):
         ("kv_budget", ctypes.c_int64),
         ("kivi_group", c_int32),
         ("kivi_residual", c_int32),
+        ("release_weights", c_int32),
     ]  # fmt: skip
 
 
@@ -441,7 +442,7 @@ class NativeEngine(SequenceEngine):
             kv_type_v=vt.bits if kivi_layout else int(vt.ggml_type), kv_layout=int(kt.layout),
             isa=resolve_isa(isa), ring=int(not swa_full), kv_budget=kv_budget,
             track_attention=int(track_attention), kivi_group=kivi_group,
-            kivi_residual=kivi_residual,
+            kivi_residual=kivi_residual, release_weights=1,  # the file's read-only map
         )  # fmt: skip
         handle = c_void_p()
         check(lib.ei_engine_create(ctypes.byref(m), ctypes.byref(params), ctypes.byref(handle)))

@@ -174,9 +174,9 @@ static int plan_packs(ei_engine *e) {
         ei_tensor *w[EI_LAYER_MATRICES];
         const int n = layer_matrices(&e->layers[il], w);
         for (int j = 0; j < n; j++)
-            if (w[j]->data && !ei_repack_plan(&e->repack, e->k, w[j], NULL)) return 0;
+            if (w[j]->data && !ei_repack_plan(&e->repack, e->k, w[j], NULL, e->p.release_weights)) return 0;
     }
-    const int ok = ei_repack_plan(&e->repack, e->k, &e->m.output, e->m.tok_embd.data);
+    const int ok = ei_repack_plan(&e->repack, e->k, &e->m.output, e->m.tok_embd.data, e->p.release_weights);
     e->bytes += e->repack.bytes;
     return ok;
 }

@@ -1,8 +1,8 @@
 /* Weights the instruction set has an interleaved kernel for are copied into that layout (the
  * product then needs no horizontal sums) by the first product that uses them, so loading
  * reads no tensor data: the copies cost the tensors' sizes (reserved at load, resident once
- * written), and the file's pages are released unless another tensor (a tied embedding)
- * still reads them. */
+ * written), and the file's pages are released (where the caller says they are a read-only file
+ * mapping) unless another tensor (a tied embedding) still reads them. */
 #if defined(__linux__) && !defined(_DEFAULT_SOURCE)
 #define _DEFAULT_SOURCE /* madvise under -std=c11 */
 #endif
@@ -40,7 +40,7 @@ int ei_repack_reserve(ei_repack *r, int capacity) {
     return r->items != NULL;
 }
 
-int ei_repack_plan(ei_repack *r, const ei_kernels *k, ei_tensor *t, const void *shared) {
+int ei_repack_plan(ei_repack *r, const ei_kernels *k, ei_tensor *t, const void *shared, int release) {
     if (!k->gemm_x16[t->type] || t->ne1 % EI_X16) return 1;
     if (r->n == r->capacity) return 0;
     const size_t size = ei_x16_size(t->type, t->ne0) * (size_t)(t->ne1 / EI_X16);
@@ -48,7 +48,7 @@ int ei_repack_plan(ei_repack *r, const ei_kernels *k, ei_tensor *t, const void *
     ei_repack_item *it = &r->items[r->n];
     if (!(it->copy = malloc(size))) return 0;
     it->t = t;
-    it->release = t->data != shared;
+    it->release = release && t->data != shared;
     r->n++;
     r->bytes += size;
     t->layout = EI_LAYOUT_PENDING;

@@ -21,9 +21,10 @@ typedef struct {
 int ei_repack_reserve(ei_repack *r, int capacity);
 /* plans a copy of t when the kernels have an interleaved product for its type (t->layout then
  * becomes EI_LAYOUT_PENDING and its copy is allocated, not yet written); shared: data of
- * another tensor that still reads t's pages (a tied embedding), so they are not released.
+ * another tensor that still reads t's pages (a tied embedding), so they are not released;
+ * release: whether t's pages may be dropped at all (ei_engine_params.release_weights).
  * 0: out of memory or no room left */
-int ei_repack_plan(ei_repack *r, const ei_kernels *k, ei_tensor *t, const void *shared);
+int ei_repack_plan(ei_repack *r, const ei_kernels *k, ei_tensor *t, const void *shared, int release);
 /* thread ith of nth writes its share of t's copy (t must be pending) */
 void ei_repack_share(const ei_repack *r, const ei_tensor *t, int ith, int nth);
 /* once every share is written: t reads its copy (one thread, between barriers) */

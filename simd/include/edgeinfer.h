@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 9
+#define EI_API_VERSION 10
 
 /* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
 #define EI_MAX_THREADS 512
@@ -108,6 +108,11 @@ typedef struct {
     int64_t kv_budget; /* bytes for the KV cache's block pool; 0: n_seq_max sequences of n_ctx */
     int32_t kivi_group;    /* EI_KV_KIVI: tokens per key group G (32, 64, 128), the block size */
     int32_t kivi_residual; /* EI_KV_KIVI: the newest positions R read in f16 (>= 0) */
+    int32_t release_weights; /* 1: the weights lie in a read-only file mapping, whose pages of a
+                              * matrix the engine copies into an interleaved layout are dropped
+                              * once copied (madvise: a later read faults them in again from the
+                              * file); 0: left alone, as any other memory must be (dropping the
+                              * pages of anonymous memory zeroes them) */
 } ei_engine_params;
 
 /* how a cache tensor's elements are grouped (edgeinfer/kv_cache.py: CacheLayout).

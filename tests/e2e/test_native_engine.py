@@ -7,6 +7,8 @@ batch split and thread count; the issue's bar (mean KL < 0.001) follows a fortio
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,8 @@ pytestmark = pytest.mark.slow
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 # every instruction set; those this machine lacks are skips that say why
 ALL_ISAS = isa_params(_native.ISA_NAMES)
+# those with interleaved products, which copy the matrices they have one for
+INTERLEAVING_ISAS = ("avx2", "avx512", "neon-dotprod", "neon-i8mm")
 # the same, less the scalar one that the others are compared with
 VARIANT_ISAS = isa_params(name for name in _native.ISA_NAMES if name != "scalar")
 
@@ -76,18 +80,55 @@ def test_every_instruction_set_gives_the_same_greedy_text(gemma_path, isa):
 @pytest.mark.parametrize("isa", ALL_ISAS)
 def test_interleaved_weight_copies_equal_reference(fixture_models, isa):
     """The llama fixture's Q4_0 matrices are copied into interleaved rows where the
-    instruction set has a kernel for them (avx2, avx512), reported as such, and change no bit."""
+    instruction set has a kernel for them (avx2, avx512, NEON with dotprod), reported as such,
+    and change no bit."""
     path = fixture_models["llama"]
     with edgeinfer.load(path, engine="reference") as ref, \
             edgeinfer.load(path, engine="native", isa=isa) as nat:  # fmt: skip
         copies = nat._engine.weight_copy_bytes
-        assert (copies > 0) == (isa in ("avx2", "avx512")), copies
+        assert (copies > 0) == (isa in INTERLEAVING_ISAS), copies
         assert copies < nat._engine.memory_bytes
         tokens = ref.tokenize(PROMPTS[1])
         full = ref.logits(tokens)
         _assert_same(full, nat.logits(tokens))
         nat._engine.truncate(0)  # decoding: one activation row
         np.testing.assert_array_equal(np.stack([nat._engine.forward([t]) for t in tokens]), full)
+
+
+def _resident_kb(address: int) -> int:
+    """Resident kB of this process's mapping that holds ``address`` (Linux's smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1])
+    raise LookupError(hex(address))
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's smaps")
+def test_copied_matrices_leave_the_file_pages_they_came_from(fixture_models):
+    """Once a matrix is copied into interleaved rows, its pages of the file's map are dropped
+    (they and the copy are never both resident); the rest of the file stays mapped and read."""
+    isa = next((i for i in INTERLEAVING_ISAS if _native.library().ei_isa_supported(
+        _native.ISA_NAMES.index(i))), None)  # fmt: skip
+    if isa is None:
+        pytest.skip("no instruction set here copies matrices")
+    with edgeinfer.load(fixture_models["llama"], engine="native", isa=isa) as model:
+        engine = model._engine
+        mapped = engine._map
+        address = mapped.ctypes.data
+        int(mapped.sum())  # every page of the file resident
+        before = _resident_kb(address)
+        model.logits(model.tokenize(PROMPTS[0]))  # the first products make the copies
+        after = _resident_kb(address)
+        copied_kb = engine.weight_copy_bytes // 1024
+        # whole pages inside each thread's share of a matrix go (a small model loses some at edges)
+        assert before - after > 0.5 * copied_kb, (before, after, copied_kb)
+        assert after > 0
 
 
 def test_batch_split_and_threads_do_not_change_results(fixture_models):
