@@ -32,6 +32,13 @@ def main() -> int:
     )  # fmt: skip
     load_s = time.perf_counter() - t0
     n_vocab = llm.n_vocab()
+
+    def last_argmax() -> int:
+        # the logits of the batch's last token, from the context: llama-cpp-python 0.3.36
+        # keeps no scores without logits_all (llm.scores is left unwritten, n_batch rows)
+        logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(n_vocab,))))
+
     rng = np.random.default_rng(0)
     prompt = rng.integers(min(1000, n_vocab // 2), n_vocab, size=args.n_prompt).tolist()
     llm.reset()
@@ -41,7 +48,7 @@ def main() -> int:
         llm.reset()
         t = time.perf_counter()
         llm.eval(prompt)
-        token = int(np.argmax(llm.scores[len(prompt) - 1]))
+        token = last_argmax()
         dt = time.perf_counter() - t
         pp.append(args.n_prompt / dt)
         ttft.append(dt)
@@ -49,7 +56,7 @@ def main() -> int:
         t = time.perf_counter()
         for _ in range(args.n_gen):
             llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = last_argmax()
         tg.append(args.n_gen / (time.perf_counter() - t))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({
