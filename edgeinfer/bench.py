@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer import errors
-from edgeinfer.engines.base import Engine, EngineProfile, OpTime
+from edgeinfer.engines.base import Engine, EngineProfile, OpTime, no_profile
 from edgeinfer.gguf.constants import GGMLType
 
 
@@ -235,9 +235,7 @@ def profile(
     try:
         eng = model.backend
         if not eng.can_profile:
-            raise errors.InvalidOptionError(
-                f"the {eng.name} engine keeps no per-op profile (the native engine does)"
-            )
+            raise no_profile(eng.name)
         rng = np.random.default_rng(seed)
         prompt = rng.integers(min(1000, model.n_vocab // 2), model.n_vocab, size=n_prompt).tolist()
         eng.truncate(0)

@@ -119,6 +119,13 @@ class EngineProfile:
         return sum(op.ns for op in self.ops)
 
 
+def no_profile(engine: str) -> errors.InvalidOptionError:
+    """The refusal of a profile by an engine that keeps none (``can_profile`` false)."""
+    return errors.InvalidOptionError(
+        f"the {engine} engine keeps no per-op profile (the native engine does)"
+    )
+
+
 @runtime_checkable
 class Engine(Protocol):
     """The one interface ``load()``, generation, the CLI, ``doctor`` and ``bench`` use."""
@@ -424,14 +431,10 @@ class SequenceEngine:
     can_profile: ClassVar[bool] = False
 
     def set_profiling(self, on: bool) -> None:
-        raise errors.InvalidOptionError(
-            f"the {self.spec.name} engine keeps no per-op profile (the native engine does)"
-        )
+        raise no_profile(self.spec.name)
 
     def profile(self) -> EngineProfile:
-        raise errors.InvalidOptionError(
-            f"the {self.spec.name} engine keeps no per-op profile (the native engine does)"
-        )
+        raise no_profile(self.spec.name)
 
     # --- rows of the cache (saved sessions: edgeinfer.session_state) -----------------------
 

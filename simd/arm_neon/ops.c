@@ -1,6 +1,7 @@
 /* NEON float operations of a decoder step: the reference's float32 operations lane by lane,
  * in the same order and unfused; sums in double in element order; exp in double lanes where
  * the result rounds as libm's would, else through libm. */
+#include "../common/silu.h"
 #include "simd.h"
 
 static void neon_rms_norm(int n, float *y, const float *x, const float *w, float eps) {
@@ -97,21 +98,18 @@ EI_INLINE float64x2_t exp_f64(float64x2_t x) {
 }
 
 /* g / (1 + exp(-g)), with the lanes whose rounding to float is sure to be libm's in *sure: not
- * within SWIGLU_MARGIN of a midpoint of two floats, |g| <= 80 and in the floats' normal range
+ * within EI_SILU_MARGIN of a midpoint of two floats, |g| <= 80 and in the floats' normal range
  * (why these, in x86_avx2/ops.c) */
-#define SWIGLU_MARGIN 4096
 EI_INLINE float64x2_t silu_f64(float64x2_t g, uint64x2_t *sure) {
     const float64x2_t q = vdivq_f64(g, vaddq_f64(vdupq_n_f64(1.0), exp_f64(vnegq_f64(g))));
     /* a negative difference wraps to near 2^64: one unsigned compare */
     const uint64x2_t below = vsubq_u64(vandq_u64(vreinterpretq_u64_f64(q), vdupq_n_u64(0x1FFFFFFF)),
-                                       vdupq_n_u64(0x10000000 - SWIGLU_MARGIN));
-    const uint64x2_t near = vcltq_u64(below, vdupq_n_u64(2 * SWIGLU_MARGIN));
+                                       vdupq_n_u64(0x10000000 - EI_SILU_MARGIN));
+    const uint64x2_t near = vcltq_u64(below, vdupq_n_u64(2 * EI_SILU_MARGIN));
     const uint64x2_t ok = vandq_u64(vcaleq_f64(g, vdupq_n_f64(80.0)), vcageq_f64(q, vdupq_n_f64(0x1p-126)));
     *sure = vbicq_u64(ok, near);
     return q;
 }
-
-static inline float silu_of(float g) { return (float)(g / (1.0 + exp(-(double)g))); }
 
 static void neon_swiglu(int n, float *y, const float *g, const float *u) {
     int i = 0;
@@ -130,10 +128,10 @@ static void neon_swiglu(int n, float *y, const float *g, const float *u) {
         vst1q_f32(t, prod);
         vst1q_u32(lane_sure, sure);
         for (int j = 0; j < 4; j++)
-            if (!lane_sure[j]) t[j] = silu_of(g[i + j]) * u[i + j];
+            if (!lane_sure[j]) t[j] = ei_silu(g[i + j]) * u[i + j];
         vst1q_f32(y + i, vld1q_f32(t));
     }
-    for (; i < n; i++) y[i] = silu_of(g[i]) * u[i];
+    for (; i < n; i++) y[i] = ei_silu(g[i]) * u[i];
 }
 
 static void neon_add(int n, float *y, const float *x) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../common/ei_kernels.h"
+#include "../common/silu.h"
 
 static void ref_rms_norm(int n, float *y, const float *x, const float *w, float eps) {
     double sum = 0.0; /* squares rounded to float, summed in double */
@@ -42,7 +43,7 @@ static void ref_geglu(int n, float *y, const float *g, const float *u, const ei_
 }
 
 static void ref_swiglu(int n, float *y, const float *g, const float *u) {
-    for (int i = 0; i < n; i++) y[i] = (float)(g[i] / (1.0 + exp(-(double)g[i]))) * u[i];
+    for (int i = 0; i < n; i++) y[i] = ei_silu(g[i]) * u[i];
 }
 
 static void ref_add(int n, float *y, const float *x) {

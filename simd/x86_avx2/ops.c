@@ -2,6 +2,7 @@
  * order, eight lanes at a time and never fused; reductions add in the reference's order. */
 #include <math.h>
 
+#include "../common/silu.h"
 #include "simd.h"
 
 static void avx2_rms_norm(int n, float *y, const float *x, const float *w, float eps) {
@@ -108,27 +109,24 @@ EI_AVX2_INLINE __m256d avx2_exp_pd(__m256d x) {
     return _mm256_castsi256_pd(_mm256_add_epi64(_mm256_castpd_si256(p), shift));
 }
 
-/* g / (1 + exp(-g)) rounded to float, as the reference with libm's exp: both doubles lie within
- * 1e-14 of the exact value, so they round to the same float unless the value is near the
- * midpoint of two floats (its 29 bits below a float's mantissa within SWIGLU_MARGIN of 2^28:
- * 2^-41 relative, one value in 2^17), |g| > 80 or the value is below the floats' normal range.
- * Lanes where the value is not sure come back in the mask. */
-#define SWIGLU_MARGIN 4096
+/* g / (1 + exp(-g)) rounded to float, as the reference with libm's exp (common/silu.h): both
+ * doubles lie within 1e-14 of the exact value, so they round to the same float unless the value
+ * is near the midpoint of two floats (its 29 bits below a float's mantissa within EI_SILU_MARGIN
+ * of 2^28: 2^-41 relative, one value in 2^17), |g| > 80 or the value is below the floats'
+ * normal range. Lanes where the value is not sure come back in the mask. */
 EI_AVX2_INLINE __m256d avx2_silu_pd(__m256d g, int *unsure) {
     const __m256d sign = _mm256_set1_pd(-0.0);
     const __m256d d = _mm256_add_pd(_mm256_set1_pd(1.0), avx2_exp_pd(_mm256_xor_pd(g, sign)));
     const __m256d q = _mm256_div_pd(g, d);
     const __m256i below = _mm256_sub_epi64(_mm256_and_si256(_mm256_castpd_si256(q), _mm256_set1_epi64x(0x1FFFFFFF)),
-                                           _mm256_set1_epi64x(0x10000000 - SWIGLU_MARGIN));
+                                           _mm256_set1_epi64x(0x10000000 - EI_SILU_MARGIN));
     const __m256i near = _mm256_andnot_si256(_mm256_cmpgt_epi64(_mm256_setzero_si256(), below),
-                                             _mm256_cmpgt_epi64(_mm256_set1_epi64x(2 * SWIGLU_MARGIN), below));
+                                             _mm256_cmpgt_epi64(_mm256_set1_epi64x(2 * EI_SILU_MARGIN), below));
     const __m256d ok = _mm256_and_pd(_mm256_cmp_pd(_mm256_andnot_pd(sign, g), _mm256_set1_pd(80.0), _CMP_LE_OQ),
                                      _mm256_cmp_pd(_mm256_andnot_pd(sign, q), _mm256_set1_pd(0x1p-126), _CMP_GE_OQ));
     *unsure = _mm256_movemask_pd(_mm256_andnot_pd(_mm256_castsi256_pd(near), ok)) ^ 0xF;
     return q;
 }
-
-static float swiglu_one(float g, float u) { return (float)(g / (1.0 + exp(-(double)g))) * u; }
 
 static void avx2_swiglu(int n, float *y, const float *g, const float *u) {
     int i = 0;
@@ -147,11 +145,11 @@ static void avx2_swiglu(int n, float *y, const float *g, const float *u) {
         _mm256_storeu_ps(t, prod);
         for (int unsure = lo | hi << 4; unsure; unsure &= unsure - 1) {
             const int j = __builtin_ctz((unsigned)unsure);
-            t[j] = swiglu_one(g[i + j], u[i + j]);
+            t[j] = ei_silu(g[i + j]) * u[i + j];
         }
         memcpy(y + i, t, sizeof(t));
     }
-    for (; i < n; i++) y[i] = swiglu_one(g[i], u[i]);
+    for (; i < n; i++) y[i] = ei_silu(g[i]) * u[i];
 }
 
 static void avx2_add(int n, float *y, const float *x) {

@@ -4,6 +4,7 @@
  * for bit, whether or not the double sums are exact. */
 #include <math.h>
 
+#include "../common/silu.h"
 #include "blocks.h"
 
 /* ---- elementwise ------------------------------------------------------------------------- */
@@ -117,23 +118,20 @@ EI_INLINE __m512d exp_pd(__m512d x) {
 }
 
 /* g / (1 + exp(-g)), with the lanes whose rounding to float may differ from libm's in *unsure:
- * within SWIGLU_MARGIN of a midpoint of two floats, |g| > 80 or below the floats' normal range
+ * within EI_SILU_MARGIN of a midpoint of two floats, |g| > 80 or below the floats' normal range
  * (why these, in x86_avx2/ops.c) */
-#define SWIGLU_MARGIN 4096
 EI_INLINE __m512d silu_pd(__m512d g, __mmask8 *unsure) {
     const __m512d d = _mm512_add_pd(_mm512_set1_pd(1.0), exp_pd(_mm512_xor_pd(g, _mm512_set1_pd(-0.0))));
     const __m512d q = _mm512_div_pd(g, d);
     /* a negative difference wraps to near 2^64: one unsigned compare */
     const __m512i below = _mm512_sub_epi64(_mm512_and_si512(_mm512_castpd_si512(q), _mm512_set1_epi64(0x1FFFFFFF)),
-                                           _mm512_set1_epi64(0x10000000 - SWIGLU_MARGIN));
-    const __mmask8 near = _mm512_cmple_epu64_mask(below, _mm512_set1_epi64(2 * SWIGLU_MARGIN - 1));
+                                           _mm512_set1_epi64(0x10000000 - EI_SILU_MARGIN));
+    const __mmask8 near = _mm512_cmple_epu64_mask(below, _mm512_set1_epi64(2 * EI_SILU_MARGIN - 1));
     const __mmask8 ok = _mm512_cmp_pd_mask(_mm512_abs_pd(g), _mm512_set1_pd(80.0), _CMP_LE_OQ) &
                         _mm512_cmp_pd_mask(_mm512_abs_pd(q), _mm512_set1_pd(0x1p-126), _CMP_GE_OQ);
     *unsure = (__mmask8)(near | ~ok);
     return q;
 }
-
-static float swiglu_one(float g, float u) { return (float)(g / (1.0 + exp(-(double)g))) * u; }
 
 static void swiglu(int n, float *y, const float *g, const float *u) {
     int i = 0;
@@ -147,10 +145,10 @@ static void swiglu(int n, float *y, const float *g, const float *u) {
         _mm512_mask_storeu_ps(y + i, (__mmask16)~unsure, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
         for (unsigned m = unsure; m; m &= m - 1) {
             const int j = __builtin_ctz(m);
-            y[i + j] = swiglu_one(g[i + j], u[i + j]);
+            y[i + j] = ei_silu(g[i + j]) * u[i + j];
         }
     }
-    for (; i < n; i++) y[i] = swiglu_one(g[i], u[i]);
+    for (; i < n; i++) y[i] = ei_silu(g[i]) * u[i];
 }
 
 static void add(int n, float *y, const float *x) {
