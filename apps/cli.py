@@ -208,6 +208,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("-r", "--repetitions", type=_count(1), default=3)
     bench.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
     bench.add_argument("--isa", default=None, help="force an instruction-set variant")
+    bench.add_argument("--fixed-threads", action="store_true",
+                       help="decode on every thread even when fewer would be faster (by "
+                       "default decoding moves to fewer while another program holds a "
+                       "core)")  # fmt: skip
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--profile", action="store_true",
                        help="where the time goes, per op, for one prompt step and for decoding "
@@ -618,7 +622,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     r = run(
         args.model, n_prompt=args.n_prompt, n_gen=args.n_gen, n_threads=args.threads,
         repetitions=args.repetitions, engine=args.engine, isa=args.isa, n_ctx=args.ctx,
-        **_cache_options(args),
+        fixed_threads=args.fixed_threads, **_cache_options(args),
     )  # fmt: skip
     if args.json:
         print(json.dumps(r, indent=2))
@@ -628,6 +632,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     print(f"pp{r['n_prompt']:<5} {r['pp_tok_s']:9.1f} ± {r['pp_tok_s_sd']:.1f} tok/s")
     print(f"tg{r['n_gen']:<5} {r['tg_tok_s']:9.1f} ± {r['tg_tok_s_sd']:.1f} tok/s")
+    if r["decode_threads"] is not None and r["decode_threads"] != r["threads"]:
+        print(
+            f"         decoding ended on {r['decode_threads']} of the {r['threads']} threads "
+            "(it ran faster so: another program holds a core)"
+        )
     print(f"ttft     {r['ttft_s'] * 1000:9.1f} ms ({r['n_prompt']}-token prompt)")
     print(f"load     {r['load_s']:9.2f} s")
     print(f"peak RSS {r['peak_rss_mb']:9.1f} MB")

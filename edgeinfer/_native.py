@@ -49,7 +49,7 @@ from edgeinfer.kv_cache import (
 from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 10
+API_VERSION = 11
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = (
@@ -104,6 +104,7 @@ class EngineParams(ctypes.Structure):
         ("kivi_group", c_int32),
         ("kivi_residual", c_int32),
         ("release_weights", c_int32),
+        ("fixed_threads", c_int32),
     ]  # fmt: skip
 
 
@@ -172,6 +173,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_engine_profile": (c_int, [c_void_p, c_int32]),
     "ei_engine_profile_read": (c_int, [c_void_p, _P(ProfileEntry), c_int32, _P(c_int32)]),
     "ei_engine_isa": (c_int, [c_void_p]),
+    "ei_engine_threads": (c_int32, [c_void_p, c_int32]),
     "ei_engine_memory": (c_size_t, [c_void_p]),
     "ei_engine_weight_copies": (c_size_t, [c_void_p]),
     "ei_engine_free": (None, [c_void_p]),
@@ -396,7 +398,7 @@ class NativeEngine(SequenceEngine):
         cache_type_k: str | CacheType = "f16", cache_type_v: str | CacheType = "f16",
         isa: str | None = None, n_batch: int = 512, n_seq_max: int = 1, swa_full: bool = False,
         kv_budget: int = 0, track_attention: bool = False, kivi_group: int = KIVI_GROUP,
-        kivi_residual: int = KIVI_RESIDUAL,
+        kivi_residual: int = KIVI_RESIDUAL, fixed_threads: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(n_ctx, cfg.n_vocab, n_seq_max)
         self._handle: ctypes.c_void_p | None = None
@@ -443,6 +445,7 @@ class NativeEngine(SequenceEngine):
             isa=resolve_isa(isa), ring=int(not swa_full), kv_budget=kv_budget,
             track_attention=int(track_attention), kivi_group=kivi_group,
             kivi_residual=kivi_residual, release_weights=1,  # the file's read-only map
+            fixed_threads=int(fixed_threads),
         )  # fmt: skip
         handle = c_void_p()
         check(lib.ei_engine_create(ctypes.byref(m), ctypes.byref(params), ctypes.byref(handle)))
@@ -469,6 +472,11 @@ class NativeEngine(SequenceEngine):
     @property
     def isa(self) -> str:
         return self._isa
+
+    def threads(self, n_tokens: int = 1) -> int | None:
+        """The threads a step of ``n_tokens`` tokens runs on now: all of them, or fewer while
+        decoding steps run faster so (another program holds a core)."""
+        return int(library().ei_engine_threads(self._handle, n_tokens)) if self._handle else 0
 
     @property
     def memory_bytes(self) -> int:

@@ -94,6 +94,7 @@ class Model:
         kv_budget: int | str | None = None,
         kivi_group: int = KIVI_GROUP,
         kivi_residual: int = KIVI_RESIDUAL,
+        fixed_threads: bool = False,
     ) -> None:
         t0 = time.perf_counter()
         self._engine: engines.Engine | None = None
@@ -101,7 +102,7 @@ class Model:
         if n_threads is not None:
             n_threads = _int_option("n_threads", n_threads, 1, MAX_N_THREADS)
         n_batch = _int_option("n_batch", n_batch, 1, MAX_N_BATCH)
-        _flags(swa_full=swa_full)
+        _flags(swa_full=swa_full, fixed_threads=fixed_threads)
         asked_cache_types = _cache_types(kv_type, cache_type_k, cache_type_v)
         policy = ContextPolicy(context_policy, n_keep=n_keep, n_sink=n_sink)
         budget = _kv_budget(kv_budget)
@@ -143,7 +144,7 @@ class Model:
                 n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=n_batch,
                 cache_type_k=self._kv_types[0], cache_type_v=self._kv_types[1], isa=isa,
                 swa_full=swa_full, kv_budget=budget, track_attention=policy.tracks_attention,
-                kivi_group=kivi_group, kivi_residual=kivi_residual,
+                kivi_group=kivi_group, kivi_residual=kivi_residual, fixed_threads=fixed_threads,
             )  # fmt: skip
             with typed_memory_errors():
                 self._engine = engines.create(spec, self.source, self.config, options)
@@ -502,8 +503,10 @@ def load(
     keeping the sinks, the recent tokens and the most attended others; see
     :mod:`edgeinfer.context_policy`), ``kv_budget`` (bytes, or a size such as "512MiB", for
     the native engine's pool of cache blocks, which its sequences share; by default what
-    ``n_ctx`` positions need) and ``isa`` (force an instruction-set variant of the native
-    engine).
+    ``n_ctx`` positions need), ``isa`` (force an instruction-set variant of the native
+    engine) and ``fixed_threads`` (every decoding step on ``n_threads``; by default the native
+    engine times its decoding steps and runs them on fewer threads while that is faster, as
+    when another program holds a core).
     """
     unknown = set(options) - _LOAD_OPTIONS
     if unknown:
@@ -514,6 +517,7 @@ def load(
 _LOAD_OPTIONS = frozenset({
     "n_batch", "engine", "kv_type", "isa", "cache_type_k", "cache_type_v", "swa_full",
     "context_policy", "n_keep", "n_sink", "kv_budget", "kivi_group", "kivi_residual",
+    "fixed_threads",
 })  # fmt: skip
 
 

@@ -95,6 +95,7 @@ def run(
             "engine": model.engine,
             "isa": eng.isa,
             "threads": model.n_threads,
+            "decode_threads": eng.threads(1),  # where the engine runs decoding on fewer now
             "n_prompt": n_prompt,
             "n_gen": n_gen,
             "repetitions": repetitions,

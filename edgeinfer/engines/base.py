@@ -52,6 +52,9 @@ class EngineOptions:
     track_attention: bool = False  # sum the attention each position receives (h2o)
     kivi_group: int = KIVI_GROUP  # kivi4/kivi2 caches: positions per key group
     kivi_residual: int = KIVI_RESIDUAL  # and the newest positions read in f16
+    # every step on n_threads; else decoding steps may run on fewer when they are faster so
+    # (another program holds a core: simd/common/step_threads.h)
+    fixed_threads: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,11 @@ class Engine(Protocol):
     @property
     def weight_copy_bytes(self) -> int:
         """Of memory_bytes, copies of weights the engine made (0: reads the file in place)."""
+        ...
+
+    def threads(self, n_tokens: int = 1) -> int | None:
+        """The threads a step of ``n_tokens`` tokens runs on now (None: the engine does not
+        say; the native engine may run decoding steps on fewer than it was given)."""
         ...
 
     def seq_length(self, seq: int) -> int: ...
@@ -325,6 +333,9 @@ class SequenceEngine:
     @property
     def weight_copy_bytes(self) -> int:
         return 0
+
+    def threads(self, n_tokens: int = 1) -> int | None:
+        return None
 
     def seq_length(self, seq: int) -> int:
         self._check_seq(seq)

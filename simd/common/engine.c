@@ -13,6 +13,7 @@
 #include "kv_pool.h"
 #include "profile.h"
 #include "repack.h"
+#include "step_threads.h"
 #include "threadpool.h"
 
 #define MAX_BASES 4     /* distinct rope bases among the layers */
@@ -30,6 +31,7 @@ struct ei_engine {
     int isa;
     const ei_kernels *k;
     ei_pool *pool;
+    ei_step_threads step_threads; /* how many of the pool's threads a small step runs on */
     /* cache strides in bytes, all from ei_row_size of the cache types (p.kv_type_k, _v) */
     size_t k_head_bytes, v_head_bytes;   /* one head of one position: head_dim(_v) values */
     size_t k_row_bytes, v_row_bytes;     /* one position: n_head_kv heads */
@@ -267,6 +269,8 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     if (p.n_threads <= 0 || p.n_threads > EI_MAX_THREADS)
         return ei_fail(EI_ERR_INVALID, "n_threads must lie in [1, %d], got %d", EI_MAX_THREADS, p.n_threads);
     if (p.n_seq_max <= 0) return ei_fail(EI_ERR_INVALID, "n_seq_max must be >= 1, got %d", p.n_seq_max);
+    if (p.fixed_threads != 0 && p.fixed_threads != 1)
+        return ei_fail(EI_ERR_INVALID, "fixed_threads must be 0 or 1, got %d", p.fixed_threads);
     if (p.kv_budget < 0) return ei_fail(EI_ERR_INVALID, "kv_budget must be >= 0, got %lld", (long long)p.kv_budget);
     if (p.n_batch <= 0 || p.n_batch > MAX_BATCH)
         return ei_fail(EI_ERR_INVALID, "n_batch must lie in [1, %d], got %d", MAX_BATCH, p.n_batch);
@@ -373,6 +377,7 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     }
 
     e->pool = ei_pool_create(p.n_threads);
+    ei_step_threads_init(&e->step_threads, p.n_threads, p.fixed_threads);
     if (!e->pool) {
         ei_engine_free(e);
         return ei_fail(EI_ERR_NOMEM, "out of memory: could not start %d threads", p.n_threads);
@@ -407,6 +412,10 @@ ei_status ei_engine_seq_clear(ei_engine *e, int32_t seq) {
 }
 
 int ei_engine_isa(const ei_engine *e) { return e ? e->isa : -1; }
+
+int32_t ei_engine_threads(const ei_engine *e, int32_t n_tokens) {
+    return e ? ei_step_threads_current(&e->step_threads, n_tokens) : 0;
+}
 size_t ei_engine_memory(const ei_engine *e) {
     return e ? e->bytes + ei_kv_pool_bytes(e->kv) + ei_key_shifts_bytes(&e->ks) : 0;
 }
@@ -1075,7 +1084,10 @@ ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const
         const ei_status ready = prepare_step(e, &st);
         if (ready != EI_OK) return ready;
         mark_caller(e, EI_PROF_cache_blocks, 1);
-        ei_pool_run(e->pool, forward_task, &st);
+        const int k = ei_step_threads_pick(&e->step_threads, len);
+        const int64_t t0 = ei_clock_ns(), w0 = ei_pool_waited_ns();
+        ei_pool_run_on(e->pool, forward_task, &st, k);
+        ei_step_threads_took(&e->step_threads, len, k, ei_clock_ns() - t0, ei_pool_waited_ns() - w0);
         mark_caller(e, EI_PROF_threads, 0); /* the join ends the phase its start began */
         for (int i = 0; i < len; i++) ei_kv_pool_trim(e->kv, st.seq[i], st.pos[i] + 1);
         out += (size_t)st.n_out * e->m.n_vocab;

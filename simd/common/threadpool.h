@@ -10,6 +10,9 @@ typedef void (*ei_task_fn)(void *ctx, int ith, int nth);
 
 ei_pool *ei_pool_create(int n_threads); /* n_threads includes the caller; NULL on failure */
 void ei_pool_run(ei_pool *pool, ei_task_fn fn, void *ctx);
+/* the task on threads 0 .. n_active - 1 only (nth = n_active, clamped to 1 .. size): the
+ * others stay asleep, and its barriers wait for those threads alone */
+void ei_pool_run_on(ei_pool *pool, ei_task_fn fn, void *ctx, int n_active);
 void ei_pool_barrier(ei_pool *pool); /* every thread of the running task must call it */
 int ei_pool_size(const ei_pool *pool);
 /* 0, 1, 2, ...: the next piece of the work between two barriers (or the start of the task and
@@ -23,6 +26,9 @@ int ei_pool_next(ei_pool *pool);
 void ei_pool_time_barriers(ei_pool *pool, int on);
 /* with timed barriers: when the last barrier the calling thread passed was released */
 int64_t ei_pool_released_ns(const ei_pool *pool);
+/* nanoseconds the calling thread has waited at barriers for the others, in all (a thread that
+ * often waits long runs beside threads that lose their core) */
+int64_t ei_pool_waited_ns(void);
 void ei_pool_free(ei_pool *pool);
 
 #endif

@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 10
+#define EI_API_VERSION 11
 
 /* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
 #define EI_MAX_THREADS 512
@@ -113,6 +113,10 @@ typedef struct {
                               * once copied (madvise: a later read faults them in again from the
                               * file); 0: left alone, as any other memory must be (dropping the
                               * pages of anonymous memory zeroes them) */
+    int32_t fixed_threads; /* 1: every step runs on n_threads; 0: a step of a few tokens (a
+                            * decoding step) may run on fewer, when timing shows fewer are
+                            * faster (another program holds a core: simd/common/step_threads.h).
+                            * Results are the same on any count */
 } ei_engine_params;
 
 /* how a cache tensor's elements are grouped (edgeinfer/kv_cache.py: CacheLayout).
@@ -261,6 +265,8 @@ EI_EXPORT ei_status ei_engine_profile(ei_engine *e, int32_t enable);
 EI_EXPORT ei_status ei_engine_profile_read(const ei_engine *e, ei_profile_entry *out, int32_t cap,
                                            int32_t *n);
 EI_EXPORT int ei_engine_isa(const ei_engine *e);
+/* the threads a step of n_tokens tokens runs on now (n_threads, or fewer; see fixed_threads) */
+EI_EXPORT int32_t ei_engine_threads(const ei_engine *e, int32_t n_tokens);
 EI_EXPORT size_t ei_engine_memory(const ei_engine *e); /* bytes this engine allocated */
 /* of those, the interleaved copies of weights (reserved at load, written by the first step
  * using each weight; the file's pages of those weights are then released) */

@@ -7,6 +7,9 @@ batch split and thread count; the issue's bar (mean KL < 0.001) follows a fortio
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +150,41 @@ def test_batch_split_and_threads_do_not_change_results(fixture_models):
         np.testing.assert_array_equal(one_by_one, whole)
     with edgeinfer.load(path, engine="native", n_threads=1, n_batch=7) as one:
         np.testing.assert_array_equal(one.logits(tokens), whole)
+
+
+SHARED_CORE = """
+import os, sys
+import numpy as np
+import edgeinfer
+os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # before the threads start
+out = {}
+for fixed in (True, False):
+    with edgeinfer.load(sys.argv[1], engine="native", n_threads=2, fixed_threads=fixed) as m:
+        eng = m.backend
+        eng.forward(list(range(3, 40)))
+        logits, counts, token = [], [], 5
+        for _ in range(300):
+            row = eng.forward([token])
+            token = int(np.argmax(row))
+            logits.append(row)
+            counts.append(eng.threads(1))
+        out[fixed] = (np.stack(logits), counts)
+np.testing.assert_array_equal(out[True][0], out[False][0])
+print("fixed", sorted(set(out[True][1])), "adaptive", sorted(set(out[False][1])))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning threads needs Linux")
+def test_decoding_moves_to_fewer_threads_when_they_share_a_core(fixture_models):
+    """Two threads pinned to one core wait for each other at every barrier: the engine times
+    its decoding steps, finds one thread faster and moves to it; the logits stay the same bit
+    for bit, and with fixed_threads it stays on both."""
+    run = subprocess.run(
+        [sys.executable, "-c", SHARED_CORE, str(fixture_models["gemma3"])],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["fixed", "[2]", "adaptive", "[1,", "2]"], run.stdout
 
 
 def test_forcing_an_unavailable_instruction_set_is_a_clear_error(fixture_models, monkeypatch):
