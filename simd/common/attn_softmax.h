@@ -62,6 +62,25 @@ static inline int ei_attn_keys(const ei_attn_params *p) {
     return n;
 }
 
+/* sub: p seeing only keys [first, end) of its runs taken together (runs: room for p->n_runs) */
+static inline void ei_attn_slice(const ei_attn_params *p, int first, int end, ei_attn_run *runs, ei_attn_params *sub) {
+    *sub = *p;
+    sub->runs = runs;
+    sub->n_runs = 0;
+    if (p->track) sub->track = p->track + first;
+    for (int r = 0, at = 0; r < p->n_runs && at < end; at += p->runs[r++].n) {
+        const ei_attn_run *run = &p->runs[r];
+        const int a = first > at ? first - at : 0, b = end - at < run->n ? end - at : run->n;
+        if (b <= a) continue;
+        ei_attn_run *out = &runs[sub->n_runs++];
+        *out = *run;
+        out->k = (const uint8_t *)run->k + (size_t)a * p->k_row_bytes;
+        out->v = (const uint8_t *)run->v + (size_t)a * p->v_row_bytes;
+        out->n = b - a;
+        out->t0 = run->t0 + a;
+    }
+}
+
 static inline int ei_attn_quantized(int type) { return type == EI_TYPE_Q8_0 || type == EI_TYPE_Q4_0; }
 
 /* bytes of the query as q8_0 blocks, the partner of both quantized key types */

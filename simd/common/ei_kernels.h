@@ -12,7 +12,7 @@
  *              product of one weight row with one activation row (vec_dot)
  *   gemm.c     tiles of a matrix product (gemm) and products of interleaved rows (gemm_x16)
  *   ops.c      rms_norm, rope, geglu / swiglu, add, scale
- *   attn.c     attention (attn, attn_group); its scalar middle is common/attn_softmax.h
+ *   attn.c     attention (attn, attn_group, attn_block); its scalar middle is common/attn_softmax.h
  *   kivi.c     KIVI cache quantization: quantizers, key dots, value decoders (common/kivi.h)
  *   kernels.c  the folder's table: ei_kernels_init_<isa>
  *   simd.h     the folder's private header: intrinsics, inline helpers, its files' entry points
@@ -109,6 +109,18 @@ typedef void (*ei_attn_fn)(const ei_attn_params *p, const float *q, float *out, 
  * attn computes it. scratch holds nq * 1.5 * n doubles (n keys in all). */
 typedef void (*ei_attn_group_fn)(const ei_attn_params *p, int nq, const float *q, size_t q_stride, float *out,
                                  size_t out_stride, double *scratch);
+/* a prompt's block of queries against each tile of the cache: nq <= EI_ATTN_BLOCK_QUERIES query
+ * heads of one KV head (the group's heads of several consecutive tokens), query i at q[i]
+ * seeing keys [first[i], end[i]) of the runs taken together (0 <= first < end <= their keys),
+ * its output at out[i], each exactly as attn computes it over those keys. Each key row is read
+ * (and converted) once for all the queries. room has space for p->n_runs runs (a query's
+ * slice of them); scratch holds 1.5 * sum(end - first) doubles. */
+#define EI_ATTN_BLOCK_QUERIES 8
+typedef void (*ei_attn_block_fn)(const ei_attn_params *p, int nq, const float *const *q, const int32_t *first,
+                                 const int32_t *end, float *const *out, ei_attn_run *room, double *scratch);
+/* attn_block's scalar reference (ref/attn.c): attn over each query's keys */
+void ei_ref_attn_block(const ei_attn_params *p, int nq, const float *const *q, const int32_t *first,
+                       const int32_t *end, float *const *out, ei_attn_run *room, double *scratch);
 
 struct ei_kernels {
     const char *name;
@@ -140,6 +152,7 @@ struct ei_kernels {
     void (*hadamard)(float *x, int n, int block);
     ei_attn_fn attn;
     ei_attn_group_fn attn_group; /* NULL: attn per query */
+    ei_attn_block_fn attn_block; /* NULL: attn_group per token (f16 caches without key shifts) */
     uint32_t attn_types;         /* bit t set: attn and attn_group read cache rows of type t */
     /* acc[d] += p[t] * v[t][d] for t in [0, n) in order, d in [0, hv): rows of f32 (f32 = 1)
      * or fp16 values, row_bytes apart; the weights have at most float's bits, so each product

@@ -45,7 +45,13 @@ struct ei_engine {
     int32_t *kivi_jobs;  /* (2 * max jobs) the (sequence, group) pairs the step quantizes */
     int n_kivi_jobs, max_kivi_jobs;
     ei_attn_run *runs;  /* (n_threads, max runs) the runs of rows one query reads */
+    ei_attn_run *room;  /* (n_threads, max runs) attn_block's slices of them */
     int max_runs;
+    /* a prompt's attention blocks (attn_block): tokens [blocks[b], blocks[b + 1]) of one
+     * sequence at consecutive positions, block_tokens at most; (n_batch + 1) */
+    int32_t *blocks;
+    int n_blocks, block_tokens;
+    size_t scratch_doubles; /* of each thread's scratch */
     /* a q8_0 / q4_0 key cache keeps its keys as first rotated when positions are dropped
      * (key_shifts.h); a query's runs from the pool are then split where the shift changes */
     ei_key_shifts ks;
@@ -325,14 +331,18 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     e->gate = alloc(e, nb * m->n_ff * 4);
     e->up = alloc(e, nb * m->n_ff * 4);
     e->group = m->n_head / m->n_head_kv;
-    e->scratch = alloc(e, (size_t)p.n_threads * 2 * (size_t)e->group * (size_t)p.n_ctx * sizeof(double));
+    /* attention's weights and scores: 1.5 doubles a key for each query of a group, or of a block */
+    e->block_tokens = EI_ATTN_BLOCK_QUERIES / e->group;
+    e->scratch_doubles = 2 * (size_t)(e->block_tokens > 1 ? EI_ATTN_BLOCK_QUERIES : e->group) * (size_t)p.n_ctx;
+    e->scratch = alloc(e, (size_t)p.n_threads * e->scratch_doubles * sizeof(double));
+    e->blocks = alloc(e, sizeof(int32_t) * (nb + 1));
     e->rope = alloc(e, MAX_BASES * nb * m->n_rot * 4);
     if (p.track_attention && !(e->scores = alloc(e, sizeof(int64_t) * (size_t)p.n_seq_max * (size_t)p.n_ctx)))
         goto nomem;
     e->gelu = alloc(e, 65536 * sizeof(ei_f16));
     e->layer_base = alloc(e, sizeof(int) * (size_t)m->n_layer);
     if (!e->x || !e->h || !e->q || !e->kk || !e->vv || !e->att || !e->t || !e->gate || !e->up ||
-        !e->scratch || !e->rope || !e->gelu || !e->layer_base)
+        !e->scratch || !e->blocks || !e->rope || !e->gelu || !e->layer_base)
         goto nomem;
     st = create_pool(e);
     if (st != EI_OK) {
@@ -349,6 +359,7 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
             goto nomem;
     }
     if (!(e->runs = alloc(e, sizeof(ei_attn_run) * (size_t)e->max_runs * (size_t)p.n_threads))) goto nomem;
+    if (!(e->room = alloc(e, sizeof(ei_attn_run) * (size_t)e->max_runs * (size_t)p.n_threads))) goto nomem;
     ei_gelu_table(e->gelu);
 
     for (int il = 0; il < m->n_layer; il++) {
@@ -426,6 +437,8 @@ void ei_engine_free(ei_engine *e) {
     ei_pool_free(e->pool);
     ei_kv_pool_free(e->kv);
     free(e->runs);
+    free(e->room);
+    free(e->blocks);
     free(e->pool_runs);
     ei_key_shifts_free(&e->ks);
     for (int t = 0; t < EI_TYPE_COUNT; t++) free(e->act[t]);
@@ -778,21 +791,55 @@ static ei_status kivi_plan(ei_engine *e, const step *st) {
 /* the runs of cache rows the query of token i sees for KV head g, one per block of its window
  * (split where the keys' shift changes, key_shifts.h); with track_attention, ap->track goes to
  * the scores of the first of them. pool_runs: the thread's room for the pool's runs. */
-static int query_runs(const ei_engine *e, const step *st, int il, int i, int g, ei_attn_run *runs,
+static int range_runs(const ei_engine *e, int s, int il, int t0, int t1, int g, ei_attn_run *runs,
                       ei_attn_params *ap, ei_attn_run *pool_runs) {
-    const int window = e->layers[il].window, pos = st->pos[i], s = st->seq[i];
-    const int t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
     if (e->scores) ap->track = e->scores + (size_t)s * e->p.n_ctx + t0;
     const size_t k_off = (size_t)g * e->k_head_bytes, v_off = (size_t)g * e->v_head_bytes;
-    if (!e->ks.shift || !e->ks.any[s]) return ei_kv_pool_runs(e->kv, s, il, t0, pos + 1, k_off, v_off, runs);
-    const int n = ei_kv_pool_runs(e->kv, s, il, t0, pos + 1, k_off, v_off, pool_runs);
+    if (!e->ks.shift || !e->ks.any[s]) return ei_kv_pool_runs(e->kv, s, il, t0, t1, k_off, v_off, runs);
+    const int n = ei_kv_pool_runs(e->kv, s, il, t0, t1, k_off, v_off, pool_runs);
     return ei_key_shifts_split(&e->ks, s, e->layer_base[il], t0, pool_runs, n, e->k_row_bytes, e->v_row_bytes, runs);
+}
+
+/* the first position the query of token i sees in layer il (its window's start) */
+static int window_start(const ei_engine *e, const step *st, int il, int i) {
+    const int window = e->layers[il].window, pos = st->pos[i];
+    return window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+static int query_runs(const ei_engine *e, const step *st, int il, int i, int g, ei_attn_run *runs,
+                      ei_attn_params *ap, ei_attn_run *pool_runs) {
+    return range_runs(e, st->seq[i], il, window_start(e, st, il, i), st->pos[i] + 1, g, runs, ap, pool_runs);
+}
+
+/* unit w of a prompt's attention blocks: block w / n_head_kv, KV head w % n_head_kv, every
+ * query head of the group for each token of the block, against each cache tile once */
+static void attention_block_unit(ei_engine *e, const step *st, int il, int w, ei_attn_params *ap, ei_attn_run *runs,
+                                 ei_attn_run *pool_runs, ei_attn_run *room, double *scratch) {
+    const ei_model_desc *m = &e->m;
+    const int b = w / m->n_head_kv, g = w % m->n_head_kv;
+    const int i0 = e->blocks[b], i1 = e->blocks[b + 1];
+    const int t0 = window_start(e, st, il, i0);
+    ap->n_runs = range_runs(e, st->seq[i0], il, t0, st->pos[i1 - 1] + 1, g, runs, ap, pool_runs);
+    const float *q[EI_ATTN_BLOCK_QUERIES];
+    float *out[EI_ATTN_BLOCK_QUERIES];
+    int32_t first[EI_ATTN_BLOCK_QUERIES], end[EI_ATTN_BLOCK_QUERIES];
+    int nq = 0;
+    for (int i = i0; i < i1; i++)
+        for (int h = g * e->group; h < (g + 1) * e->group; h++, nq++) {
+            q[nq] = e->q + (size_t)i * e->q_dim + (size_t)h * m->head_dim;
+            out[nq] = e->att + (size_t)i * e->att_dim + (size_t)h * m->head_dim_v;
+            first[nq] = window_start(e, st, il, i) - t0;
+            end[nq] = st->pos[i] + 1 - t0;
+        }
+    e->k->attn_block(ap, nq, q, first, end, out, room, scratch);
+    if (e->hadamard_v)
+        for (int j = 0; j < nq; j++) e->k->hadamard(out[j], m->head_dim_v, e->hadamard_v);
 }
 
 static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     const ei_model_desc *m = &e->m;
     const int group = m->n_head / m->n_head_kv;
-    double *scratch = e->scratch + (size_t)ith * 2 * e->group * e->p.n_ctx;
+    double *scratch = e->scratch + (size_t)ith * e->scratch_doubles;
     ei_attn_run *runs = e->runs + (size_t)ith * e->max_runs;
     ei_attn_run *pool_runs = e->pool_runs ? e->pool_runs + (size_t)ith * e->max_pool_runs : NULL;
     ei_attn_params ap = {0};
@@ -810,6 +857,13 @@ static void attention(ei_engine *e, const step *st, int il, int ith, int nth) {
     ap.hadamard_k = e->hadamard_k;
     if (e->kivi) {
         kivi_attention(e, st, il, &ap, scratch, ith, nth);
+        return;
+    }
+    if (e->n_blocks) {
+        ei_attn_run *room = e->room + (size_t)ith * e->max_runs;
+        for (int w; (w = ei_pool_next(e->pool)) < e->n_blocks * m->n_head_kv;)
+            attention_block_unit(e, st, il, w, &ap, runs, pool_runs, room, scratch);
+        ei_pool_barrier(e->pool);
         return;
     }
     if (e->k->attn_group && group > 1) {
@@ -1042,6 +1096,20 @@ static void forward_task(void *raw, int ith, int nth) {
 
 /* the blocks a step writes, taken or copied; refuses a token whose window the pool no longer
  * holds (a sequence rewound past what its sliding-window layers keep) */
+/* a prompt step's attention blocks (e->blocks): runs of tokens of one sequence at consecutive
+ * positions, block_tokens at most; none (n_blocks 0: query by query) for a single token, a
+ * KIVI cache, or a table without attn_block */
+static void plan_blocks(ei_engine *e, const step *st) {
+    e->n_blocks = 0;
+    if (st->n < 2 || e->kivi || !e->k->attn_block || e->block_tokens < 2) return;
+    e->blocks[0] = 0;
+    for (int i = 1; i <= st->n; i++) {
+        const int start = e->blocks[e->n_blocks];
+        if (i == st->n || i - start == e->block_tokens || st->seq[i] != st->seq[i - 1] || st->pos[i] != st->pos[i - 1] + 1)
+            e->blocks[++e->n_blocks] = i;
+    }
+}
+
 static ei_status prepare_step(ei_engine *e, const step *st) {
     for (int i = 0; i < st->n; i++) /* first, so that no write lands below what is held */
         for (int il = 0; il < e->m.n_layer; il++) {
@@ -1060,6 +1128,7 @@ static ei_status prepare_step(ei_engine *e, const step *st) {
         if (e->scores) e->scores[(size_t)st->seq[i] * e->p.n_ctx + st->pos[i]] = 0; /* a new row */
         if (e->ks.shift) e->ks.shift[(size_t)st->seq[i] * e->p.n_ctx + st->pos[i]] = 0; /* rotated where it is */
     }
+    plan_blocks(e, st);
     return e->kivi ? kivi_plan(e, st) : EI_OK;
 }
 

@@ -94,6 +94,15 @@ static void ref_dots_f16(const double *qd, const uint8_t *k, size_t row_bytes, i
     }
 }
 
+void ei_ref_attn_block(const ei_attn_params *p, int nq, const float *const *q, const int32_t *first,
+                       const int32_t *end, float *const *out, ei_attn_run *room, double *scratch) {
+    for (int i = 0; i < nq; i++) {
+        ei_attn_params sub;
+        ei_attn_slice(p, first[i], end[i], room, &sub);
+        ref_attn(&sub, q[i], out[i], scratch);
+    }
+}
+
 void ei_ref_attn_kernels(ei_kernels *k) {
     k->attn = ref_attn;
     k->attn_weighted_sum = ref_weighted_sum;

@@ -336,6 +336,27 @@ GROUP_SUM8(1)
 GROUP_SUM8(2)
 GROUP_SUM8(4)
 
+/* acc[i] (zeroed, EI_MAX_HEAD_DIM apart) = the weighted values of nb <= 4 queries over the runs
+ * of p, query i's weights at w + i * n: each f16 value row converted once for all of them */
+static void group_values(const ei_attn_params *p, int nb, const double *w, int n, double *acc) {
+    const int hv = p->head_dim_v;
+    for (int i = 0; i < nb; i++)
+        for (int d = 0; d < hv; d++) acc[i * EI_MAX_HEAD_DIM + d] = 0.0;
+    for (int r = 0, at = 0; r < p->n_runs; at += p->runs[r++].n)
+        for (int d = 0; d < hv; d += 8) {
+            const double *wr = w + at;
+            const uint8_t *v = (const uint8_t *)p->runs[r].v;
+            const int nr = p->runs[r].n;
+            if (nb == 1) group_sum8_1(wr, nr, (size_t)n, v, p->v_row_bytes, d, acc);
+            else if (nb == 2) group_sum8_2(wr, nr, (size_t)n, v, p->v_row_bytes, d, acc);
+            else if (nb == 4) group_sum8_4(wr, nr, (size_t)n, v, p->v_row_bytes, d, acc);
+            else { /* three: two, then one */
+                group_sum8_2(wr, nr, (size_t)n, v, p->v_row_bytes, d, acc);
+                group_sum8_1(wr + 2 * (size_t)n, nr, (size_t)n, v, p->v_row_bytes, d, acc + 2 * EI_MAX_HEAD_DIM);
+            }
+        }
+}
+
 /* up to four query heads of one KV head over fp16 caches, each exactly as avx2_attn computes it:
  * the keys and values are read and converted once for the group; other types go query by query */
 static void avx2_attn_group(const ei_attn_params *p, int nq, const float *q, size_t qs, float *out, size_t os,
@@ -372,30 +393,138 @@ static void avx2_attn_group(const ei_attn_params *p, int nq, const float *q, siz
             double *wi = w + (size_t)i * n;
             round_weights(wi, n, ei_attn_softmax(sc + (size_t)i * n, n, wi), EI_TYPE_F16);
             ei_attn_track_weights(p, wi, n);
-            for (int d = 0; d < hv; d++) acc[i * EI_MAX_HEAD_DIM + d] = 0.0;
         }
-        for (int r = 0, at = 0; r < p->n_runs; at += p->runs[r++].n)
-            for (int d = 0; d < hv; d += 8) {
-                const double *wr = w + at;
-                const uint8_t *v = (const uint8_t *)p->runs[r].v;
-                const int nr = p->runs[r].n;
-                if (nb == 1) group_sum8_1(wr, nr, (size_t)n, v, p->v_row_bytes, d, acc);
-                else if (nb == 2) group_sum8_2(wr, nr, (size_t)n, v, p->v_row_bytes, d, acc);
-                else if (nb == 4) group_sum8_4(wr, nr, (size_t)n, v, p->v_row_bytes, d, acc);
-                else { /* three: two, then one */
-                    group_sum8_2(wr, nr, (size_t)n, v, p->v_row_bytes, d, acc);
-                    group_sum8_1(wr + 2 * (size_t)n, nr, (size_t)n, v, p->v_row_bytes, d, acc + 2 * EI_MAX_HEAD_DIM);
-                }
-            }
+        group_values(p, nb, w, n, acc);
         for (int i = 0; i < nb; i++)
             for (int d = 0; d < hv; d += 4)
                 _mm_storeu_ps(out + (size_t)(i0 + i) * os + d, _mm256_cvtpd_ps(_mm256_loadu_pd(acc + i * EI_MAX_HEAD_DIM + d)));
     }
 }
 
+/* ---- a block of queries of several tokens (fp16 caches) --------------------------------------
+ * Scores: one lane per query (four to a vector, their dims transposed once for the block), each
+ * key's dims converted to double once and broadcast to every query; every lane adds its exact
+ * products in order of d, as attn does. A key tile serves all the block's queries. */
+
+#define BLOCK_KEYS 8 /* keys converted at a time */
+
+/* out[v * BLOCK_KEYS + j] = the dots of query vector v (qt: (NV, hd, 4 lanes)) with key j of kd
+ * ((NK, hd)) */
+#define BLOCK_DOTS(NV, NK)                                                                            \
+    static void block_dots_##NV##_##NK(const double *qt, const double *kd, int hd, __m256d *out) {      \
+        __m256d acc[NV][NK];                                                                          \
+        EI_UNROLL for (int v = 0; v < NV; v++) EI_UNROLL for (int j = 0; j < NK; j++) acc[v][j] = _mm256_setzero_pd(); \
+        for (int d = 0; d < hd; d++) {                                                                \
+            EI_UNROLL for (int v = 0; v < NV; v++) {                                                  \
+                const __m256d qv = _mm256_loadu_pd(qt + ((size_t)v * hd + d) * 4);                   \
+                EI_UNROLL for (int j = 0; j < NK; j++)                                                \
+                    acc[v][j] = _mm256_fmadd_pd(qv, _mm256_broadcast_sd(kd + (size_t)j * hd + d), acc[v][j]); \
+            }                                                                                         \
+        }                                                                                             \
+        EI_UNROLL for (int v = 0; v < NV; v++) EI_UNROLL for (int j = 0; j < NK; j++) out[v * BLOCK_KEYS + j] = acc[v][j]; \
+    }
+BLOCK_DOTS(1, 8)
+BLOCK_DOTS(2, 4)
+
+/* kd[j] = key row j of m (rows past m zero) as doubles */
+static void keys_to_double(const uint8_t *k, size_t row_bytes, int hd, int m, double *kd) {
+    for (int j = 0; j < BLOCK_KEYS; j++) {
+        double *out = kd + (size_t)j * hd;
+        if (j >= m) {
+            memset(out, 0, sizeof(double) * (size_t)hd);
+            continue;
+        }
+        const ei_f16 *row = (const ei_f16 *)(k + (size_t)j * row_bytes);
+        int d = 0;
+        for (; d + 8 <= hd; d += 8) {
+            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + d)));
+            _mm256_storeu_pd(out + d, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+            _mm256_storeu_pd(out + d + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+        }
+        for (; d < hd; d++) out[d] = ei_fp16_to_fp32(row[d]);
+    }
+}
+
+/* the block's scores: sc + off[i] holds query i's, for its keys [first[i], end[i]) */
+static void block_scores(const ei_attn_params *p, int nq, const double *qt, const int32_t *first, const int32_t *end,
+                         const int *off, float *sc) {
+    static EI_THREAD_LOCAL double kd[BLOCK_KEYS * EI_MAX_HEAD_DIM];
+    const int hd = p->head_dim, nv = (nq + 3) / 4;
+    int lo = first[0], hi = end[0];
+    for (int i = 1; i < nq; i++) {
+        if (first[i] < lo) lo = first[i];
+        if (end[i] > hi) hi = end[i];
+    }
+    for (int r = 0, at = 0; r < p->n_runs && at < hi; at += p->runs[r++].n) {
+        const int a = lo > at ? lo - at : 0, b = hi - at < p->runs[r].n ? hi - at : p->runs[r].n;
+        for (int t = a; t < b; t += BLOCK_KEYS) {
+            const int m = b - t < BLOCK_KEYS ? b - t : BLOCK_KEYS, g = at + t; /* keys g .. g + m */
+            keys_to_double((const uint8_t *)p->runs[r].k + (size_t)t * p->k_row_bytes, p->k_row_bytes, hd, m, kd);
+            __m256d dots[2 * BLOCK_KEYS]; /* (query vector, key) */
+            if (nv == 1) block_dots_1_8(qt, kd, hd, dots);
+            else {
+                block_dots_2_4(qt, kd, hd, dots);
+                block_dots_2_4(qt, kd + 4 * (size_t)hd, hd, dots + 4);
+            }
+            for (int i = 0; i < nq; i++) {
+                double lane[BLOCK_KEYS];
+                for (int j = 0; j < m; j++) lane[j] = ((const double *)&dots[i / 4 * BLOCK_KEYS + j])[i % 4];
+                for (int j = 0; j < m; j++)
+                    if (g + j >= first[i] && g + j < end[i])
+                        sc[off[i] + g + j - first[i]] = ei_attn_score((float)lane[j], p);
+            }
+        }
+    }
+}
+
+static void avx2_attn_block(const ei_attn_params *p, int nq, const float *const *q, const int32_t *first,
+                            const int32_t *end, float *const *out, ei_attn_run *room, double *scratch) {
+    const int hd = p->head_dim, hv = p->head_dim_v;
+    ei_attn_params sub;
+    if (p->k_type != EI_TYPE_F16 || p->v_type != EI_TYPE_F16 || hv % 8 || nq > EI_ATTN_BLOCK_QUERIES) {
+        for (int i = 0; i < nq; i++) {
+            ei_attn_slice(p, first[i], end[i], room, &sub);
+            avx2_attn(&sub, q[i], out[i], scratch);
+        }
+        return;
+    }
+    /* (nv, hd, 4) the queries as fp16 rounds them, lane i % 4 of vector i / 4 (past nq: query 0) */
+    static EI_THREAD_LOCAL double qt[EI_ATTN_BLOCK_QUERIES / 4 * EI_MAX_HEAD_DIM * 4];
+    static EI_THREAD_LOCAL double acc[4 * EI_MAX_HEAD_DIM];
+    const int nv = (nq + 3) / 4;
+    for (int v = 0; v < nv; v++)
+        for (int l = 0; l < 4; l++) {
+            const float *qi = q[4 * v + l < nq ? 4 * v + l : 0];
+            for (int d = 0; d < hd; d++) qt[((size_t)v * hd + d) * 4 + l] = ei_attn_round_to(qi[d], EI_TYPE_F16);
+        }
+    int off[EI_ATTN_BLOCK_QUERIES + 1] = {0};
+    for (int i = 0; i < nq; i++) off[i + 1] = off[i] + end[i] - first[i];
+    double *w = scratch;                        /* (sum of n) each query's weights */
+    float *sc = (float *)(scratch + off[nq]);   /* (sum of n) and scores */
+    block_scores(p, nq, qt, first, end, off, sc);
+    for (int i = 0; i < nq; i++) {
+        const int n = end[i] - first[i];
+        round_weights(w + off[i], n, ei_attn_softmax(sc + off[i], n, w + off[i]), EI_TYPE_F16);
+    }
+    /* values: queries seeing the same keys (a token's heads) share each value row, four at a time */
+    for (int i0 = 0; i0 < nq;) {
+        int nb = 1;
+        while (i0 + nb < nq && nb < 4 && first[i0 + nb] == first[i0] && end[i0 + nb] == end[i0]) nb++;
+        const int n = end[i0] - first[i0];
+        ei_attn_slice(p, first[i0], end[i0], room, &sub);
+        for (int i = 0; i < nb; i++) ei_attn_track_weights(&sub, w + off[i0 + i], n);
+        group_values(&sub, nb, w + off[i0], n, acc);
+        for (int i = 0; i < nb; i++)
+            for (int d = 0; d < hv; d += 4)
+                _mm_storeu_ps(out[i0 + i] + d, _mm256_cvtpd_ps(_mm256_loadu_pd(acc + i * EI_MAX_HEAD_DIM + d)));
+        i0 += nb;
+    }
+}
+
 void ei_avx2_attn_kernels(ei_kernels *k) {
     k->attn = avx2_attn;
     k->attn_group = avx2_attn_group;
+    k->attn_block = avx2_attn_block;
     k->attn_weighted_sum = avx2_weighted_sum;
     k->attn_dots_f16 = avx2_dots_f16;
     k->attn_weighted_sum_q = avx2_weighted_sum_q;

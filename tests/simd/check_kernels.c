@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "check_common.h"
+#include "../../simd/common/attn_softmax.h"
 #include "../../simd/common/kivi.h"
 
 #ifndef EI_CHECK_INIT
@@ -74,6 +75,49 @@ static void random_weights(int type, uint8_t *w, size_t bytes) {
     set_small_scales(type, w, bytes, 0.01f);
 }
 
+/* attn_block (and its scalar reference) against attn over each query's slice of the keys: up to
+ * EI_ATTN_BLOCK_QUERIES queries of up to three tokens whose ranges start and end apart (a
+ * sliding window's and a causal prompt's), some across the two runs of a ring */
+static void check_attn_block(const ei_kernels *ref, const ei_kernels *var, ei_attn_params *ap, const float *q9, int sp) {
+    enum { HD = 256 };
+    static float got[EI_ATTN_BLOCK_QUERIES * HD], want[HD];
+    static double scratch[EI_ATTN_BLOCK_QUERIES * 2 * 64];
+    ei_attn_run room[2];
+    char what[160];
+    const int n = ei_attn_keys(ap);
+    for (int nq = 1; nq <= EI_ATTN_BLOCK_QUERIES; nq++)
+        for (int shape = 0; shape < 3; shape++) {
+            const float *q[EI_ATTN_BLOCK_QUERIES];
+            float *out[EI_ATTN_BLOCK_QUERIES];
+            int32_t first[EI_ATTN_BLOCK_QUERIES], end[EI_ATTN_BLOCK_QUERIES];
+            const int per = shape == 0 ? nq : shape == 1 ? 4 : 1; /* queries of one token */
+            const int n_tok = (nq + per - 1) / per;
+            for (int i = 0; i < nq; i++) {
+                const int tok = i / per;
+                q[i] = q9 + i * HD;
+                out[i] = got + i * HD;
+                end[i] = n - (n_tok - 1 - tok) - (shape == 1 ? 1 : 0); /* a key more each token */
+                first[i] = shape == 2 ? tok * 3 % (end[i] - 1) : 0;     /* windows moving on */
+            }
+            for (int which = 0; which < 2; which++) {
+                ap->kt = which ? var : ref;
+                if (which && var->attn_block) var->attn_block(ap, nq, q, first, end, out, room, scratch);
+                else if (which) continue;
+                else ei_ref_attn_block(ap, nq, q, first, end, out, room, scratch);
+                ap->kt = ref;
+                for (int i = 0; i < nq; i++) {
+                    ei_attn_params sub;
+                    ei_attn_slice(ap, first[i], end[i], room, &sub);
+                    ref->attn(&sub, q[i], want, scratch);
+                    snprintf(what, sizeof(what), "%s nq %d shape %d query %d [%d, %d) k type %d v type %d span %d",
+                             which ? "attn_block" : "ref attn_block", nq, shape, i, first[i], end[i], ap->k_type,
+                             ap->v_type, sp);
+                    check_floats(what, out[i], want, HD);
+                }
+            }
+        }
+}
+
 /* attention over every pair of cache types, a window, and a ring's two runs */
 static void check_attention(const ei_kernels *ref, const ei_kernels *var, const float *q1, const float *q9) {
     enum { T = 64, HD = 256 };
@@ -105,6 +149,7 @@ static void check_attention(const ei_kernels *ref, const ei_kernels *var, const 
             var->attn(&ap, q1, yb, scratch);
             snprintf(what, sizeof(what), "attn k type %d v type %d span %d", kt, vt, sp);
             check_floats(what, yb, ya, HD);
+            check_attn_block(ref, var, &ap, q9, sp);
             if (!var->attn_group) continue;
             /* a grouped-query group: up to 9 query heads (more than one pass of 8) */
             for (int nq = 1; nq <= 9; nq++) {
