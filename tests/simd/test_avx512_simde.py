@@ -3,8 +3,9 @@
 Most machines that build edgeinfer lack AVX-512 (the target laptops are AVX2-only), so the
 variant's source is also compiled against SIMDe, which emulates each AVX-512 intrinsic with
 narrower instructions (simd/x86_avx512/simd.h fills in the ones SIMDe lacks). Each
-build links the C check drivers (tests/simd/check_kernels.c, tests/simd/check_edges.c)
-with the reference and runs them: every kernel must equal the reference bit for bit,
+build links the C check drivers (tests/simd/check_kernels.c, tests/simd/check_edges.c, the
+guard-page driver below, and test_native_kernels' tile driver, the only one that reaches the
+interleaved products gemm_x16) with the reference and runs them: every kernel must equal the reference bit for bit,
 "0 failed". Where the CPU has AVX-512 the same drivers also run natively, built with
 setup.py's flags. Both the VNNI kernels and the fallback chosen on AVX-512 CPUs without
 VNNI are checked, and the fallback is checked to contain no VNNI instruction.
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.simd.platform_gates import missing_tool, sanitizer_flags
+from tests.simd.test_native_kernels import TILE_DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMD = ROOT / "simd"
@@ -32,6 +34,7 @@ DRIVERS = {
     "kernels": HERE / "check_kernels.c",
     "edges": Path(__file__).with_name("check_edges.c"),
     "guard": None,  # GUARD_DRIVER below, written out at test time
+    "tiles": None,  # test_native_kernels.TILE_DRIVER: gemm tiles and gemm_x16
 }
 
 # Rows that end right before an inaccessible page: the last row of the last tensor of a
@@ -258,7 +261,10 @@ def objects(tmp_path_factory):
 def test_check_driver(objects, tmp_path, build, driver):
     cc, get = objects
     source = DRIVERS[driver]
-    if source is None:
+    if driver == "tiles":
+        source = tmp_path / "check_tiles.c"
+        source.write_text(TILE_DRIVER)
+    elif source is None:
         if platform.system() not in ("Linux", "Darwin"):
             pytest.skip("guard pages need mmap")
         source = tmp_path / "check_guard.c"
@@ -277,7 +283,10 @@ def test_check_driver(objects, tmp_path, build, driver):
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, check=False)
     out = run.stdout
     assert run.returncode == 0 and re.search(r"\b0 failed", out), out[-4000:]
-    # the fallback is what an AVX-512 CPU without VNNI gets; the table's name says which
+    # the fallback is what an AVX-512 CPU without VNNI gets; the table's name says which (the
+    # tile driver prints none: the other drivers check the same build's table)
+    if driver == "tiles":
+        return
     assert ("avx512 against" in out) == build.endswith("novnni"), out.splitlines()[0]
 
 
