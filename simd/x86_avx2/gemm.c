@@ -462,7 +462,11 @@ EI_AVX2_INLINE __m256i kx16_dots(int type, const __m256i *w, const int8_t *y, co
  * the 16 units of a super-block asks for a 16th of the bytes KX16_PREFETCH ahead. On the AVX2
  * EPYC a whole super-block asked for at once, 3 ahead, read 6.9 GB/s (Q4_K, 2048 x 8192, one
  * thread), spread over the units 10.5; the random 1.1B Q4_K_M model's Q4_K products with two
- * threads 12.9 -> 17 GB/s (12288 and 16384 bytes ahead measured no better) */
+ * threads 12.9 -> 17 GB/s (12288 and 16384 bytes ahead measured no better). Prompts stream a
+ * matrix once per tile of EI_TILE tokens, and fall behind as well where it is larger than the
+ * caches: asking at every tile width took EI_TILE columns of 8192 x 8192 (one thread, best of
+ * 5, four runs on the shared EPYC) from 16.0-17.4 ms to 6.4-10.5 for Q5_K, 18.1-19.9 to 7.6-11.6
+ * for Q6_K, 7.1-7.2 to 5.6-6.0 for Q4_K, and changed nothing measurable at 2048 x 2048 */
 #define KX16_PREFETCH 8192
 EI_AVX2_INLINE void kx16_prefetch(const uint8_t *x, size_t bytes, int unit) {
     const size_t lo = (size_t)unit * bytes / 16, hi = (size_t)(unit + 1) * bytes / 16;
@@ -488,7 +492,7 @@ EI_AVX2_INLINE void avx2_gemm_kx16(int type, int n, int nc, float *s, size_t ss,
             __m256i iacc[EI_TILE];
             for (int c = 0; c < nc; c++) iacc[c] = _mm256_setzero_si256();
             for (int j = 0; j < QK_K / 32; j++) {
-                if (nc == 1) kx16_prefetch(x, bytes, 8 * h + j);
+                kx16_prefetch(x, bytes, 8 * h + j);
                 __m256i w[8];
                 kx16_unit(type, x, j, h, w);
                 for (int c = 0; c < nc; c++) {
