@@ -332,7 +332,8 @@ FLOAT_GEMM(f16, ROW_F16)
 FLOAT_GEMM(bf16, ROW_BF16)
 
 #if EI_NEON_LEVEL >= 1
-/* ---- rows interleaved by 16 (block_q4_0x16, block_q5_0x16, block_q4_Kx16, block_q6_Kx16) ----
+/* ---- rows interleaved by 16 (block_q4_0x16, block_q5_0x16, block_q4_Kx16, block_q5_Kx16,
+ * block_q6_Kx16) ----
  * A 16-byte load at 64 k + 16 v of a 256-byte unit of nibble pairs holds 4 bytes of each of
  * rows 4v..4v+3, which is sdot's lane layout: with the activation's 4 bytes broadcast by the
  * lane form, lane r of the sum is row 4v + r's (x86_avx2/gemm.c states the layouts' reasons).
@@ -370,8 +371,8 @@ EI_INLINE void x16_store(int nc, float *s, size_t ss, float64x2_t acc[EI_TILE][8
     }
 }
 
-/* Q5_0's fifth bits of rows 4v..4v+3 (qh: their 16 bytes) under the nibbles: bit k to w[k],
- * bit 4 + k to w[4 + k] */
+/* the fifth bits of rows 4v..4v+3 (qh: their 16 bytes of block_q5_0x16's or block_q5_Kx16's
+ * qh) under the nibbles: bit k to w[k], bit 4 + k to w[4 + k] */
 EI_INLINE void x16_q5_high(const uint8_t *qh, uint8x16_t w[8]) {
     const uint8x16_t h = vld1q_u8(qh), bit4 = vdupq_n_u8(0x10);
     EI_UNROLL for (int k = 0; k < 4; k++) {
@@ -428,12 +429,14 @@ EI_INLINE int32x4_t x16_s8x4(const int8_t *p) {
     return vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(u)))));
 }
 
-/* Q4_K, rows 4v..4v+3 of super-block b: isum[c] = sum_j sc_j dot_j, imin[c] = sum_j mn_j bsum_j */
-EI_INLINE void x16_q4_K_rows(const block_q4_Kx16 *b, int v, int nc, const block_q8_K *y[EI_TILE],
-                             int32x4_t isum[EI_TILE], int32x4_t imin[EI_TILE]) {
+/* Q4_K, or Q5_K with its fifth bits qh (block_q5_Kx16's; NULL for Q4_K), rows 4v..4v+3 of
+ * super-block b: isum[c] = sum_j sc_j dot_j, imin[c] = sum_j mn_j bsum_j */
+EI_INLINE void x16_k4_rows(const block_q4_Kx16 *b, const uint8_t (*qh)[EI_X16 * 4], int v, int nc,
+                           const block_q8_K *y[EI_TILE], int32x4_t isum[EI_TILE], int32x4_t imin[EI_TILE]) {
     for (int j = 0; j < QK_K / 32; j++) {
         uint8x16_t w[8];
         x16_nibbles(b->qs[j], v, w);
+        if (qh) x16_q5_high(qh[j] + 16 * v, w);
         const int32x4_t sc = x16_u8x4(b->sc[j] + 4 * v), mn = x16_u8x4(b->mn[j] + 4 * v);
         for (int c = 0; c < nc; c++) {
             const int8_t *a = y[c]->qs + 32 * j;
@@ -488,8 +491,11 @@ EI_INLINE void x16_k_terms(float64x2_t acc[2], double yd, float32x4_t d, int32x4
     acc[1] = vaddq_f64(acc[1], t1);
 }
 
-EI_INLINE void x16_k(int q6, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
-    const size_t bytes = q6 ? sizeof(block_q6_Kx16) : sizeof(block_q4_Kx16);
+/* type: EI_TYPE_Q4_K, Q5_K or Q6_K (a constant in each inlined copy); a block_q5_Kx16 starts
+ * with its block_q4_Kx16 */
+EI_INLINE void x16_k(int type, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
+    const int q5 = type == EI_TYPE_Q5_K;
+    const size_t bytes = type == EI_TYPE_Q6_K ? sizeof(block_q6_Kx16) : q5 ? sizeof(block_q5_Kx16) : sizeof(block_q4_Kx16);
     const uint8_t *x = vx;
     float64x2_t acc[EI_TILE][8];
     for (int c = 0; c < nc; c++) {
@@ -501,14 +507,14 @@ EI_INLINE void x16_k(int q6, int n, int nc, float *s, size_t ss, const void *vx,
         EI_NO_UNROLL for (int v = 0; v < 4; v++) {
             int32x4_t isum[EI_TILE], imin[EI_TILE];
             for (int c = 0; c < nc; c++) isum[c] = imin[c] = vdupq_n_s32(0);
-            if (q6) {
+            if (type == EI_TYPE_Q6_K) {
                 const block_q6_Kx16 *b = (const block_q6_Kx16 *)x;
                 x16_q6_K_rows(b, v, nc, y, isum);
                 const float32x4_t d = x16_h2f(b->d + 4 * v);
                 for (int c = 0; c < nc; c++) x16_k_terms(acc[c] + 2 * v, y[c]->d, d, isum[c], NULL, imin[c]);
             } else {
                 const block_q4_Kx16 *b = (const block_q4_Kx16 *)x;
-                x16_q4_K_rows(b, v, nc, y, isum, imin);
+                x16_k4_rows(b, q5 ? ((const block_q5_Kx16 *)x)->qh : NULL, v, nc, y, isum, imin);
                 const float32x4_t d = x16_h2f(b->d + 4 * v), dmin = x16_h2f(b->dmin + 4 * v);
                 for (int c = 0; c < nc; c++) x16_k_terms(acc[c] + 2 * v, y[c]->d, d, isum[c], &dmin, imin[c]);
             }
@@ -529,8 +535,9 @@ EI_INLINE void x16_k(int q6, int n, int nc, float *s, size_t ss, const void *vx,
     }
 X16_GEMM(q4_0, x16_legacy, 0)
 X16_GEMM(q5_0, x16_legacy, 1)
-X16_GEMM(q4_K, x16_k, 0)
-X16_GEMM(q6_K, x16_k, 1)
+X16_GEMM(q4_K, x16_k, EI_TYPE_Q4_K)
+X16_GEMM(q5_K, x16_k, EI_TYPE_Q5_K)
+X16_GEMM(q6_K, x16_k, EI_TYPE_Q6_K)
 #endif
 
 void EI_NEON_FN(ei_neon_gemms)(ei_kernels *k) {
@@ -538,6 +545,7 @@ void EI_NEON_FN(ei_neon_gemms)(ei_kernels *k) {
     k->gemm_x16[EI_TYPE_Q4_0] = neon_gemm_x16_q4_0;
     k->gemm_x16[EI_TYPE_Q5_0] = neon_gemm_x16_q5_0;
     k->gemm_x16[EI_TYPE_Q4_K] = neon_gemm_x16_q4_K;
+    k->gemm_x16[EI_TYPE_Q5_K] = neon_gemm_x16_q5_K;
     k->gemm_x16[EI_TYPE_Q6_K] = neon_gemm_x16_q6_K;
 #endif
     k->gemm[EI_TYPE_Q4_0] = neon_gemm_q4_0;

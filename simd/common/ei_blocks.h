@@ -121,6 +121,16 @@ typedef struct {
 } block_q6_Kx16;
 static_assert(sizeof(block_q6_Kx16) == EI_X16 * sizeof(block_q6_K), "block_q6_Kx16 size");
 
+/* Q5_K: its low four bits as a block_q4_Kx16, the fifth bits of each unit as block_q5_0x16
+ * keeps them (byte 4 r + b, bit k: value 4 k + b (k < 4) or 16 + 4 (k - 4) + b of row r),
+ * so that one shift and mask moves a bit under its nibble (the same size as Q4_K's copy
+ * plus the rows' qh) */
+typedef struct {
+    block_q4_Kx16 q4;
+    uint8_t qh[QK_K / 32][EI_X16 * 4];
+} block_q5_Kx16;
+static_assert(sizeof(block_q5_Kx16) == EI_X16 * (2 + 2 + 8 + 8 + QK_K / 2 + QK_K / 8), "block_q5_Kx16 size");
+
 /* activations for K-quant dots: float scale, int8 values, sums of each 16 */
 typedef struct {
     float d;

@@ -39,22 +39,29 @@ size_t ei_x16_size(int type, int64_t n) {
     switch (type) {
     case EI_TYPE_Q4_0: case EI_TYPE_Q5_0: return EI_X16 * ei_row_size(type, n);
     case EI_TYPE_Q4_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q4_Kx16);
+    case EI_TYPE_Q5_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q5_Kx16);
     case EI_TYPE_Q6_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q6_Kx16);
     default: return 0;
     }
 }
 
-/* the 256 values of a Q4_K super-block (0..15) and its 8 scales and mins */
-static void q4_K_values(const block_q4_K *b, uint8_t *u, uint8_t *sc, uint8_t *mn) {
+/* the 256 values of a Q4_K super-block (0..15), or of a Q5_K one (0..31: qh not NULL), and
+ * its 8 scales and mins */
+static void k4_values(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh, uint8_t *u, uint8_t *sc,
+                      uint8_t *mn) {
     for (int j = 0; j < 8; j++) {
         int s, m;
-        ei_k4_scale_min(b->scales, j, &s, &m);
+        ei_k4_scale_min(scales, j, &s, &m);
         sc[j] = (uint8_t)s, mn[j] = (uint8_t)m;
     }
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
-            u[64 * c + l] = b->qs[32 * c + l] & 0xf;
-            u[64 * c + 32 + l] = b->qs[32 * c + l] >> 4;
+            u[64 * c + l] = qs[32 * c + l] & 0xf;
+            u[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+            if (qh) {
+                u[64 * c + l] |= (uint8_t)(((qh[l] >> (2 * c)) & 1) << 4);
+                u[64 * c + 32 + l] |= (uint8_t)(((qh[l] >> (2 * c + 1)) & 1) << 4);
+            }
         }
 }
 
@@ -88,36 +95,54 @@ static void pack_unit_high(const uint8_t *u, int r, uint8_t *qh) {
         }
 }
 
-static void pack_k_row(int type, const uint8_t *row, int r, int64_t n, uint8_t *out) {
+/* the fifth bits of the unit's values of row r (block_q5_Kx16's qh) */
+static void pack_unit_fifth(const uint8_t *u, int r, uint8_t *qh) {
+    for (int b = 0; b < 4; b++) {
+        uint8_t bits = 0;
+        for (int k = 0; k < 8; k++) bits |= (uint8_t)(((u[k < 4 ? 4 * k + b : 16 + 4 * (k - 4) + b] >> 4) & 1) << k);
+        qh[4 * r + b] = bits;
+    }
+}
+
+/* super-block i of row r: Q4_K, or Q5_K with its fifth bits (q5) */
+static void pack_k4_block(int q5, const uint8_t *row, int r, int64_t i, uint8_t *out) {
+    const block_q4_K *s4 = (const block_q4_K *)row + i;
+    const block_q5_K *s5 = (const block_q5_K *)row + i;
+    block_q5_Kx16 *d5 = (block_q5_Kx16 *)out + i;
+    block_q4_Kx16 *dst = q5 ? &d5->q4 : (block_q4_Kx16 *)out + i;
+    uint8_t u[QK_K], sc[8], mn[8];
+    k4_values(q5 ? s5->scales : s4->scales, q5 ? s5->qs : s4->qs, q5 ? s5->qh : NULL, u, sc, mn);
+    dst->d[r] = q5 ? s5->d : s4->d, dst->dmin[r] = q5 ? s5->dmin : s4->dmin;
+    for (int j = 0; j < 8; j++) {
+        dst->sc[j][r] = sc[j], dst->mn[j][r] = mn[j];
+        pack_unit(u + 32 * j, r, dst->qs[j]);
+        if (q5) pack_unit_fifth(u + 32 * j, r, d5->qh[j]);
+    }
+}
+
+static void pack_q6_K_block(const uint8_t *row, int r, int64_t i, uint8_t *out) {
+    const block_q6_K *src = (const block_q6_K *)row + i;
+    block_q6_Kx16 *dst = (block_q6_Kx16 *)out + i;
     uint8_t u[QK_K];
+    q6_K_values(src, u);
+    dst->d[r] = src->d;
+    for (int j = 0; j < 16; j++) dst->sc[j][r] = src->scales[j];
+    for (int j = 0; j < 8; j++) {
+        pack_unit(u + 32 * j, r, dst->ql[j]);
+        pack_unit_high(u + 32 * j, r, dst->qh[j]);
+    }
+}
+
+static void pack_k_row(int type, const uint8_t *row, int r, int64_t n, uint8_t *out) {
     for (int64_t i = 0; i < n / QK_K; i++) {
-        if (type == EI_TYPE_Q4_K) {
-            const block_q4_K *src = (const block_q4_K *)row + i;
-            block_q4_Kx16 *dst = (block_q4_Kx16 *)out + i;
-            uint8_t sc[8], mn[8];
-            q4_K_values(src, u, sc, mn);
-            dst->d[r] = src->d, dst->dmin[r] = src->dmin;
-            for (int j = 0; j < 8; j++) {
-                dst->sc[j][r] = sc[j], dst->mn[j][r] = mn[j];
-                pack_unit(u + 32 * j, r, dst->qs[j]);
-            }
-        } else {
-            const block_q6_K *src = (const block_q6_K *)row + i;
-            block_q6_Kx16 *dst = (block_q6_Kx16 *)out + i;
-            q6_K_values(src, u);
-            dst->d[r] = src->d;
-            for (int j = 0; j < 16; j++) dst->sc[j][r] = src->scales[j];
-            for (int j = 0; j < 8; j++) {
-                pack_unit(u + 32 * j, r, dst->ql[j]);
-                pack_unit_high(u + 32 * j, r, dst->qh[j]);
-            }
-        }
+        if (type == EI_TYPE_Q6_K) pack_q6_K_block(row, r, i, out);
+        else pack_k4_block(type == EI_TYPE_Q5_K, row, r, i, out);
     }
 }
 
 int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *out) {
     if (!ei_x16_size(type, n)) return 0;
-    if (type == EI_TYPE_Q4_K || type == EI_TYPE_Q6_K) {
+    if (type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K || type == EI_TYPE_Q6_K) {
         for (int r = 0; r < EI_X16; r++) pack_k_row(type, (const uint8_t *)rows + (size_t)r * row_stride, r, n, out);
         return 1;
     }

@@ -19,6 +19,12 @@ static int high_pair(const uint8_t *qh, int r, int l) {
     return (qh[64 * m + 4 * r + l % 4] >> shift) & 3;
 }
 
+/* the fifth bit of value l (0..31) of row r: 4 bytes a row, as block_q5_0x16 and
+ * block_q5_Kx16 keep them */
+static int fifth_bit(const uint8_t *qh, int r, int l) {
+    return (qh[4 * r + l % 4] >> (l % 16 / 4 + 4 * (l / 16))) & 1;
+}
+
 static void ref_x16_legacy(int q5, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
     for (int c = 0; c < nc; c++) {
         const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys);
@@ -30,7 +36,7 @@ static void ref_x16_legacy(int q5, int n, int nc, float *s, size_t ss, const voi
                 int isum = 0;
                 for (int l = 0; l < 32; l++) {
                     int q = nibble(q5 ? b5->qs : b4->qs, r, l) - (q5 ? 16 : 8);
-                    if (q5) q += ((b5->qh[r][l % 4] >> (l % 16 / 4 + 4 * (l / 16))) & 1) << 4;
+                    if (q5) q += fifth_bit((const uint8_t *)b5->qh, r, l) << 4;
                     isum += q * y[i].qs[l];
                 }
                 sum += (double)F16(q5 ? b5->d[r] : b4->d[r]) * F16(y[i].d) * isum;
@@ -48,17 +54,22 @@ static void ref_x16_q5_0(int n, int nc, float *s, size_t ss, const void *x, cons
     ref_x16_legacy(1, n, nc, s, ss, x, y, ys);
 }
 
-static void ref_x16_q4_K(int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
+/* Q4_K, or Q5_K (q5): its low four bits are a block_q4_Kx16 */
+static void ref_x16_k4(int q5, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
     for (int c = 0; c < nc; c++) {
         const block_q8_K *y = (const block_q8_K *)((const uint8_t *)vy + (size_t)c * ys);
         for (int r = 0; r < EI_X16; r++) {
             double sum = 0.0;
             for (int i = 0; i < n / QK_K; i++) {
-                const block_q4_Kx16 *b = (const block_q4_Kx16 *)vx + i;
+                const block_q5_Kx16 *b5 = (const block_q5_Kx16 *)vx + i;
+                const block_q4_Kx16 *b = q5 ? &b5->q4 : (const block_q4_Kx16 *)vx + i;
                 int isum = 0, imin = 0;
                 for (int j = 0; j < 8; j++) {
                     int dot = 0;
-                    for (int l = 0; l < 32; l++) dot += nibble(b->qs[j], r, l) * y[i].qs[32 * j + l];
+                    for (int l = 0; l < 32; l++) {
+                        const int q = nibble(b->qs[j], r, l) | (q5 ? fifth_bit(b5->qh[j], r, l) << 4 : 0);
+                        dot += q * y[i].qs[32 * j + l];
+                    }
                     isum += b->sc[j][r] * dot;
                     imin += b->mn[j][r] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
                 }
@@ -67,6 +78,14 @@ static void ref_x16_q4_K(int n, int nc, float *s, size_t ss, const void *vx, con
             s[(size_t)c * ss + r] = (float)sum;
         }
     }
+}
+
+static void ref_x16_q4_K(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    ref_x16_k4(0, n, nc, s, ss, x, y, ys);
+}
+
+static void ref_x16_q5_K(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    ref_x16_k4(1, n, nc, s, ss, x, y, ys);
 }
 
 static void ref_x16_q6_K(int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
@@ -97,6 +116,7 @@ ei_gemm_x16_fn ei_ref_gemm_x16(int type) {
     case EI_TYPE_Q4_0: return ref_x16_q4_0;
     case EI_TYPE_Q5_0: return ref_x16_q5_0;
     case EI_TYPE_Q4_K: return ref_x16_q4_K;
+    case EI_TYPE_Q5_K: return ref_x16_q5_K;
     case EI_TYPE_Q6_K: return ref_x16_q6_K;
     default: return NULL;
     }

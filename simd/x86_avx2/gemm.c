@@ -254,6 +254,18 @@ EI_AVX2_INLINE int avx2_block_sum(const int8_t *qs) {
     return _mm_cvtsi128_si32(t) - 32 * 128;
 }
 
+/* the fifth bits of 8 rows' 4 bytes (block_q5_0x16's, block_q5_Kx16's qh) under the nibbles
+ * of w (w[k]: values 4k..4k+3, w[4 + k]: 16 + 4k..): bit k of each byte to bit 4 of w[k],
+ * bit 4 + k to that of w[4 + k]; the 16-bit shifts move no other byte's bit to bit 4 */
+EI_AVX2_INLINE void or_fifth_bits(__m256i qh, __m256i *w) {
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
+    EI_UNROLL
+    for (int k = 0; k < 4; k++) {
+        w[k] = _mm256_or_si256(w[k], _mm256_and_si256(_mm256_slli_epi16(qh, 4 - k), bit4));
+        w[4 + k] = _mm256_or_si256(w[4 + k], _mm256_and_si256(_mm256_srli_epi16(qh, k), bit4));
+    }
+}
+
 /* Lane r = row r (rows 0..7 in half 0, 8..15 in half 1) of block_q4_0x16 or block_q5_0x16:
  * per block and half, the 8 products of 4 weight bytes of each row with 4 broadcast
  * activation bytes (vpmaddubsw) add up in 16 bits without saturating (weights below 16:
@@ -292,12 +304,8 @@ EI_AVX2_INLINE void avx2_gemm_x16(int q5, int n, int nc, float *s, size_t ss, co
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * k + 32 * h));
                 w[k] = _mm256_and_si256(v, low);
                 w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                if (q5) { /* bit k of each byte of qh (k + 4 for w[4 + k]) to bit 4 */
-                    const __m256i bit4 = _mm256_set1_epi8(0x10);
-                    w[k] = _mm256_or_si256(w[k], _mm256_and_si256(_mm256_slli_epi16(qh, 4 - k), bit4));
-                    w[4 + k] = _mm256_or_si256(w[4 + k], _mm256_and_si256(_mm256_srli_epi16(qh, k), bit4));
-                }
             }
+            if (q5) or_fifth_bits(qh, w);
             for (int c = 0; c < nc; c++) {
                 const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i;
                 __m256i p16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -335,7 +343,7 @@ static void avx2_gemm_x16_q5_0(int n, int nc, float *s, size_t ss, const void *x
     X16_CASES(avx2_gemm_x16, 1)
 }
 
-/* ---- K super-blocks interleaved by 16 (block_q4_Kx16, block_q6_Kx16) ---------------------- */
+/* ---- K super-blocks interleaved by 16 (block_q4_Kx16, block_q5_Kx16, block_q6_Kx16) ------- */
 
 /* what every column shares in a super-block: for each half h (rows 8h..8h+7, one per 32-bit
  * lane) the int16 pair (s, s) of each sub-block's scale, and the int16 multipliers of each pair
@@ -351,7 +359,10 @@ EI_AVX2_INLINE __m256i pairs16(__m256i lo, __m256i hi) {
     return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(hi, 16));
 }
 
-EI_AVX2_INLINE void kx16_prepare(int q6, const uint8_t *x, kx16_shared *sh) {
+/* type: EI_TYPE_Q4_K, Q5_K or Q6_K (a constant in each inlined copy); a block_q5_Kx16 starts
+ * with its block_q4_Kx16, which is all the scales there are */
+EI_AVX2_INLINE void kx16_prepare(int type, const uint8_t *x, kx16_shared *sh) {
+    const int q6 = type == EI_TYPE_Q6_K;
     const ei_f16 *d = q6 ? ((const block_q6_Kx16 *)x)->d : ((const block_q4_Kx16 *)x)->d;
     for (int q = 0; q < 4; q++) {
         sh->d[q] = _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(d + 4 * q))));
@@ -381,7 +392,8 @@ EI_AVX2_INLINE void kx16_prepare(int q6, const uint8_t *x, kx16_shared *sh) {
 }
 
 /* the 8 weight vectors of unit j for rows 8h..8h+7: w[k] values 4k..4k+3, w[4 + k] 16 + 4k.. */
-EI_AVX2_INLINE void kx16_unit(int q6, const uint8_t *x, int j, int h, __m256i *w) {
+EI_AVX2_INLINE void kx16_unit(int type, const uint8_t *x, int j, int h, __m256i *w) {
+    const int q6 = type == EI_TYPE_Q6_K;
     const __m256i low = _mm256_set1_epi8(0x0F);
     const uint8_t *qs = q6 ? ((const block_q6_Kx16 *)x)->ql[j] : ((const block_q4_Kx16 *)x)->qs[j];
     EI_UNROLL
@@ -390,6 +402,7 @@ EI_AVX2_INLINE void kx16_unit(int q6, const uint8_t *x, int j, int h, __m256i *w
         w[k] = _mm256_and_si256(v, low);
         w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     }
+    if (type == EI_TYPE_Q5_K) or_fifth_bits(_mm256_loadu_si256((const __m256i *)(((const block_q5_Kx16 *)x)->qh[j] + 32 * h)), w);
     if (!q6) return;
     const __m256i two = _mm256_set1_epi8(0x30);
     const uint8_t *qh = ((const block_q6_Kx16 *)x)->qh[j];
@@ -410,11 +423,23 @@ EI_AVX2_INLINE __m256i bcast4(const int8_t *p) {
 }
 
 /* iacc (rows 8h..8h+7) += the scaled integer dots of unit j with one activation row: Q4_K's
- * unit is one sub-block (8 products of values below 16 add up in int16), Q6_K's two, whose
- * values below 64 allow two products per int16 sum */
-EI_AVX2_INLINE __m256i kx16_dots(int q6, const __m256i *w, const int8_t *y, const __m256i *sc, int j,
+ * unit is one sub-block (8 products of values below 16 add up in int16: 8 x 3840), Q5_K's
+ * too, whose values below 32 allow four (4 x 7936 = 31744), Q6_K's two sub-blocks, whose
+ * values below 64 allow two */
+EI_AVX2_INLINE __m256i kx16_dots(int type, const __m256i *w, const int8_t *y, const __m256i *sc, int j,
                                  __m256i iacc) {
-    if (!q6) {
+    if (type == EI_TYPE_Q5_K) {
+        __m256i p[2];
+        EI_UNROLL
+        for (int half = 0; half < 2; half++) { /* values 16 half .. 16 half + 15 */
+            const __m256i *wh = w + 4 * half;
+            const int8_t *yh = y + 16 * half;
+            p[half] = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(wh[0], bcast4(yh)), _mm256_maddubs_epi16(wh[1], bcast4(yh + 4))),
+                                       _mm256_add_epi16(_mm256_maddubs_epi16(wh[2], bcast4(yh + 8)), _mm256_maddubs_epi16(wh[3], bcast4(yh + 12))));
+        }
+        return _mm256_add_epi32(iacc, _mm256_add_epi32(_mm256_madd_epi16(p[0], sc[j]), _mm256_madd_epi16(p[1], sc[j])));
+    }
+    if (type == EI_TYPE_Q4_K) {
         __m256i p = _mm256_maddubs_epi16(w[0], bcast4(y));
         EI_UNROLL
         for (int k = 1; k < 4; k++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[k], bcast4(y + 4 * k)));
@@ -437,7 +462,11 @@ EI_AVX2_INLINE __m256i kx16_dots(int q6, const __m256i *w, const int8_t *y, cons
  * the 16 units of a super-block asks for a 16th of the bytes KX16_PREFETCH ahead. On the AVX2
  * EPYC a whole super-block asked for at once, 3 ahead, read 6.9 GB/s (Q4_K, 2048 x 8192, one
  * thread), spread over the units 10.5; the random 1.1B Q4_K_M model's Q4_K products with two
- * threads 12.9 -> 17 GB/s (12288 and 16384 bytes ahead measured no better) */
+ * threads 12.9 -> 17 GB/s (12288 and 16384 bytes ahead measured no better). Prompts stream a
+ * matrix once per tile of EI_TILE tokens, and fall behind as well where it is larger than the
+ * caches: asking at every tile width took EI_TILE columns of 8192 x 8192 (one thread, best of
+ * 5, four runs on the shared EPYC) from 16.0-17.4 ms to 6.4-10.5 for Q5_K, 18.1-19.9 to 7.6-11.6
+ * for Q6_K, 7.1-7.2 to 5.6-6.0 for Q4_K, and changed nothing measurable at 2048 x 2048 */
 #define KX16_PREFETCH 8192
 EI_AVX2_INLINE void kx16_prefetch(const uint8_t *x, size_t bytes, int unit) {
     const size_t lo = (size_t)unit * bytes / 16, hi = (size_t)(unit + 1) * bytes / 16;
@@ -447,27 +476,28 @@ EI_AVX2_INLINE void kx16_prefetch(const uint8_t *x, size_t bytes, int unit) {
 /* Lane r of a vector = row r of 8: per super-block and half, the rows' integer sums with
  * every activation row come out of broadcast activation bytes (no horizontal sums), and the
  * super-block's term is rounded as the reference rounds it: (d_y d) isum - (d_y dmin) imin for
- * Q4_K, (d_y d) isum for Q6_K, added in super-block order: vec_dot bit for bit. */
-EI_AVX2_INLINE void avx2_gemm_kx16(int q6, int n, int nc, float *s, size_t ss, const void *vx, const void *vy,
+ * Q4_K and Q5_K, (d_y d) isum for Q6_K, added in super-block order: vec_dot bit for bit. */
+EI_AVX2_INLINE void avx2_gemm_kx16(int type, int n, int nc, float *s, size_t ss, const void *vx, const void *vy,
                                    size_t ys) {
-    const size_t bytes = q6 ? sizeof(block_q6_Kx16) : sizeof(block_q4_Kx16);
+    const int q6 = type == EI_TYPE_Q6_K;
+    const size_t bytes = q6 ? sizeof(block_q6_Kx16) : type == EI_TYPE_Q5_K ? sizeof(block_q5_Kx16) : sizeof(block_q4_Kx16);
     const uint8_t *x = vx;
     __m256d acc[EI_TILE][4]; /* (column, rows 4q..4q+3) */
     for (int c = 0; c < EI_TILE; c++)
         for (int q = 0; q < 4; q++) acc[c][q] = _mm256_setzero_pd();
     kx16_shared sh;
     for (int i = 0; i < n / QK_K; i++, x += bytes) {
-        kx16_prepare(q6, x, &sh);
+        kx16_prepare(type, x, &sh);
         for (int h = 0; h < 2; h++) {
             __m256i iacc[EI_TILE];
             for (int c = 0; c < nc; c++) iacc[c] = _mm256_setzero_si256();
             for (int j = 0; j < QK_K / 32; j++) {
-                if (nc == 1) kx16_prefetch(x, bytes, 8 * h + j);
+                kx16_prefetch(x, bytes, 8 * h + j);
                 __m256i w[8];
-                kx16_unit(q6, x, j, h, w);
+                kx16_unit(type, x, j, h, w);
                 for (int c = 0; c < nc; c++) {
                     const block_q8_K *y = (const block_q8_K *)((const uint8_t *)vy + (size_t)c * ys) + i;
-                    iacc[c] = kx16_dots(q6, w, y->qs + 32 * j, sh.sc[h], j, iacc[c]);
+                    iacc[c] = kx16_dots(type, w, y->qs + 32 * j, sh.sc[h], j, iacc[c]);
                 }
             }
             for (int c = 0; c < nc; c++) {
@@ -496,15 +526,17 @@ EI_AVX2_INLINE void avx2_gemm_kx16(int q6, int n, int nc, float *s, size_t ss, c
         for (int q = 0; q < 4; q++) _mm_storeu_ps(s + (size_t)c * ss + 4 * q, _mm256_cvtpd_ps(acc[c][q]));
 }
 
-#define KX16(T, Q6)                                                                                       \
+#define KX16(T, TYPE)                                                                                     \
     static void avx2_gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
-        X16_CASES(avx2_gemm_kx16, Q6)                                                                     \
+        X16_CASES(avx2_gemm_kx16, TYPE)                                                                   \
     }
-KX16(q4_K, 0)
-KX16(q6_K, 1)
+KX16(q4_K, EI_TYPE_Q4_K)
+KX16(q5_K, EI_TYPE_Q5_K)
+KX16(q6_K, EI_TYPE_Q6_K)
 
 void ei_avx2_gemm_kernels(ei_kernels *k) {
     k->gemm_x16[EI_TYPE_Q4_K] = avx2_gemm_x16_q4_K;
+    k->gemm_x16[EI_TYPE_Q5_K] = avx2_gemm_x16_q5_K;
     k->gemm_x16[EI_TYPE_Q6_K] = avx2_gemm_x16_q6_K;
     k->gemm_x16[EI_TYPE_Q4_0] = avx2_gemm_x16_q4_0;
     k->gemm_x16[EI_TYPE_Q5_0] = avx2_gemm_x16_q5_0;

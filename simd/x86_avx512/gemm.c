@@ -358,6 +358,17 @@ EI_INLINE int block_sum_q8(const int8_t *qs) {
     return _mm_cvtsi128_si32(t) - 32 * 128;
 }
 
+/* the fifth bits of 16 rows' 4 bytes (block_q5_0x16's, block_q5_Kx16's qh) under the nibbles
+ * of w (w[k]: values 4k..4k+3, w[4 + k]: 16 + 4k..): bit k of each byte to bit 4 of w[k],
+ * bit 4 + k to that of w[4 + k]; the 16-bit shifts move no other byte's bit to bit 4 */
+EI_INLINE void or_fifth_bits(__m512i qh, __m512i *w) {
+    const __m512i bit4 = _mm512_set1_epi8(0x10);
+    EI_UNROLL for (int k = 0; k < 4; k++) {
+        w[k] = _mm512_or_si512(w[k], _mm512_and_si512(_mm512_slli_epi16(qh, 4 - k), bit4));
+        w[4 + k] = _mm512_or_si512(w[4 + k], _mm512_and_si512(_mm512_srli_epi16(qh, k), bit4));
+    }
+}
+
 /* 16 interleaved rows (block_q4_0x16 or block_q5_0x16), lane r = row r: per block, 8
  * products of the rows' bytes with four broadcast activation bytes give every row's isum
  * without a horizontal reduction; the weights' offset (8 or 16) comes out as that times
@@ -384,12 +395,8 @@ EI_INLINE void gemm_x16_impl(int q5, int n, int nc, float *s, size_t ss, const v
             const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * k));
             w[k] = _mm512_and_si512(v, low);
             w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            if (q5) { /* bit k of each byte of qh (k + 4 for w[4 + k]) to bit 4 */
-                const __m512i bit4 = _mm512_set1_epi8(0x10);
-                w[k] = _mm512_or_si512(w[k], _mm512_and_si512(_mm512_slli_epi16(qh, 4 - k), bit4));
-                w[4 + k] = _mm512_or_si512(w[4 + k], _mm512_and_si512(_mm512_srli_epi16(qh, k), bit4));
-            }
         }
+        if (q5) or_fifth_bits(qh, w);
         EI_UNROLL for (int c = 0; c < EI_TILE; c++) {
             if (c >= nc) break;
             const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i;
@@ -420,7 +427,7 @@ EI_INLINE void gemm_x16_impl(int q5, int n, int nc, float *s, size_t ss, const v
 GEMM_X16(q4_0, 0)
 GEMM_X16(q5_0, 1)
 
-/* ---- K super-blocks interleaved by 16 (block_q4_Kx16, block_q6_Kx16) ---------------------- */
+/* ---- K super-blocks interleaved by 16 (block_q4_Kx16, block_q5_Kx16, block_q6_Kx16) ------- */
 
 /* (lo, hi) int16 pairs of 16 int32 lanes */
 EI_INLINE __m512i pairs16(__m512i lo, __m512i hi) {
@@ -437,8 +444,10 @@ typedef struct {
 
 EI_INLINE __m512d f16x8_pd(const ei_f16 *h) { return _mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h))); }
 
-EI_INLINE void kx16_prepare(int q6, const uint8_t *x, kx16_shared *sh) {
-    if (q6) {
+/* type: EI_TYPE_Q4_K, Q5_K or Q6_K (a constant in each inlined copy); a block_q5_Kx16 starts
+ * with its block_q4_Kx16, which is all the scales there are */
+EI_INLINE void kx16_prepare(int type, const uint8_t *x, kx16_shared *sh) {
+    if (type == EI_TYPE_Q6_K) {
         const block_q6_Kx16 *b = (const block_q6_Kx16 *)x;
         sh->d[0] = f16x8_pd(b->d), sh->d[1] = f16x8_pd(b->d + 8);
         __m512i v[16];
@@ -462,7 +471,8 @@ EI_INLINE void kx16_prepare(int q6, const uint8_t *x, kx16_shared *sh) {
 }
 
 /* the 8 weight vectors of unit j, every row: w[k] values 4k..4k+3, w[4 + k] 16 + 4k.. */
-EI_INLINE void kx16_unit(int q6, const uint8_t *x, int j, __m512i *w) {
+EI_INLINE void kx16_unit(int type, const uint8_t *x, int j, __m512i *w) {
+    const int q6 = type == EI_TYPE_Q6_K;
     const __m512i low = _mm512_set1_epi8(0x0F);
     const uint8_t *qs = q6 ? ((const block_q6_Kx16 *)x)->ql[j] : ((const block_q4_Kx16 *)x)->qs[j];
     EI_UNROLL for (int k = 0; k < 4; k++) {
@@ -470,6 +480,7 @@ EI_INLINE void kx16_unit(int q6, const uint8_t *x, int j, __m512i *w) {
         w[k] = _mm512_and_si512(v, low);
         w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
     }
+    if (type == EI_TYPE_Q5_K) or_fifth_bits(_mm512_loadu_si512((const void *)((const block_q5_Kx16 *)x)->qh[j]), w);
     if (!q6) return;
     const __m512i two = _mm512_set1_epi8(0x30);
     const uint8_t *qh = ((const block_q6_Kx16 *)x)->qh[j];
@@ -489,11 +500,22 @@ EI_INLINE __m512i bcast4(const void *p) {
 }
 
 /* iacc += the scaled integer dots of unit j with one activation row: Q4_K's unit is one
- * sub-block (8 products of values below 16 add up in int16), Q6_K's two, whose values below
- * 64 allow two products per int16 sum */
-EI_INLINE __m512i kx16_dots(int q6, const __m512i *w, const int8_t *y, const __m512i *sc, int j, __m512i iacc,
+ * sub-block (8 products of values below 16 add up in int16: 8 x 3840), Q5_K's too, whose
+ * values below 32 allow four (4 x 7936 = 31744), Q6_K's two sub-blocks, whose values below
+ * 64 allow two */
+EI_INLINE __m512i kx16_dots(int type, const __m512i *w, const int8_t *y, const __m512i *sc, int j, __m512i iacc,
                             int vnni) {
-    if (!q6) {
+    if (type == EI_TYPE_Q5_K) {
+        EI_UNROLL for (int half = 0; half < 2; half++) { /* values 16 half .. 16 half + 15 */
+            const __m512i *wh = w + 4 * half;
+            const int8_t *yh = y + 16 * half;
+            const __m512i p0 = _mm512_add_epi16(_mm512_maddubs_epi16(wh[0], bcast4(yh)), _mm512_maddubs_epi16(wh[1], bcast4(yh + 4)));
+            const __m512i p1 = _mm512_add_epi16(_mm512_maddubs_epi16(wh[2], bcast4(yh + 8)), _mm512_maddubs_epi16(wh[3], bcast4(yh + 12)));
+            iacc = dot_s16(iacc, _mm512_add_epi16(p0, p1), sc[j], vnni);
+        }
+        return iacc;
+    }
+    if (type == EI_TYPE_Q4_K) {
         __m512i p = _mm512_maddubs_epi16(w[0], bcast4(y));
         EI_UNROLL for (int k = 1; k < 4; k++) p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[k], bcast4(y + 4 * k)));
         EI_UNROLL for (int k = 0; k < 4; k++) p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[4 + k], bcast4(y + 16 + 4 * k)));
@@ -511,11 +533,12 @@ EI_INLINE __m512i kx16_dots(int q6, const __m512i *w, const int8_t *y, const __m
 
 /* Lane r = row r: per super-block, every row's integer sums with each activation row come
  * out of broadcast activation bytes (no horizontal sums), and the super-block's term is
- * rounded as the reference rounds it: (d_y d) isum - (d_y dmin) imin for Q4_K, (d_y d) isum
- * for Q6_K, added in super-block order: vec_dot bit for bit. */
-EI_INLINE void gemm_kx16_impl(int q6, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys,
+ * rounded as the reference rounds it: (d_y d) isum - (d_y dmin) imin for Q4_K and Q5_K,
+ * (d_y d) isum for Q6_K, added in super-block order: vec_dot bit for bit. */
+EI_INLINE void gemm_kx16_impl(int type, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys,
                               int vnni) {
-    const size_t bytes = q6 ? sizeof(block_q6_Kx16) : sizeof(block_q4_Kx16);
+    const int q6 = type == EI_TYPE_Q6_K;
+    const size_t bytes = q6 ? sizeof(block_q6_Kx16) : type == EI_TYPE_Q5_K ? sizeof(block_q5_Kx16) : sizeof(block_q4_Kx16);
     const uint8_t *x = vx;
     __m512d acc[EI_TILE][2];
     EI_UNROLL for (int c = 0; c < EI_TILE; c++) acc[c][0] = acc[c][1] = _mm512_setzero_pd();
@@ -523,16 +546,16 @@ EI_INLINE void gemm_kx16_impl(int q6, int n, int nc, float *s, size_t ss, const 
     for (int i = 0; i < n / QK_K; i++, x += bytes) {
         if (nc == 1) /* decoding streams the weights once: ask for them a few super-blocks ahead */
             for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + 3 * bytes + line, _MM_HINT_T0);
-        kx16_prepare(q6, x, &sh);
+        kx16_prepare(type, x, &sh);
         __m512i iacc[EI_TILE];
         EI_UNROLL for (int c = 0; c < EI_TILE; c++) iacc[c] = _mm512_setzero_si512();
         for (int j = 0; j < QK_K / 32; j++) {
             __m512i w[8];
-            kx16_unit(q6, x, j, w);
+            kx16_unit(type, x, j, w);
             EI_UNROLL for (int c = 0; c < EI_TILE; c++) {
                 if (c >= nc) break;
                 const block_q8_K *y = (const block_q8_K *)((const uint8_t *)vy + (size_t)c * ys) + i;
-                iacc[c] = kx16_dots(q6, w, y->qs + 32 * j, sh.sc, j, iacc[c], vnni);
+                iacc[c] = kx16_dots(type, w, y->qs + 32 * j, sh.sc, j, iacc[c], vnni);
             }
         }
         EI_UNROLL for (int c = 0; c < EI_TILE; c++) {
@@ -558,22 +581,23 @@ EI_INLINE void gemm_kx16_impl(int q6, int n, int nc, float *s, size_t ss, const 
 
 /* the column count a constant inside each inlined copy, so that the accumulators stay in
  * registers */
-#define KX16_CASES(Q6, VNNI)                                                           \
-    switch (nc) {                                                                      \
-    case 1: gemm_kx16_impl(Q6, n, 1, s, ss, x, y, ys, VNNI); break;                   \
-    case 2: gemm_kx16_impl(Q6, n, 2, s, ss, x, y, ys, VNNI); break;                   \
-    case 3: gemm_kx16_impl(Q6, n, 3, s, ss, x, y, ys, VNNI); break;                   \
-    default: gemm_kx16_impl(Q6, n, EI_TILE, s, ss, x, y, ys, VNNI); break;            \
+#define KX16_CASES(TYPE, VNNI)                                               \
+    switch (nc) {                                                            \
+    case 1: gemm_kx16_impl(TYPE, n, 1, s, ss, x, y, ys, VNNI); break;        \
+    case 2: gemm_kx16_impl(TYPE, n, 2, s, ss, x, y, ys, VNNI); break;        \
+    case 3: gemm_kx16_impl(TYPE, n, 3, s, ss, x, y, ys, VNNI); break;        \
+    default: gemm_kx16_impl(TYPE, n, EI_TILE, s, ss, x, y, ys, VNNI); break; \
     }
-#define GEMM_KX16(T, Q6)                                                                                       \
+#define GEMM_KX16(T, TYPE)                                                                                         \
     static void gemm_x16_##T##_vnni(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
-        KX16_CASES(Q6, 1)                                                                                      \
-    }                                                                                                          \
-    static void gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {     \
-        KX16_CASES(Q6, 0)                                                                                      \
+        KX16_CASES(TYPE, 1)                                                                                        \
+    }                                                                                                              \
+    static void gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {        \
+        KX16_CASES(TYPE, 0)                                                                                        \
     }
-GEMM_KX16(q4_K, 0)
-GEMM_KX16(q6_K, 1)
+GEMM_KX16(q4_K, EI_TYPE_Q4_K)
+GEMM_KX16(q5_K, EI_TYPE_Q5_K)
+GEMM_KX16(q6_K, EI_TYPE_Q6_K)
 
 /* ---- the table --------------------------------------------------------------------------- */
 
@@ -626,5 +650,6 @@ void ei_avx512_gemm_kernels(ei_kernels *k, int vnni) {
     k->gemm_x16[EI_TYPE_Q4_0] = vnni ? gemm_x16_q4_0_vnni : gemm_x16_q4_0;
     k->gemm_x16[EI_TYPE_Q5_0] = vnni ? gemm_x16_q5_0_vnni : gemm_x16_q5_0;
     k->gemm_x16[EI_TYPE_Q4_K] = vnni ? gemm_x16_q4_K_vnni : gemm_x16_q4_K;
+    k->gemm_x16[EI_TYPE_Q5_K] = vnni ? gemm_x16_q5_K_vnni : gemm_x16_q5_K;
     k->gemm_x16[EI_TYPE_Q6_K] = vnni ? gemm_x16_q6_K_vnni : gemm_x16_q6_K;
 }

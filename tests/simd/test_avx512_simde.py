@@ -3,11 +3,13 @@
 Most machines that build edgeinfer lack AVX-512 (the target laptops are AVX2-only), so the
 variant's source is also compiled against SIMDe, which emulates each AVX-512 intrinsic with
 narrower instructions (simd/x86_avx512/simd.h fills in the ones SIMDe lacks). Each
-build links the C check drivers (tests/simd/check_kernels.c, tests/simd/check_edges.c)
-with the reference and runs them: every kernel must equal the reference bit for bit,
-"0 failed". Where the CPU has AVX-512 the same drivers also run natively, built with
-setup.py's flags. Both the VNNI kernels and the fallback chosen on AVX-512 CPUs without
-VNNI are checked, and the fallback is checked to contain no VNNI instruction.
+build links the C check drivers (tests/simd/check_kernels.c, tests/simd/check_edges.c, the
+guard-page driver below, and test_native_kernels' tile driver, which checks the interleaved
+products gemm_x16 on more shapes) with the reference and runs them: every kernel must equal
+the reference bit for bit, "0 failed". Where the CPU has AVX-512 the same drivers also run
+natively, built with setup.py's flags. Both the VNNI kernels and the fallback chosen on
+AVX-512 CPUs without VNNI are checked, and the fallback is checked to contain no VNNI
+instruction.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.simd.platform_gates import missing_tool, sanitizer_flags
+from tests.simd.test_native_kernels import TILE_DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMD = ROOT / "simd"
@@ -32,6 +35,7 @@ DRIVERS = {
     "kernels": HERE / "check_kernels.c",
     "edges": Path(__file__).with_name("check_edges.c"),
     "guard": None,  # GUARD_DRIVER below, written out at test time
+    "tiles": None,  # test_native_kernels.TILE_DRIVER: gemm tiles and gemm_x16
 }
 
 # Rows that end right before an inaccessible page: the last row of the last tensor of a
@@ -68,6 +72,48 @@ static void check(const char *what, int ok) {
     printf("FAIL %s\n", what);
 }
 
+/* small fp16 scales in every block of a row of random bytes */
+static void small_scales(int type, uint8_t *row, int blocks) {
+    const int bs = (int)ei_row_size(type, ei_block_size(type));
+    for (int b = 0; b < blocks; b++) {
+        uint8_t *blk = row + (size_t)b * bs;
+        const ei_f16 h = ei_fp32_to_fp16(0.01f);
+        if (type == EI_TYPE_Q2_K) { memcpy(blk + 80, &h, 2); memcpy(blk + 82, &h, 2); }
+        else if (type == EI_TYPE_Q3_K) memcpy(blk + 108, &h, 2);
+        else if (type == EI_TYPE_Q6_K) memcpy(blk + 208, &h, 2);
+        else {
+            memcpy(blk, &h, 2);
+            if (type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1 || type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K) memcpy(blk + 2, &h, 2);
+        }
+    }
+}
+
+/* gemm_x16 on EI_X16 rows packed into a copy that ends at the guard, against activation
+ * rows of which the last used one ends there too */
+static void check_x16(const ei_kernels *ref, const ei_kernels *var, int type, int blocks) {
+    char what[128];
+    const int pt = ei_partner_type(type), n = blocks * ei_block_size(type);
+    const size_t wrow = ei_row_size(type, n), arow = ei_row_size(pt, n);
+    uint8_t *w = guarded(EI_X16 * wrow), *packed = guarded(ei_x16_size(type, n)), *a = guarded(4 * arow);
+    float *x = (float *)guarded(sizeof(float) * (size_t)n);
+    for (size_t i = 0; i < EI_X16 * wrow; i++) w[i] = (uint8_t)next();
+    for (int r = 0; r < EI_X16; r++) small_scales(type, w + (size_t)r * wrow, blocks);
+    for (int c = 0; c < 4; c++) {
+        for (int i = 0; i < n; i++) x[i] = (float)((int)(next() % 2001) - 1000) / 300.0f;
+        var->from_float[pt](x, a + (size_t)c * arow, n);
+    }
+    ei_pack_x16(type, w, wrow, n, packed);
+    for (int nc = 1; nc <= 4; nc++) {
+        const uint8_t *act = a + (size_t)(4 - nc) * arow;
+        float got[4 * EI_X16], want[4 * EI_X16];
+        var->gemm_x16[type](n, nc, got, EI_X16, packed, act, arow);
+        for (int c = 0; c < nc; c++)
+            for (int r = 0; r < EI_X16; r++) ref->vec_dot[type](n, &want[c * EI_X16 + r], w + (size_t)r * wrow, act + (size_t)c * arow);
+        snprintf(what, sizeof(what), "gemm_x16 type %d n %d nc %d", type, n, nc);
+        check(what, memcmp(got, want, sizeof(float) * (size_t)(nc * EI_X16)) == 0);
+    }
+}
+
 int main(void) {
     ei_kernels ref, var;
     ei_kernels_init_ref(&ref);
@@ -89,18 +135,7 @@ int main(void) {
             /* sane scales: decode each row and quantize it back as its own type where possible */
             for (int r = 0; r < 4; r++) {
                 if (!ref.from_float[type]) { /* a quantized type: small fp16 scales in every block */
-                    const int bs = (int)ei_row_size(type, ei_block_size(type));
-                    for (int b = 0; b < counts[ci]; b++) {
-                        uint8_t *blk = w + (size_t)r * wrow + (size_t)b * bs;
-                        const ei_f16 h = ei_fp32_to_fp16(0.01f);
-                        if (type == EI_TYPE_Q2_K) { memcpy(blk + 80, &h, 2); memcpy(blk + 82, &h, 2); }
-                        else if (type == EI_TYPE_Q3_K) memcpy(blk + 108, &h, 2);
-                        else if (type == EI_TYPE_Q6_K) memcpy(blk + 208, &h, 2);
-                        else {
-                            memcpy(blk, &h, 2);
-                            if (type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_1 || type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K) memcpy(blk + 2, &h, 2);
-                        }
-                    }
+                    small_scales(type, w + (size_t)r * wrow, counts[ci]);
                 } else {
                     ref.from_float[type](x + (size_t)r * n, w + (size_t)r * wrow, n);
                 }
@@ -120,6 +155,7 @@ int main(void) {
                 snprintf(what, sizeof(what), "vec_dot type %d n %d row %d", type, n, r0);
                 check(what, memcmp(&got, &want[12 + r0], 4) == 0);
             }
+            if (var.gemm_x16[type]) check_x16(&ref, &var, type, counts[ci]);
             if (!var.gemm[type]) continue;
             for (int nr = 1; nr <= 4; nr++)
                 for (int nc = 1; nc <= 4; nc++) { /* the tile's last row and column end at the guard */
@@ -258,7 +294,10 @@ def objects(tmp_path_factory):
 def test_check_driver(objects, tmp_path, build, driver):
     cc, get = objects
     source = DRIVERS[driver]
-    if source is None:
+    if driver == "tiles":
+        source = tmp_path / "check_tiles.c"
+        source.write_text(TILE_DRIVER)
+    elif source is None:
         if platform.system() not in ("Linux", "Darwin"):
             pytest.skip("guard pages need mmap")
         source = tmp_path / "check_guard.c"
@@ -277,7 +316,10 @@ def test_check_driver(objects, tmp_path, build, driver):
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, check=False)
     out = run.stdout
     assert run.returncode == 0 and re.search(r"\b0 failed", out), out[-4000:]
-    # the fallback is what an AVX-512 CPU without VNNI gets; the table's name says which
+    # the fallback is what an AVX-512 CPU without VNNI gets; the table's name says which (the
+    # tile driver prints none: the other drivers check the same build's table)
+    if driver == "tiles":
+        return
     assert ("avx512 against" in out) == build.endswith("novnni"), out.splitlines()[0]
 
 
