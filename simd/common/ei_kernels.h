@@ -35,9 +35,10 @@ typedef void (*ei_vec_dot_fn)(int n, float *s, const void *x, const void *y);
 typedef void (*ei_gemm_fn)(int n, int nr, int nc, float *s, size_t s_stride, const void *x, size_t x_stride,
                            const void *y, size_t y_stride);
 #define EI_TILE 4
-/* EI_X16 weight rows in an interleaved layout (ei_pack_x16) against nc <= EI_TILE activation
- * rows: s[c * s_stride + r] = dot(row r, activation row c) for r < EI_X16, each exactly as
- * vec_dot computes it on the rows as stored in the file */
+/* EI_X16 weight rows in an interleaved layout (ei_pack_x16) against nc <= the table's x16_tile
+ * activation rows: s[c * s_stride + r] = dot(row r, activation row c) for r < EI_X16, each
+ * exactly as vec_dot computes it on the rows as stored in the file */
+#define EI_X16_TILE_MAX 8
 typedef void (*ei_gemm_x16_fn)(int n, int nc, float *s, size_t s_stride, const void *x, const void *y,
                                size_t y_stride);
 
@@ -128,6 +129,8 @@ struct ei_kernels {
     ei_vec_dot_fn vec_dot[EI_TYPE_COUNT];       /* indexed by weight type */
     ei_gemm_fn gemm[EI_TYPE_COUNT];             /* indexed by weight type; NULL: loop vec_dot */
     ei_gemm_x16_fn gemm_x16[EI_TYPE_COUNT];     /* by weight type; NULL: rows used as stored */
+    int x16_tile; /* the most activation rows gemm_x16 takes (<= EI_X16_TILE_MAX; 0: EI_TILE): the
+                   * more, the more tokens share each unpacked weight block */
     ei_to_float_fn to_float[EI_TYPE_COUNT];     /* indexed by storage type */
 
     /* y[i] = x[i] * (1/sqrt(mean(x^2) + eps)) * w[i]  (w may be NULL) */

@@ -541,8 +541,9 @@ static void matmul_rows(const ei_engine *e, const mm_job *job, int r0, int r1, i
     const size_t group = gemm_x16 ? ei_x16_size(w->type, cols) : 0; /* bytes of EI_X16 packed rows */
     float *out = job->out;
     const size_t os = (size_t)job->out_stride;
-    for (int t0 = 0; t0 < n; t0 += EI_TILE) {
-        const int nc = n - t0 < EI_TILE ? n - t0 : EI_TILE;
+    const int tile = gemm_x16 && e->k->x16_tile ? e->k->x16_tile : EI_TILE; /* tokens at a time */
+    for (int t0 = 0; t0 < n; t0 += tile) {
+        const int nc = n - t0 < tile ? n - t0 : tile;
         const uint8_t *act = e->act[pt] + (size_t)t0 * arow;
         if (gemm_x16) { /* whole groups: packed tensors have a multiple of EI_X16 rows */
             for (int r = r0; r < r1; r += EI_X16)

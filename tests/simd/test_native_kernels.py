@@ -819,27 +819,28 @@ int main(void) {
         for (unsigned ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
             const int n = counts[ci] * bs;
             const size_t wr = ei_row_size(type, n) + PAD, ar = ei_row_size(pt, n) + PAD;
-            uint8_t *w = malloc(EI_X16 * wr), *packed = malloc(ei_x16_size(type, n)), *act = malloc(EI_TILE * ar);
+            uint8_t *w = malloc(EI_X16 * wr), *packed = malloc(ei_x16_size(type, n)), *act = malloc(EI_X16_TILE_MAX * ar);
             static float x[MAX_N];
             for (int g = 0; g < EI_X16; g += EI_TILE) weights(type, n, w + g * wr, wr, &ref, 0);
             if (!ei_pack_x16(type, w, wr, n, packed)) { printf("FAIL pack_x16 type %d\n", type); failed++; }
-            for (int c = 0; c < EI_TILE; c++) {
+            for (int c = 0; c < EI_X16_TILE_MAX; c++) {
                 for (int i = 0; i < n; i++) x[i] = gauss() * (c == 2 && i % 29 == 0 ? 30.0f : 1);
                 ref.from_float[pt](x, act + c * ar, n);
             }
-            for (int nc = 1; nc <= EI_TILE; nc++) {
+            const int x16_tile = var.x16_tile ? var.x16_tile : EI_TILE;
+            for (int nc = 1; nc <= x16_tile; nc++) {
                 enum { S16 = EI_X16 + 3 };
-                float got[EI_TILE * S16], want[EI_TILE * S16];
-                for (int i = 0; i < EI_TILE * S16; i++) got[i] = want[i] = -12345.0f;
+                float got[EI_X16_TILE_MAX * S16], want[EI_X16_TILE_MAX * S16];
+                for (int i = 0; i < EI_X16_TILE_MAX * S16; i++) got[i] = want[i] = -12345.0f;
                 for (int c = 0; c < nc; c++)
                     for (int r = 0; r < EI_X16; r++)
                         ref.vec_dot[type](n, &want[c * S16 + r], w + r * wr, act + c * ar);
                 ref_x16(n, nc, got, S16, packed, act, ar);
-                same("ref gemm_x16", type, EI_X16, nc, got, want, EI_TILE * S16);
+                same("ref gemm_x16", type, EI_X16, nc, got, want, EI_X16_TILE_MAX * S16);
                 if (!var.gemm_x16[type]) continue;
-                for (int i = 0; i < EI_TILE * S16; i++) got[i] = -12345.0f;
+                for (int i = 0; i < EI_X16_TILE_MAX * S16; i++) got[i] = -12345.0f;
                 var.gemm_x16[type](n, nc, got, S16, packed, act, ar);
-                same("gemm_x16", type, EI_X16, nc, got, want, EI_TILE * S16);
+                same("gemm_x16", type, EI_X16, nc, got, want, EI_X16_TILE_MAX * S16);
             }
             free(w);
             free(packed);
