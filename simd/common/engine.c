@@ -333,7 +333,7 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     e->group = m->n_head / m->n_head_kv;
     /* attention's weights and scores: 1.5 doubles a key for each query of a group, or of a block */
     e->block_tokens = EI_ATTN_BLOCK_QUERIES / e->group;
-    e->scratch_doubles = 2 * (size_t)(e->block_tokens > 1 ? EI_ATTN_BLOCK_QUERIES : e->group) * (size_t)p.n_ctx;
+    e->scratch_doubles = 2 * (size_t)(e->block_tokens ? EI_ATTN_BLOCK_QUERIES : e->group) * (size_t)p.n_ctx;
     e->scratch = alloc(e, (size_t)p.n_threads * e->scratch_doubles * sizeof(double));
     e->blocks = alloc(e, sizeof(int32_t) * (nb + 1));
     e->rope = alloc(e, MAX_BASES * nb * m->n_rot * 4);
@@ -1098,11 +1098,12 @@ static void forward_task(void *raw, int ith, int nth) {
 /* the blocks a step writes, taken or copied; refuses a token whose window the pool no longer
  * holds (a sequence rewound past what its sliding-window layers keep) */
 /* a prompt step's attention blocks (e->blocks): runs of tokens of one sequence at consecutive
- * positions, block_tokens at most; none (n_blocks 0: query by query) for a single token, a
- * KIVI cache, or a table without attn_block */
+ * positions, block_tokens at most (one, for a group of 8 heads, still reads each key once for
+ * all 8); none (n_blocks 0: query by query) for a single token, a KIVI cache, a group of more
+ * heads than EI_ATTN_BLOCK_QUERIES, or a table without attn_block */
 static void plan_blocks(ei_engine *e, const step *st) {
     e->n_blocks = 0;
-    if (st->n < 2 || e->kivi || !e->k->attn_block || e->block_tokens < 2) return;
+    if (st->n < 2 || e->kivi || !e->k->attn_block || e->block_tokens < 1) return;
     e->blocks[0] = 0;
     for (int i = 1; i <= st->n; i++) {
         const int start = e->blocks[e->n_blocks];
