@@ -1,10 +1,15 @@
 /* Memory read bandwidth with N threads: each thread streams its share of a buffer larger
- * than the caches, summing it (so the reads cannot be skipped). Prints GB/s, best of 5. */
+ * than the caches, summing it (so the reads cannot be skipped). Prints GB/s, best of 5.
+ * The buffer asks for 2 MiB pages (Linux: transparent huge pages by madvise), as the engine's
+ * weight copies and the page cache of a model file get them: on 4 KiB pages the TLB misses
+ * cap the stream below what the memory gives (the AVX2 EPYC: 18-19 GB/s against 23-24) */
+#define _DEFAULT_SOURCE
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 static const uint64_t *buf;
@@ -31,8 +36,12 @@ int main(int argc, char **argv) {
     nth = argc > 1 ? atoi(argv[1]) : 1;
     const size_t mb = argc > 2 ? (size_t)atol(argv[2]) : 1024;
     words = mb * (1u << 20) / 8;
-    uint64_t *mem = malloc(words * 8);
+    const size_t huge = (size_t)2 << 20, bytes = (words * 8 + huge - 1) / huge * huge;
+    uint64_t *mem = aligned_alloc(huge, bytes);
     if (!mem || nth < 1 || nth > 256) return 1;
+#if defined(MADV_HUGEPAGE)
+    madvise(mem, bytes, MADV_HUGEPAGE);
+#endif
     memset(mem, 1, words * 8);
     buf = mem;
     double best = 0;

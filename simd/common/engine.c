@@ -184,9 +184,10 @@ static int plan_packs(ei_engine *e) {
         for (int j = 0; j < n; j++)
             if (w[j]->data && !ei_repack_plan(&e->repack, e->k, w[j], NULL, e->p.release_weights)) return 0;
     }
-    const int ok = ei_repack_plan(&e->repack, e->k, &e->m.output, e->m.tok_embd.data, e->p.release_weights);
+    if (!ei_repack_plan(&e->repack, e->k, &e->m.output, e->m.tok_embd.data, e->p.release_weights)) return 0;
+    if (!ei_repack_commit(&e->repack)) return 0;
     e->bytes += e->repack.bytes;
-    return ok;
+    return 1;
 }
 
 static void note_partner(ei_engine *e, const ei_tensor *t) {

@@ -2,7 +2,13 @@
  * product then needs no horizontal sums) by the first product that uses them, so loading
  * reads no tensor data: the copies cost the tensors' sizes (reserved at load, resident once
  * written), and the file's pages are released (where the caller says they are a read-only file
- * mapping) unless another tensor (a tied embedding) still reads them. */
+ * mapping) unless another tensor (a tied embedding) still reads them.
+ *
+ * The copies share one arena of 2 MiB pages where the system gives them (Linux: transparent
+ * huge pages asked for with madvise). Decoding streams every copy once a token, and on 4 KiB
+ * pages the TLB misses cost more than the interleaving saves: on the AVX2 EPYC a Q8_0 copy
+ * decoded 10-25 % slower than the rows read in place from the file, whose page cache the
+ * kernel keeps in large folios. */
 #if defined(__linux__) && !defined(_DEFAULT_SOURCE)
 #define _DEFAULT_SOURCE /* madvise under -std=c11 */
 #endif
@@ -16,9 +22,44 @@
 
 struct ei_repack_item {
     ei_tensor *t;  /* the engine's own, writable description of the weight */
-    uint8_t *copy; /* its interleaved rows (ei_x16_size per group of EI_X16) */
+    uint8_t *copy; /* its interleaved rows (ei_x16_size per group of EI_X16) in the arena */
+    size_t at;     /* their offset in the arena */
     int release;   /* whether the file's pages may be dropped once copied */
 };
+
+#define HUGE_PAGE ((size_t)2 << 20)
+#define COPY_ALIGN 64
+
+/* an arena of n bytes (rounded up to 2 MiB pages), NULL when out of memory */
+static void *arena_alloc(size_t n, size_t *mapped) {
+#if defined(__unix__) || defined(__APPLE__)
+    const size_t size = (n + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    /* one page more, so that the arena can start on a 2 MiB boundary */
+    uint8_t *raw = mmap(NULL, size + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    uint8_t *base = (uint8_t *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    if (base > raw) munmap(raw, (size_t)(base - raw));
+    if (raw + HUGE_PAGE > base) munmap(base + size, (size_t)(raw + HUGE_PAGE - base));
+#if defined(MADV_HUGEPAGE)
+    madvise(base, size, MADV_HUGEPAGE); /* a hint: without huge pages the arena works as well */
+#endif
+    *mapped = size;
+    return base;
+#else
+    *mapped = n;
+    return malloc(n ? n : 1);
+#endif
+}
+
+static void arena_free(void *base, size_t mapped) {
+    if (!base) return;
+#if defined(__unix__) || defined(__APPLE__)
+    munmap(base, mapped);
+#else
+    (void)mapped;
+    free(base);
+#endif
+}
 
 /* drops the resident pages of a weight the engine has copied: the mapping stays valid (a
  * later read faults them in again from the file), but they no longer count in memory use */
@@ -46,12 +87,19 @@ int ei_repack_plan(ei_repack *r, const ei_kernels *k, ei_tensor *t, const void *
     const size_t size = ei_x16_size(t->type, t->ne0) * (size_t)(t->ne1 / EI_X16);
     if (!size) return 1;
     ei_repack_item *it = &r->items[r->n];
-    if (!(it->copy = malloc(size))) return 0;
+    it->at = r->bytes;
     it->t = t;
     it->release = release && t->data != shared;
     r->n++;
-    r->bytes += size;
+    r->bytes += (size + COPY_ALIGN - 1) / COPY_ALIGN * COPY_ALIGN;
     t->layout = EI_LAYOUT_PENDING;
+    return 1;
+}
+
+int ei_repack_commit(ei_repack *r) {
+    if (!r->n) return 1;
+    if (!(r->arena = arena_alloc(r->bytes, &r->mapped))) return 0;
+    for (int i = 0; i < r->n; i++) r->items[i].copy = (uint8_t *)r->arena + r->items[i].at;
     return 1;
 }
 
@@ -83,7 +131,7 @@ void ei_repack_finish(const ei_repack *r, const ei_tensor *t) {
 }
 
 void ei_repack_release(ei_repack *r) {
-    for (int i = 0; i < r->n; i++) free(r->items[i].copy);
+    arena_free(r->arena, r->mapped);
     free(r->items);
     *r = (ei_repack){0};
 }

@@ -14,17 +14,22 @@ typedef struct ei_repack_item ei_repack_item;
 typedef struct {
     ei_repack_item *items; /* (capacity) planned copies, n of them used */
     int n, capacity;
-    size_t bytes; /* reserved for the copies */
+    size_t bytes;  /* reserved for the copies */
+    void *arena;   /* the copies, one after another (ei_repack_commit) */
+    size_t mapped; /* the arena's bytes, rounded up to whole pages */
 } ei_repack;
 
 /* room for up to capacity planned copies; 0: out of memory */
 int ei_repack_reserve(ei_repack *r, int capacity);
 /* plans a copy of t when the kernels have an interleaved product for its type (t->layout then
- * becomes EI_LAYOUT_PENDING and its copy is allocated, not yet written); shared: data of
+ * becomes EI_LAYOUT_PENDING and its room is counted, allocated by ei_repack_commit); shared: data of
  * another tensor that still reads t's pages (a tied embedding), so they are not released;
  * release: whether t's pages may be dropped at all (ei_engine_params.release_weights).
  * 0: out of memory or no room left */
 int ei_repack_plan(ei_repack *r, const ei_kernels *k, ei_tensor *t, const void *shared, int release);
+/* the planned copies' memory, in one arena (huge pages where the system gives them); 0: out
+ * of memory */
+int ei_repack_commit(ei_repack *r);
 /* thread ith of nth writes its share of t's copy (t must be pending) */
 void ei_repack_share(const ei_repack *r, const ei_tensor *t, int ith, int nth);
 /* once every share is written: t reads its copy (one thread, between barriers) */
