@@ -3,7 +3,8 @@
 Most machines that build edgeinfer lack AVX-512 (the target laptops are AVX2-only), so the
 variant's source is also compiled against SIMDe, which emulates each AVX-512 intrinsic with
 narrower instructions (simd/x86_avx512/simd.h fills in the ones SIMDe lacks). Each
-build links the C check drivers (tests/simd/check_kernels.c, tests/simd/check_edges.c)
+build links the C check drivers (tests/simd/check_kernels.c, tests/simd/check_edges.c, the
+guard-page driver below and test_native_kernels' tile driver, which also checks gemm_x16)
 with the reference and runs them: every kernel must equal the reference bit for bit,
 "0 failed". Where the CPU has AVX-512 the same drivers also run natively, built with
 setup.py's flags. Both the VNNI kernels and the fallback chosen on AVX-512 CPUs without
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.simd.platform_gates import missing_tool, sanitizer_flags
+from tests.simd.test_native_kernels import TILE_DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMD = ROOT / "simd"
@@ -32,6 +34,7 @@ DRIVERS = {
     "kernels": HERE / "check_kernels.c",
     "edges": Path(__file__).with_name("check_edges.c"),
     "guard": None,  # GUARD_DRIVER below, written out at test time
+    "tiles": None,  # test_native_kernels.TILE_DRIVER (gemm and gemm_x16), likewise
 }
 
 # Rows that end right before an inaccessible page: the last row of the last tensor of a
@@ -131,6 +134,21 @@ int main(void) {
                     snprintf(what, sizeof(what), "gemm type %d n %d tile %dx%d", type, n, nr, nc);
                     check(what, ok);
                 }
+            if (!var.gemm_x16[type] || !ei_x16_size(type, n)) continue;
+            /* rows 0..3 four times over, interleaved into a copy that ends at a guard, against
+             * activations whose last row ends at theirs */
+            uint8_t *rows16 = guarded(EI_X16 * wrow), *packed = guarded(ei_x16_size(type, n));
+            for (int r = 0; r < EI_X16; r++) memcpy(rows16 + (size_t)r * wrow, w + (size_t)(r % 4) * wrow, wrow);
+            ei_pack_x16(type, rows16, wrow, n, packed);
+            for (int nc = 1; nc <= 4; nc++) {
+                float s[4 * EI_X16];
+                var.gemm_x16[type](n, nc, s, EI_X16, packed, a + (size_t)(4 - nc) * arow, arow);
+                int ok = 1;
+                for (int c = 0; c < nc; c++)
+                    for (int r = 0; r < EI_X16; r++) ok &= memcmp(&s[EI_X16 * c + r], &want[4 * (4 - nc + c) + r % 4], 4) == 0;
+                snprintf(what, sizeof(what), "gemm_x16 type %d n %d columns %d", type, n, nc);
+                check(what, ok);
+            }
         }
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
@@ -259,10 +277,10 @@ def test_check_driver(objects, tmp_path, build, driver):
     cc, get = objects
     source = DRIVERS[driver]
     if source is None:
-        if platform.system() not in ("Linux", "Darwin"):
+        if driver == "guard" and platform.system() not in ("Linux", "Darwin"):
             pytest.skip("guard pages need mmap")
-        source = tmp_path / "check_guard.c"
-        source.write_text(GUARD_DRIVER)
+        source = tmp_path / f"check_{driver}.c"
+        source.write_text(GUARD_DRIVER if driver == "guard" else TILE_DRIVER)
     if not source.exists():
         pytest.skip(f"{source.name} is not in this checkout")
     _skip_unless_runnable(build)

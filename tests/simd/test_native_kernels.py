@@ -769,6 +769,7 @@ int main(void) {
     ei_kernels ref, var;
     ei_kernels_init_ref(&ref);
     EI_CHECK_INIT(&var);
+    printf("tiles of %s against %s\n", var.name, ref.name);
     const int types[] = {EI_TYPE_Q4_0, EI_TYPE_Q4_1, EI_TYPE_Q5_0, EI_TYPE_Q5_1, EI_TYPE_Q8_0,
                          EI_TYPE_Q2_K, EI_TYPE_Q3_K, EI_TYPE_Q4_K, EI_TYPE_Q5_K, EI_TYPE_Q6_K,
                          EI_TYPE_F16, EI_TYPE_BF16, EI_TYPE_F32};
