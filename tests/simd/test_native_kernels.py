@@ -691,6 +691,16 @@ def test_edge_driver_native(tmp_path, variant, variant_objects):
     assert out.startswith(f"edge cases of {variant}"), out[:200]
 
 
+@pytest.mark.parametrize("variant", X86_HERE)
+def test_guard_driver_native(tmp_path, variant, variant_objects):
+    """check_guard.c on this CPU's own variants: no kernel reads past rows, interleaved copies
+    or activations that end at an inaccessible page (SIMDe and qemu run it for the others)."""
+    if platform.system() not in ("Linux", "Darwin"):
+        pytest.skip("guard pages need mmap")
+    out = run_check(build(tmp_path, variant, HERE / "check_guard.c", variant_objects(variant)))
+    assert out.startswith(f"guard pages for {variant}"), out[:200]
+
+
 TILE_DRIVER = r"""
 /* Tiles of every shape (nr, nc <= EI_TILE) and the in-place float ops of one variant
  * against the reference, on rows of several block counts with odd strides. */
