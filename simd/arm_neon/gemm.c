@@ -332,13 +332,14 @@ FLOAT_GEMM(f16, ROW_F16)
 FLOAT_GEMM(bf16, ROW_BF16)
 
 #if EI_NEON_LEVEL >= 1
-/* ---- rows interleaved by 16 (block_q4_0x16, block_q5_0x16, block_q4_Kx16, block_q5_Kx16,
- * block_q6_Kx16) ----
+/* ---- rows interleaved by 16 (block_q4_0x16, _q4_1x16, _q5_0x16, _q8_0x16, _q4_Kx16, _q5_Kx16,
+ * _q6_Kx16) ----
  * A 16-byte load at 64 k + 16 v of a 256-byte unit of nibble pairs holds 4 bytes of each of
  * rows 4v..4v+3, which is sdot's lane layout: with the activation's 4 bytes broadcast by the
  * lane form, lane r of the sum is row 4v + r's (x86_avx2/gemm.c states the layouts' reasons).
- * Unsigned values go in as they are, and each offset (8, 16, 32) starts the sum at its
- * multiple of the activation's sum. Integer sums are exact, and each output adds its
+ * Unsigned values go in as they are (below 128, sdot's signed bytes read them right), Q8_0's
+ * signed ones as stored, and each offset (8, 16, 32) starts the sum at its multiple of the
+ * activation's sum. Integer sums are exact, and each output adds its
  * block terms in block order, rounded as the reference rounds them: vec_dot bit for bit. The
  * columns share each block's unpacked weights; rows 4v..4v+3 of a block are done for every
  * column before the next four, so the accumulators of a column are (rows 2q, 2q + 1). */
@@ -381,34 +382,51 @@ EI_INLINE void x16_q5_high(const uint8_t *qh, uint8x16_t w[8]) {
     }
 }
 
-EI_INLINE void x16_legacy(int q5, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
-    const size_t bytes = q5 ? sizeof(block_q5_0x16) : sizeof(block_q4_0x16);
+/* rows 4v..4v+3 of a legacy block as sdot takes them: w[k] values 4k..4k+3 (k < 8), Q8_0's
+ * signed bytes as they are stored, the others' unsigned values (Q5_0's with their fifth bits) */
+EI_INLINE void x16_legacy_weights(int type, const uint8_t *x, int v, uint8x16_t w[8]) {
+    if (type == EI_TYPE_Q8_0) {
+        const int8_t *qs = ((const block_q8_0x16 *)x)->qs;
+        EI_UNROLL for (int k = 0; k < 8; k++) w[k] = vreinterpretq_u8_s8(vld1q_s8(qs + 64 * k + 16 * v));
+        return;
+    }
+    x16_nibbles(type == EI_TYPE_Q4_0 ? ((const block_q4_0x16 *)x)->qs
+                : type == EI_TYPE_Q4_1 ? ((const block_q4_1x16 *)x)->qs : ((const block_q5_0x16 *)x)->qs, v, w);
+    if (type == EI_TYPE_Q5_0) x16_q5_high(((const block_q5_0x16 *)x)->qh[4 * v], w);
+}
+
+/* Q4_0, Q4_1, Q5_0 and Q8_0: the block terms d_w d_x isum (+ m_w s_x for Q4_1, both products
+ * exact in float) as block_terms rounds them, that is as the reference does */
+EI_INLINE void x16_legacy(int type, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
+    const int q4_1 = type == EI_TYPE_Q4_1, offset = type == EI_TYPE_Q4_0 ? -8 : type == EI_TYPE_Q5_0 ? -16 : 0;
+    const size_t bytes = q4_1 ? sizeof(block_q4_1x16) : type == EI_TYPE_Q5_0 ? sizeof(block_q5_0x16)
+                       : type == EI_TYPE_Q8_0 ? sizeof(block_q8_0x16) : sizeof(block_q4_0x16);
+    const size_t yb = ACT_BYTES(q4_1), yq = ACT_QS(q4_1);
     const uint8_t *x = vx;
     float64x2_t acc[EI_TILE][8];
     for (int c = 0; c < nc; c++) {
         EI_UNROLL for (int q = 0; q < 8; q++) acc[c][q] = vdupq_n_f64(0.0);
     }
     for (int i = 0; i < n / QK4_0; i++, x += bytes) {
-        const ei_f16 *d = q5 ? ((const block_q5_0x16 *)x)->d : ((const block_q4_0x16 *)x)->d;
-        const uint8_t *qs = q5 ? ((const block_q5_0x16 *)x)->qs : ((const block_q4_0x16 *)x)->qs;
+        const ei_f16 *d = (const ei_f16 *)x, *m = q4_1 ? ((const block_q4_1x16 *)x)->m : d; /* d: the first field */
         int8x16_t a[EI_TILE][2];
         int32x4_t start[EI_TILE]; /* the weights' offset times the activations' sum */
-        float dy[EI_TILE];
+        float dy[EI_TILE], sy[EI_TILE];
         for (int c = 0; c < nc; c++) {
-            const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i;
-            a[c][0] = vld1q_s8(y->qs), a[c][1] = vld1q_s8(y->qs + 16);
-            start[c] = vdupq_n_s32((q5 ? -16 : -8) * (vaddlvq_s8(a[c][0]) + vaddlvq_s8(a[c][1])));
-            dy[c] = h2f(y->d);
+            const uint8_t *y = (const uint8_t *)vy + (size_t)c * ys + (size_t)i * yb; /* d, then q8_1's s */
+            a[c][0] = vld1q_s8((const int8_t *)(y + yq)), a[c][1] = vld1q_s8((const int8_t *)(y + yq + 16));
+            start[c] = vdupq_n_s32(offset * (vaddlvq_s8(a[c][0]) + vaddlvq_s8(a[c][1])));
+            dy[c] = h2f_at(y);
+            sy[c] = q4_1 ? h2f_at(y + M_OFF) : 0.0f;
         }
         EI_UNROLL for (int v = 0; v < 4; v++) {
             uint8x16_t w[8];
-            x16_nibbles(qs, v, w);
-            if (q5) x16_q5_high(((const block_q5_0x16 *)x)->qh[4 * v], w);
-            const float32x4_t dw = x16_h2f(d + 4 * v);
+            x16_legacy_weights(type, x, v, w);
+            const float32x4_t dw = x16_h2f(d + 4 * v), mw = x16_h2f(m + 4 * v);
             for (int c = 0; c < nc; c++) {
                 const int32x4_t isum = x16_dot16(x16_dot16(start[c], w, a[c][0]), w + 4, a[c][1]);
                 float64x2_t t[2];
-                block_terms(t, vmulq_n_f32(dw, dy[c]), isum, 0, dw);
+                block_terms(t, vmulq_n_f32(dw, dy[c]), isum, q4_1, vmulq_n_f32(mw, sy[c]));
                 acc[c][2 * v] = vaddq_f64(acc[c][2 * v], t[0]);
                 acc[c][2 * v + 1] = vaddq_f64(acc[c][2 * v + 1], t[1]);
             }
@@ -533,8 +551,10 @@ EI_INLINE void x16_k(int type, int n, int nc, float *s, size_t ss, const void *v
         default: KERNEL(ARG, n, EI_TILE, s, ss, x, y, ys); break;                                       \
         }                                                                                               \
     }
-X16_GEMM(q4_0, x16_legacy, 0)
-X16_GEMM(q5_0, x16_legacy, 1)
+X16_GEMM(q4_0, x16_legacy, EI_TYPE_Q4_0)
+X16_GEMM(q4_1, x16_legacy, EI_TYPE_Q4_1)
+X16_GEMM(q5_0, x16_legacy, EI_TYPE_Q5_0)
+X16_GEMM(q8_0, x16_legacy, EI_TYPE_Q8_0)
 X16_GEMM(q4_K, x16_k, EI_TYPE_Q4_K)
 X16_GEMM(q5_K, x16_k, EI_TYPE_Q5_K)
 X16_GEMM(q6_K, x16_k, EI_TYPE_Q6_K)
@@ -544,6 +564,8 @@ void EI_NEON_FN(ei_neon_gemms)(ei_kernels *k) {
 #if EI_NEON_LEVEL >= 1
     k->gemm_x16[EI_TYPE_Q4_0] = neon_gemm_x16_q4_0;
     k->gemm_x16[EI_TYPE_Q5_0] = neon_gemm_x16_q5_0;
+    k->gemm_x16[EI_TYPE_Q4_1] = neon_gemm_x16_q4_1;
+    k->gemm_x16[EI_TYPE_Q8_0] = neon_gemm_x16_q8_0;
     k->gemm_x16[EI_TYPE_Q4_K] = neon_gemm_x16_q4_K;
     k->gemm_x16[EI_TYPE_Q5_K] = neon_gemm_x16_q5_K;
     k->gemm_x16[EI_TYPE_Q6_K] = neon_gemm_x16_q6_K;

@@ -31,6 +31,9 @@ static_assert(sizeof(block_q4_0x16) == EI_X16 * sizeof(block_q4_0), "block_q4_0x
 
 typedef struct { ei_f16 d, m; uint8_t qs[QK4_1 / 2]; } block_q4_1;
 static_assert(sizeof(block_q4_1) == 2 + 2 + QK4_1 / 2, "block_q4_1 size");
+/* Q4_1 rows interleaved likewise: the 16 scales, the 16 minimums, then qs as block_q4_0x16's */
+typedef struct { ei_f16 d[EI_X16], m[EI_X16]; uint8_t qs[EI_X16 * QK4_1 / 2]; } block_q4_1x16;
+static_assert(sizeof(block_q4_1x16) == EI_X16 * sizeof(block_q4_1), "block_q4_1x16 size");
 
 typedef struct { ei_f16 d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
 static_assert(sizeof(block_q5_0) == 2 + 4 + QK5_0 / 2, "block_q5_0 size");
@@ -44,6 +47,10 @@ static_assert(sizeof(block_q5_1) == 2 + 2 + 4 + QK5_1 / 2, "block_q5_1 size");
 
 typedef struct { ei_f16 d; int8_t qs[QK8_0]; } block_q8_0;
 static_assert(sizeof(block_q8_0) == 2 + QK8_0, "block_q8_0 size");
+/* Q8_0 rows interleaved likewise: the 16 scales, then for k = 0..7 the values qs[4k..4k+3]
+ * of row 0, row 1, ... row 15 (byte 64 k + 4 r + b: value 4 k + b of row r) */
+typedef struct { ei_f16 d[EI_X16]; int8_t qs[EI_X16 * QK8_0]; } block_q8_0x16;
+static_assert(sizeof(block_q8_0x16) == EI_X16 * sizeof(block_q8_0), "block_q8_0x16 size");
 
 /* s = d * sum(qs): lets q4_1/q5_1 dots fold in their minimum */
 typedef struct { ei_f16 d, s; int8_t qs[QK8_1]; } block_q8_1;

@@ -37,7 +37,7 @@ size_t ei_row_size(int t, int64_t n) {
 
 size_t ei_x16_size(int type, int64_t n) {
     switch (type) {
-    case EI_TYPE_Q4_0: case EI_TYPE_Q5_0: return EI_X16 * ei_row_size(type, n);
+    case EI_TYPE_Q4_0: case EI_TYPE_Q4_1: case EI_TYPE_Q5_0: case EI_TYPE_Q8_0: return EI_X16 * ei_row_size(type, n);
     case EI_TYPE_Q4_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q4_Kx16);
     case EI_TYPE_Q5_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q5_Kx16);
     case EI_TYPE_Q6_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q6_Kx16);
@@ -140,37 +140,50 @@ static void pack_k_row(int type, const uint8_t *row, int r, int64_t n, uint8_t *
     }
 }
 
+/* block i of row r of a legacy type into its interleaved block (ei_blocks.h: block_q4_0x16, ...):
+ * the fields of the row's lane, and its 4-byte groups of qs at 64 k + 4 r */
+static void pack_legacy_block(int type, const uint8_t *row, int r, int64_t i, uint8_t *out) {
+    const uint8_t *qs;
+    uint8_t *dst_qs;
+    int groups = QK4_0 / 8; /* 4-byte groups of qs: 4 of nibble pairs, 8 of Q8_0's bytes */
+    if (type == EI_TYPE_Q4_0) {
+        const block_q4_0 *src = (const block_q4_0 *)row + i;
+        block_q4_0x16 *dst = (block_q4_0x16 *)out + i;
+        dst->d[r] = src->d;
+        qs = src->qs, dst_qs = dst->qs;
+    } else if (type == EI_TYPE_Q4_1) {
+        const block_q4_1 *src = (const block_q4_1 *)row + i;
+        block_q4_1x16 *dst = (block_q4_1x16 *)out + i;
+        dst->d[r] = src->d, dst->m[r] = src->m;
+        qs = src->qs, dst_qs = dst->qs;
+    } else if (type == EI_TYPE_Q8_0) {
+        const block_q8_0 *src = (const block_q8_0 *)row + i;
+        block_q8_0x16 *dst = (block_q8_0x16 *)out + i;
+        dst->d[r] = src->d;
+        qs = (const uint8_t *)src->qs, dst_qs = (uint8_t *)dst->qs, groups = QK8_0 / 4;
+    } else {
+        const block_q5_0 *src = (const block_q5_0 *)row + i;
+        block_q5_0x16 *dst = (block_q5_0x16 *)out + i;
+        dst->d[r] = src->d;
+        uint32_t h;
+        memcpy(&h, src->qh, 4); /* bit l: value l's high bit */
+        for (int b = 0; b < 4; b++) {
+            uint8_t bits = 0;
+            for (int k = 0; k < 8; k++) bits |= (uint8_t)(((h >> (k < 4 ? 4 * k + b : 16 + 4 * (k - 4) + b)) & 1) << k);
+            dst->qh[r][b] = bits;
+        }
+        qs = src->qs, dst_qs = dst->qs;
+    }
+    for (int k = 0; k < groups; k++) memcpy(&dst_qs[64 * k + 4 * r], &qs[4 * k], 4);
+}
+
 int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *out) {
     if (!ei_x16_size(type, n)) return 0;
-    if (type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K || type == EI_TYPE_Q6_K) {
-        for (int r = 0; r < EI_X16; r++) pack_k_row(type, (const uint8_t *)rows + (size_t)r * row_stride, r, n, out);
-        return 1;
-    }
     for (int r = 0; r < EI_X16; r++) {
         const uint8_t *row = (const uint8_t *)rows + (size_t)r * row_stride;
-        for (int64_t i = 0; i < n / QK4_0; i++) {
-            const uint8_t *qs;
-            uint8_t *dst_qs;
-            if (type == EI_TYPE_Q4_0) {
-                const block_q4_0 *src = (const block_q4_0 *)row + i;
-                block_q4_0x16 *dst = (block_q4_0x16 *)out + i;
-                dst->d[r] = src->d;
-                qs = src->qs, dst_qs = dst->qs;
-            } else {
-                const block_q5_0 *src = (const block_q5_0 *)row + i;
-                block_q5_0x16 *dst = (block_q5_0x16 *)out + i;
-                dst->d[r] = src->d;
-                uint32_t h;
-                memcpy(&h, src->qh, 4); /* bit l: value l's high bit */
-                for (int b = 0; b < 4; b++) {
-                    uint8_t bits = 0;
-                    for (int k = 0; k < 8; k++) bits |= (uint8_t)(((h >> (k < 4 ? 4 * k + b : 16 + 4 * (k - 4) + b)) & 1) << k);
-                    dst->qh[r][b] = bits;
-                }
-                qs = src->qs, dst_qs = dst->qs;
-            }
-            for (int k = 0; k < 4; k++) memcpy(&dst_qs[64 * k + 4 * r], &qs[4 * k], 4);
-        }
+        if (type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K || type == EI_TYPE_Q6_K) pack_k_row(type, row, r, n, out);
+        else
+            for (int64_t i = 0; i < n / QK4_0; i++) pack_legacy_block(type, row, r, i, out);
     }
     return 1;
 }

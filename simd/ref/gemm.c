@@ -54,6 +54,38 @@ static void ref_x16_q5_0(int n, int nc, float *s, size_t ss, const void *x, cons
     ref_x16_legacy(1, n, nc, s, ss, x, y, ys);
 }
 
+static void ref_x16_q4_1(int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
+    for (int c = 0; c < nc; c++) {
+        const block_q8_1 *y = (const block_q8_1 *)((const uint8_t *)vy + (size_t)c * ys);
+        for (int r = 0; r < EI_X16; r++) {
+            double sum = 0.0;
+            for (int i = 0; i < n / QK4_1; i++) {
+                const block_q4_1x16 *b = (const block_q4_1x16 *)vx + i;
+                int isum = 0;
+                for (int l = 0; l < 32; l++) isum += nibble(b->qs, r, l) * y[i].qs[l];
+                sum += (double)F16(b->d[r]) * F16(y[i].d) * isum + (double)F16(b->m[r]) * F16(y[i].s);
+            }
+            s[(size_t)c * ss + r] = (float)sum;
+        }
+    }
+}
+
+static void ref_x16_q8_0(int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
+    for (int c = 0; c < nc; c++) {
+        const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys);
+        for (int r = 0; r < EI_X16; r++) {
+            double sum = 0.0;
+            for (int i = 0; i < n / QK8_0; i++) {
+                const block_q8_0x16 *b = (const block_q8_0x16 *)vx + i;
+                int isum = 0; /* value l of row r: byte 64 (l / 4) + 4 r + l % 4 */
+                for (int l = 0; l < 32; l++) isum += b->qs[64 * (l / 4) + 4 * r + l % 4] * y[i].qs[l];
+                sum += (double)F16(b->d[r]) * F16(y[i].d) * isum;
+            }
+            s[(size_t)c * ss + r] = (float)sum;
+        }
+    }
+}
+
 /* Q4_K, or Q5_K (q5): its low four bits are a block_q4_Kx16 */
 static void ref_x16_k4(int q5, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
     for (int c = 0; c < nc; c++) {
@@ -114,7 +146,9 @@ static void ref_x16_q6_K(int n, int nc, float *s, size_t ss, const void *vx, con
 ei_gemm_x16_fn ei_ref_gemm_x16(int type) {
     switch (type) {
     case EI_TYPE_Q4_0: return ref_x16_q4_0;
+    case EI_TYPE_Q4_1: return ref_x16_q4_1;
     case EI_TYPE_Q5_0: return ref_x16_q5_0;
+    case EI_TYPE_Q8_0: return ref_x16_q8_0;
     case EI_TYPE_Q4_K: return ref_x16_q4_K;
     case EI_TYPE_Q5_K: return ref_x16_q5_K;
     case EI_TYPE_Q6_K: return ref_x16_q6_K;

@@ -249,7 +249,7 @@ GEMM(bf16, tile_float, EI_TYPE_BF16)
 #define AVX2_X16_TILE 8
 static_assert(AVX2_X16_TILE <= EI_X16_TILE_MAX, "the x16 tile fits the engine's");
 
-/* ---- Q4_0 and Q5_0 rows interleaved by 16 (block_q4_0x16, block_q5_0x16) ------------------ */
+/* ---- legacy rows interleaved by 16 (block_q4_0x16, block_q4_1x16, block_q5_0x16, block_q8_0x16) -- */
 
 /* the sum of the 32 int8 values of a block */
 EI_AVX2_INLINE int avx2_block_sum(const int8_t *qs) {
@@ -272,60 +272,137 @@ EI_AVX2_INLINE void or_fifth_bits(__m256i qh, __m256i *w) {
     }
 }
 
-/* Lane r = row r (rows 0..7 in half 0, 8..15 in half 1) of block_q4_0x16 or block_q5_0x16:
- * per block and half, the 8 products of 4 weight bytes of each row with 4 broadcast
- * activation bytes (vpmaddubsw) add up in 16 bits without saturating (weights below 16:
- * 8 x 3840 at most; below 32, 4 x 7936 before each vpmaddwd), and vpmaddwd makes each row's
- * isum; the weights' offset (8 or 16) comes out as that times the activation block's sum.
- * Block terms (d_w d_x) isum are exact in double and added in block order: vec_dot bit for
- * bit. */
-EI_AVX2_INLINE void avx2_gemm_x16(int q5, int n, int nc, float *s, size_t ss, const void *vx, const void *vy,
+EI_AVX2_INLINE int32_t bcast_bytes(const int8_t *p) {
+    int32_t a;
+    memcpy(&a, p, 4);
+    return a;
+}
+
+/* decoding streams the weights once: each block asks for the one this many blocks ahead */
+#define X16_PREFETCH_BLOCKS 12
+EI_AVX2_INLINE void x16_prefetch(const uint8_t *x, size_t bytes) {
+    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + X16_PREFETCH_BLOCKS * bytes + line, _MM_HINT_T0);
+}
+
+/* the rows' four fp16 fields h[4q..4q+3] as doubles */
+EI_AVX2_INLINE __m256d f16x4_rows(const ei_f16 *h, int q) {
+    return _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(h + 4 * q))));
+}
+
+/* the 8 weight vectors of rows 8h..8h+7 of a block of nibble pairs (Q4_0, Q4_1, Q5_0): w[k]
+ * values 4k..4k+3, w[4 + k] values 16 + 4k.., with Q5_0's fifth bits */
+EI_AVX2_INLINE void x16_nibble_weights(int type, const uint8_t *x, int h, __m256i w[8]) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const uint8_t *qs = type == EI_TYPE_Q4_0 ? ((const block_q4_0x16 *)x)->qs
+                      : type == EI_TYPE_Q4_1 ? ((const block_q4_1x16 *)x)->qs : ((const block_q5_0x16 *)x)->qs;
+    const __m256i qh = type == EI_TYPE_Q5_0 ? _mm256_loadu_si256((const __m256i *)((const block_q5_0x16 *)x)->qh[8 * h])
+                                            : _mm256_setzero_si256();
+    EI_UNROLL
+    for (int k = 0; k < 4; k++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * k + 32 * h));
+        w[k] = _mm256_and_si256(v, low);
+        w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+    if (type == EI_TYPE_Q5_0) or_fifth_bits(qh, w);
+}
+
+/* the 8 rows' integer dots of one block with the activations a (their unsigned values, the
+ * offset not taken off): the 8 products of 4 weight bytes with 4 broadcast activation bytes
+ * (vpmaddubsw) add up in 16 bits without saturating (weights below 16: 8 x 3840 at most; below
+ * 32, 4 x 7936 before each vpmaddwd) */
+EI_AVX2_INLINE __m256i x16_nibble_dots(int type, const __m256i w[8], const int8_t *a) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i p16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    EI_UNROLL
+    for (int k = 0; k < 8; k++) /* w[k] meets activations 4k..4k+3 */
+        p16[k / 4] = _mm256_add_epi16(p16[k / 4], _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(bcast_bytes(a + 4 * k))));
+    if (type == EI_TYPE_Q5_0) return _mm256_add_epi32(_mm256_madd_epi16(p16[0], ones), _mm256_madd_epi16(p16[1], ones));
+    return _mm256_madd_epi16(_mm256_add_epi16(p16[0], p16[1]), ones);
+}
+
+/* Lane r = row r (rows 0..7 in half 0, 8..15 in half 1) of a block of Q4_0, Q4_1 or Q5_0:
+ * x16_nibble_dots makes each row's isum, and the weights' offset (8 or 16) comes out as that
+ * times the activation block's sum. Block terms (d_w d_x) isum are exact in double and added
+ * in block order; Q4_1's (d_w d_x) isum + m_w s_x is rounded once, by the fma, as the
+ * reference rounds it: vec_dot bit for bit. */
+EI_AVX2_INLINE void avx2_gemm_x16(int type, int n, int nc, float *s, size_t ss, const void *vx, const void *vy,
                                   size_t ys) {
-    const size_t bytes = q5 ? sizeof(block_q5_0x16) : sizeof(block_q4_0x16);
+    const int q4_1 = type == EI_TYPE_Q4_1, offset = type == EI_TYPE_Q4_0 ? -8 : type == EI_TYPE_Q5_0 ? -16 : 0;
+    const size_t bytes = q4_1 ? sizeof(block_q4_1x16) : type == EI_TYPE_Q5_0 ? sizeof(block_q5_0x16) : sizeof(block_q4_0x16);
+    const size_t yb = q4_1 ? sizeof(block_q8_1) : sizeof(block_q8_0), yq = q4_1 ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
     const uint8_t *x = vx;
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256d acc[AVX2_X16_TILE][4]; /* (column, rows 4q..4q+3) */
     for (int c = 0; c < AVX2_X16_TILE; c++)
         for (int q = 0; q < 4; q++) acc[c][q] = _mm256_setzero_pd();
     for (int i = 0; i < n / QK4_0; i++, x += bytes) {
-        if (nc == 1) /* decoding streams the weights once: ask for them a few blocks ahead */
-            for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + 12 * bytes + line, _MM_HINT_T0);
-        const ei_f16 *d = q5 ? ((const block_q5_0x16 *)x)->d : ((const block_q4_0x16 *)x)->d;
-        const uint8_t *qs = q5 ? ((const block_q5_0x16 *)x)->qs : ((const block_q4_0x16 *)x)->qs;
-        int offset[AVX2_X16_TILE];
-        __m256d dx[AVX2_X16_TILE];
+        if (nc == 1) x16_prefetch(x, bytes);
+        const ei_f16 *d = (const ei_f16 *)x, *m = q4_1 ? ((const block_q4_1x16 *)x)->m : NULL; /* d: the first field */
+        const int8_t *a[AVX2_X16_TILE];
+        int start[AVX2_X16_TILE];
+        __m256d dy[AVX2_X16_TILE], sy[AVX2_X16_TILE];
         for (int c = 0; c < nc; c++) {
-            const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i;
-            offset[c] = (q5 ? -16 : -8) * avx2_block_sum(y->qs);
-            dx[c] = _mm256_set1_pd((double)avx2_f16(y->d));
+            const uint8_t *y = (const uint8_t *)vy + (size_t)c * ys + (size_t)i * yb; /* d, then q8_1's s */
+            a[c] = (const int8_t *)(y + yq);
+            start[c] = offset ? offset * avx2_block_sum(a[c]) : 0;
+            dy[c] = _mm256_set1_pd((double)avx2_f16(((const ei_f16 *)y)[0]));
+            sy[c] = q4_1 ? _mm256_set1_pd((double)avx2_f16(((const ei_f16 *)y)[1])) : dy[c];
         }
         EI_UNROLL
         for (int h = 0; h < 2; h++) {
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + 8 * h)));
-            const __m256d dw_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(dw)), dw_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(dw, 1));
-            const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)((const block_q5_0x16 *)x)->qh[8 * h]) : _mm256_setzero_si256();
-            __m256i w[8]; /* w[k]: weights 4k..4k+3 of rows 8h..8h+7, w[4 + k]: 16 + 4k.. */
-            EI_UNROLL
-            for (int k = 0; k < 4; k++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * k + 32 * h));
-                w[k] = _mm256_and_si256(v, low);
-                w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            __m256i w[8];
+            x16_nibble_weights(type, x, h, w);
+            const __m256d dw[2] = {f16x4_rows(d, 2 * h), f16x4_rows(d, 2 * h + 1)};
+            __m256d mw[2] = {dw[0], dw[1]};
+            if (q4_1) mw[0] = f16x4_rows(m, 2 * h), mw[1] = f16x4_rows(m, 2 * h + 1);
+            for (int c = 0; c < nc; c++) {
+                const __m256i isum = _mm256_add_epi32(x16_nibble_dots(type, w, a[c]), _mm256_set1_epi32(start[c]));
+                const __m256d is[2] = {_mm256_cvtepi32_pd(_mm256_castsi256_si128(isum)), _mm256_cvtepi32_pd(_mm256_extracti128_si256(isum, 1))};
+                EI_UNROLL
+                for (int part = 0; part < 2; part++) {
+                    __m256d *sum = &acc[c][2 * h + part];
+                    if (q4_1) *sum = _mm256_add_pd(*sum, _mm256_fmadd_pd(is[part], _mm256_mul_pd(dw[part], dy[c]), _mm256_mul_pd(mw[part], sy[c])));
+                    else *sum = _mm256_fmadd_pd(is[part], _mm256_mul_pd(dw[part], dy[c]), *sum);
+                }
             }
-            if (q5) or_fifth_bits(qh, w);
+        }
+    }
+    for (int c = 0; c < nc; c++)
+        for (int q = 0; q < 4; q++) _mm_storeu_ps(s + (size_t)c * ss + 4 * q, _mm256_cvtpd_ps(acc[c][q]));
+}
+
+/* Q8_0's signed weights, lane r = row r as above: |w| and the activation with w's sign go into
+ * vpmaddubsw (the activations are in [-127, 127], so the sign never meets -128), whose pairs
+ * reach 2 x 128 x 127 = 32512 and so take a vpmaddwd each (two would overflow int16); the
+ * integer dots are exact and the block terms added as above */
+EI_AVX2_INLINE void avx2_gemm_x16_signed(int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
+    const uint8_t *x = vx;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256d acc[AVX2_X16_TILE][4]; /* (column, rows 4q..4q+3) */
+    for (int c = 0; c < AVX2_X16_TILE; c++)
+        for (int q = 0; q < 4; q++) acc[c][q] = _mm256_setzero_pd();
+    for (int i = 0; i < n / QK8_0; i++, x += sizeof(block_q8_0x16)) {
+        if (nc == 1) x16_prefetch(x, sizeof(block_q8_0x16));
+        const block_q8_0x16 *b = (const block_q8_0x16 *)x;
+        EI_UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m256i w[8], aw[8]; /* w[k]: values 4k..4k+3 of rows 8h..8h+7 */
+            EI_UNROLL
+            for (int k = 0; k < 8; k++) {
+                w[k] = _mm256_loadu_si256((const __m256i *)(b->qs + 64 * k + 32 * h));
+                aw[k] = _mm256_abs_epi8(w[k]);
+            }
+            const __m256d dw[2] = {f16x4_rows(b->d, 2 * h), f16x4_rows(b->d, 2 * h + 1)};
             for (int c = 0; c < nc; c++) {
                 const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i;
-                __m256i p16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                __m256i isum = _mm256_setzero_si256();
                 EI_UNROLL
-                for (int k = 0; k < 8; k++) { /* w[k] meets activations 4k..4k+3 */
-                    int32_t a4;
-                    memcpy(&a4, y->qs + 4 * k, 4);
-                    p16[k / 4] = _mm256_add_epi16(p16[k / 4], _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(a4)));
+                for (int k = 0; k < 8; k++) {
+                    const __m256i yk = _mm256_sign_epi8(_mm256_set1_epi32(bcast_bytes(y->qs + 4 * k)), w[k]);
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[k], yk), ones));
                 }
-                const __m256i i32 = q5 ? _mm256_add_epi32(_mm256_madd_epi16(p16[0], ones), _mm256_madd_epi16(p16[1], ones))
-                                       : _mm256_madd_epi16(_mm256_add_epi16(p16[0], p16[1]), ones);
-                const __m256i isum = _mm256_add_epi32(i32, _mm256_set1_epi32(offset[c]));
-                acc[c][2 * h] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(isum)), _mm256_mul_pd(dw_lo, dx[c]), acc[c][2 * h]);
-                acc[c][2 * h + 1] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(isum, 1)), _mm256_mul_pd(dw_hi, dx[c]), acc[c][2 * h + 1]);
+                const __m256d dy = _mm256_set1_pd((double)avx2_f16(y->d));
+                acc[c][2 * h] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(isum)), _mm256_mul_pd(dw[0], dy), acc[c][2 * h]);
+                acc[c][2 * h + 1] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(isum, 1)), _mm256_mul_pd(dw[1], dy), acc[c][2 * h + 1]);
             }
         }
     }
@@ -334,23 +411,27 @@ EI_AVX2_INLINE void avx2_gemm_x16(int q5, int n, int nc, float *s, size_t ss, co
 }
 
 /* the column count a constant inside each inlined copy (the accumulators stay in registers) */
-#define X16_CASES(KERNEL, ARG)                                              \
+#define X16_CASES(KERNEL, ...)                                              \
     switch (nc) {                                                           \
-    case 1: KERNEL(ARG, n, 1, s, ss, x, y, ys); break;                      \
-    case 2: KERNEL(ARG, n, 2, s, ss, x, y, ys); break;                      \
-    case 3: KERNEL(ARG, n, 3, s, ss, x, y, ys); break;                      \
-    case 4: KERNEL(ARG, n, 4, s, ss, x, y, ys); break;                      \
-    case 5: KERNEL(ARG, n, 5, s, ss, x, y, ys); break;                      \
-    case 6: KERNEL(ARG, n, 6, s, ss, x, y, ys); break;                      \
-    case 7: KERNEL(ARG, n, 7, s, ss, x, y, ys); break;                      \
-    default: KERNEL(ARG, n, AVX2_X16_TILE, s, ss, x, y, ys); break;         \
+    case 1: KERNEL(__VA_ARGS__ n, 1, s, ss, x, y, ys); break;               \
+    case 2: KERNEL(__VA_ARGS__ n, 2, s, ss, x, y, ys); break;               \
+    case 3: KERNEL(__VA_ARGS__ n, 3, s, ss, x, y, ys); break;               \
+    case 4: KERNEL(__VA_ARGS__ n, 4, s, ss, x, y, ys); break;               \
+    case 5: KERNEL(__VA_ARGS__ n, 5, s, ss, x, y, ys); break;               \
+    case 6: KERNEL(__VA_ARGS__ n, 6, s, ss, x, y, ys); break;               \
+    case 7: KERNEL(__VA_ARGS__ n, 7, s, ss, x, y, ys); break;               \
+    default: KERNEL(__VA_ARGS__ n, AVX2_X16_TILE, s, ss, x, y, ys); break;  \
     }
 
-static void avx2_gemm_x16_q4_0(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
-    X16_CASES(avx2_gemm_x16, 0)
-}
-static void avx2_gemm_x16_q5_0(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
-    X16_CASES(avx2_gemm_x16, 1)
+#define LEGACY_X16(T, TYPE)                                                                               \
+    static void avx2_gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
+        X16_CASES(avx2_gemm_x16, TYPE,)                                                                   \
+    }
+LEGACY_X16(q4_0, EI_TYPE_Q4_0)
+LEGACY_X16(q4_1, EI_TYPE_Q4_1)
+LEGACY_X16(q5_0, EI_TYPE_Q5_0)
+static void avx2_gemm_x16_q8_0(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    X16_CASES(avx2_gemm_x16_signed, )
 }
 
 /* ---- K super-blocks interleaved by 16 (block_q4_Kx16, block_q5_Kx16, block_q6_Kx16) ------- */
@@ -538,7 +619,7 @@ EI_AVX2_INLINE void avx2_gemm_kx16(int type, int n, int nc, float *s, size_t ss,
 
 #define KX16(T, TYPE)                                                                                     \
     static void avx2_gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
-        X16_CASES(avx2_gemm_kx16, TYPE)                                                                   \
+        X16_CASES(avx2_gemm_kx16, TYPE,)                                                                  \
     }
 KX16(q4_K, EI_TYPE_Q4_K)
 KX16(q5_K, EI_TYPE_Q5_K)
@@ -551,6 +632,8 @@ void ei_avx2_gemm_kernels(ei_kernels *k) {
     k->gemm_x16[EI_TYPE_Q6_K] = avx2_gemm_x16_q6_K;
     k->gemm_x16[EI_TYPE_Q4_0] = avx2_gemm_x16_q4_0;
     k->gemm_x16[EI_TYPE_Q5_0] = avx2_gemm_x16_q5_0;
+    k->gemm_x16[EI_TYPE_Q4_1] = avx2_gemm_x16_q4_1;
+    k->gemm_x16[EI_TYPE_Q8_0] = avx2_gemm_x16_q8_0;
     k->gemm[EI_TYPE_Q4_0] = avx2_gemm_q4_0;
     k->gemm[EI_TYPE_Q4_1] = avx2_gemm_q4_1;
     k->gemm[EI_TYPE_Q5_0] = avx2_gemm_q5_0;

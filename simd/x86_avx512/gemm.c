@@ -6,8 +6,9 @@
  * and added in double, lane by lane, in block order: each output is the reference's
  * vec_dot bit for bit. Smaller tiles repeat row 0 / column 0 and store only their part.
  * A single activation row (decoding) is memory-bound: legacy types read 4 weight rows per
- * pass with the rows' sums in 4 lanes; K types go through vec_dot row by row. Q4_0 and Q5_0
- * matrices mostly arrive as the engine's interleaved copies instead (gemm_x16, below). */
+ * pass with the rows' sums in 4 lanes; K types go through vec_dot row by row. Q4_0, Q4_1,
+ * Q5_0 and Q8_0 matrices mostly arrive as the engine's interleaved copies instead (gemm_x16,
+ * below), as do Q4_K and Q6_K. */
 #include <stddef.h>
 #include <string.h>
 
@@ -340,13 +341,19 @@ TILE_K(tile_q4_K, block_q4_K, unpack_q4_K, 1)
 TILE_K(tile_q5_K, block_q5_K, unpack_q5_K, 1)
 TILE_K(tile_q6_K, block_q6_K, unpack_q6_K, 0)
 
-/* ---- Q4_0 and Q5_0 rows interleaved by 16 (the engine's copies) ---------------------------- */
+/* ---- Q4_0, Q4_1, Q5_0 and Q8_0 rows interleaved by 16 (the engine's copies) ---------------- */
 
 /* acc + the sums of four u8 x s8 products per lane, for u below 32 (no 16-bit sum saturates,
  * so vpmaddubsw + vpmaddwd is exact where there is no VNNI) */
 EI_INLINE __m512i dot_nibbles(__m512i acc, __m512i u, __m512i s, int vnni) {
     if (vnni) return _mm512_dpbusd_epi32(acc, u, s);
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+}
+
+EI_INLINE __m512i bcast4(const void *p) {
+    int32_t a;
+    memcpy(&a, p, 4);
+    return _mm512_set1_epi32(a);
 }
 
 /* the sum of the 32 int8 values of a block */
@@ -369,46 +376,69 @@ EI_INLINE void or_fifth_bits(__m512i qh, __m512i *w) {
     }
 }
 
-/* 16 interleaved rows (block_q4_0x16 or block_q5_0x16), lane r = row r: per block, 8
- * products of the rows' bytes with four broadcast activation bytes give every row's isum
- * without a horizontal reduction; the weights' offset (8 or 16) comes out as that times
- * the activation block's sum. The block terms (d_w d_x) isum are exact in double and added
- * in block order: vec_dot bit for bit. */
-EI_INLINE void gemm_x16_impl(int q5, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys,
-                             int vnni) {
-    const size_t bytes = q5 ? sizeof(block_q5_0x16) : sizeof(block_q4_0x16);
-    const uint8_t *x = vx;
+EI_INLINE void x16_prefetch(const uint8_t *x, size_t bytes) {
+    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + EI_X16_PREFETCH * bytes + line, _MM_HINT_T0);
+}
+
+/* the 16 rows' fp16 fields h[0..15] as doubles: rows 0..7, rows 8..15 */
+EI_INLINE void f16x16_rows(const ei_f16 *h, __m512d out[2]) {
+    const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+    out[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+    out[1] = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+}
+
+/* the 8 weight vectors of a block of nibble pairs (Q4_0, Q4_1, Q5_0): w[k] weights 4k..4k+3
+ * of every row, w[4 + k] 16 + 4k.., with Q5_0's fifth bits */
+EI_INLINE void x16_nibble_weights(int type, const uint8_t *x, __m512i w[8]) {
     const __m512i low = _mm512_set1_epi8(0x0F);
+    const uint8_t *qs = type == EI_TYPE_Q4_0 ? ((const block_q4_0x16 *)x)->qs
+                      : type == EI_TYPE_Q4_1 ? ((const block_q4_1x16 *)x)->qs : ((const block_q5_0x16 *)x)->qs;
+    const __m512i qh = type == EI_TYPE_Q5_0 ? _mm512_loadu_si512((const void *)((const block_q5_0x16 *)x)->qh) : _mm512_setzero_si512();
+    EI_UNROLL for (int k = 0; k < 4; k++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * k));
+        w[k] = _mm512_and_si512(v, low);
+        w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    if (type == EI_TYPE_Q5_0) or_fifth_bits(qh, w);
+}
+
+/* 16 interleaved rows of Q4_0, Q4_1 or Q5_0, lane r = row r: per block, 8 products of the
+ * rows' bytes with four broadcast activation bytes give every row's isum without a
+ * horizontal reduction; the weights' offset (8 or 16) comes out as that times the activation
+ * block's sum. The block terms (d_w d_x) isum are exact in double and added in block order;
+ * Q4_1's (d_w d_x) isum + m_w s_x is rounded once, by the fma, as the reference rounds it:
+ * vec_dot bit for bit. */
+EI_INLINE void gemm_x16_impl(int type, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys,
+                             int vnni) {
+    const int q4_1 = type == EI_TYPE_Q4_1, offset = type == EI_TYPE_Q4_0 ? -8 : type == EI_TYPE_Q5_0 ? -16 : 0;
+    const size_t bytes = q4_1 ? sizeof(block_q4_1x16) : type == EI_TYPE_Q5_0 ? sizeof(block_q5_0x16) : sizeof(block_q4_0x16);
+    const size_t yb = q4_1 ? sizeof(block_q8_1) : sizeof(block_q8_0), yq = q4_1 ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
+    const uint8_t *x = vx;
     __m512d acc[EI_TILE][2];
     EI_UNROLL for (int c = 0; c < EI_TILE; c++) acc[c][0] = acc[c][1] = _mm512_setzero_pd();
     for (int i = 0; i < n / QK4_0; i++, x += bytes) {
-        if (nc == 1) /* decoding streams the weights once: ask for them a few blocks ahead */
-            for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + EI_X16_PREFETCH * bytes + line, _MM_HINT_T0);
-        const ei_f16 *d = q5 ? ((const block_q5_0x16 *)x)->d : ((const block_q4_0x16 *)x)->d;
-        const uint8_t *qs = q5 ? ((const block_q5_0x16 *)x)->qs : ((const block_q4_0x16 *)x)->qs;
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d));
-        const __m512d dw_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(dw));
-        const __m512d dw_hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dw), 1)));
-        __m512i w[8]; /* w[k]: weights 4k..4k+3 of every row, w[4 + k]: 16 + 4k.. */
-        const __m512i qh = q5 ? _mm512_loadu_si512((const void *)((const block_q5_0x16 *)x)->qh) : _mm512_setzero_si512();
-        EI_UNROLL for (int k = 0; k < 4; k++) {
-            const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * k));
-            w[k] = _mm512_and_si512(v, low);
-            w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        }
-        if (q5) or_fifth_bits(qh, w);
+        if (nc == 1) x16_prefetch(x, bytes); /* decoding streams the weights once: ask a few blocks ahead */
+        __m512d dw[2], mw[2];
+        f16x16_rows((const ei_f16 *)x, dw); /* d: the first field */
+        if (q4_1) f16x16_rows(((const block_q4_1x16 *)x)->m, mw);
+        __m512i w[8];
+        x16_nibble_weights(type, x, w);
         EI_UNROLL for (int c = 0; c < EI_TILE; c++) {
             if (c >= nc) break;
-            const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i;
-            __m512i isum = _mm512_set1_epi32((q5 ? -16 : -8) * block_sum_q8(y->qs));
-            EI_UNROLL for (int k = 0; k < 8; k++) { /* w[k] meets activations 4k..4k+3 */
-                int32_t a4;
-                memcpy(&a4, y->qs + 4 * k, 4);
-                isum = dot_nibbles(isum, w[k], _mm512_set1_epi32(a4), vnni);
+            const uint8_t *y = (const uint8_t *)vy + (size_t)c * ys + (size_t)i * yb; /* d, then q8_1's s */
+            const int8_t *a = (const int8_t *)(y + yq);
+            __m512i isum = _mm512_set1_epi32(offset ? offset * block_sum_q8(a) : 0);
+            EI_UNROLL for (int k = 0; k < 8; k++) isum = dot_nibbles(isum, w[k], bcast4(a + 4 * k), vnni); /* w[k] meets 4k..4k+3 */
+            const __m512d dy = _mm512_set1_pd((double)f16_to_f32(((const ei_f16 *)y)[0]));
+            const __m512d is[2] = {cvt_lo(isum), cvt_hi(isum)};
+            EI_UNROLL for (int h = 0; h < 2; h++) {
+                if (q4_1) {
+                    const __m512d sy = _mm512_set1_pd((double)f16_to_f32(((const ei_f16 *)y)[1]));
+                    acc[c][h] = _mm512_add_pd(acc[c][h], _mm512_fmadd_pd(is[h], _mm512_mul_pd(dw[h], dy), _mm512_mul_pd(mw[h], sy)));
+                } else {
+                    acc[c][h] = _mm512_fmadd_pd(is[h], _mm512_mul_pd(dw[h], dy), acc[c][h]);
+                }
             }
-            const __m512d dx = _mm512_set1_pd((double)f16_to_f32(y->d));
-            acc[c][0] = _mm512_fmadd_pd(cvt_lo(isum), _mm512_mul_pd(dw_lo, dx), acc[c][0]);
-            acc[c][1] = _mm512_fmadd_pd(cvt_hi(isum), _mm512_mul_pd(dw_hi, dx), acc[c][1]);
         }
     }
     for (int c = 0; c < nc; c++) {
@@ -417,15 +447,64 @@ EI_INLINE void gemm_x16_impl(int q5, int n, int nc, float *s, size_t ss, const v
     }
 }
 
-#define GEMM_X16(T, Q5)                                                                                        \
+/* Q8_0's 16 interleaved rows, lane r = row r: with VNNI the weights go in unsigned (w + 128)
+ * and 128 times the activation block's sum comes off; without it |w| meets the activation
+ * negated where w < 0 (the activations are in [-127, 127], so no negation wraps), and the
+ * vpmaddubsw pairs, up to 2 x 128 x 127 = 32512, take a vpmaddwd each. Exact integer dots,
+ * block terms added as above. */
+EI_INLINE void gemm_x16_q8_impl(int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys, int vnni) {
+    const uint8_t *x = vx;
+    const __m512i ones = _mm512_set1_epi16(1);
+    __m512d acc[EI_TILE][2];
+    EI_UNROLL for (int c = 0; c < EI_TILE; c++) acc[c][0] = acc[c][1] = _mm512_setzero_pd();
+    for (int i = 0; i < n / QK8_0; i++, x += sizeof(block_q8_0x16)) {
+        if (nc == 1) x16_prefetch(x, sizeof(block_q8_0x16));
+        const block_q8_0x16 *b = (const block_q8_0x16 *)x;
+        __m512d dw[2];
+        f16x16_rows(b->d, dw);
+        __m512i u[8]; /* values 4k..4k+3 of every row: w + 128, or |w| */
+        __mmask64 neg[8];
+        EI_UNROLL for (int k = 0; k < 8; k++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(b->qs + 64 * k));
+            u[k] = vnni ? _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)) : _mm512_abs_epi8(v);
+            neg[k] = vnni ? 0 : _mm512_movepi8_mask(v);
+        }
+        EI_UNROLL for (int c = 0; c < EI_TILE; c++) {
+            if (c >= nc) break;
+            const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i;
+            __m512i isum = _mm512_set1_epi32(vnni ? -128 * block_sum_q8(y->qs) : 0);
+            EI_UNROLL for (int k = 0; k < 8; k++) {
+                const __m512i a = bcast4(y->qs + 4 * k);
+                if (vnni) isum = _mm512_dpbusd_epi32(isum, u[k], a);
+                else isum = _mm512_add_epi32(isum, _mm512_madd_epi16(_mm512_maddubs_epi16(u[k], _mm512_mask_sub_epi8(a, neg[k], _mm512_setzero_si512(), a)), ones));
+            }
+            const __m512d dy = _mm512_set1_pd((double)f16_to_f32(y->d));
+            acc[c][0] = _mm512_fmadd_pd(cvt_lo(isum), _mm512_mul_pd(dw[0], dy), acc[c][0]);
+            acc[c][1] = _mm512_fmadd_pd(cvt_hi(isum), _mm512_mul_pd(dw[1], dy), acc[c][1]);
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        _mm256_storeu_ps(s + (size_t)c * ss, _mm512_cvtpd_ps(acc[c][0]));
+        _mm256_storeu_ps(s + (size_t)c * ss + 8, _mm512_cvtpd_ps(acc[c][1]));
+    }
+}
+
+#define GEMM_X16(T, TYPE)                                                                                      \
     static void gemm_x16_##T##_vnni(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
-        gemm_x16_impl(Q5, n, nc, s, ss, x, y, ys, 1);                                                          \
+        gemm_x16_impl(TYPE, n, nc, s, ss, x, y, ys, 1);                                                        \
     }                                                                                                          \
     static void gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {     \
-        gemm_x16_impl(Q5, n, nc, s, ss, x, y, ys, 0);                                                          \
+        gemm_x16_impl(TYPE, n, nc, s, ss, x, y, ys, 0);                                                        \
     }
-GEMM_X16(q4_0, 0)
-GEMM_X16(q5_0, 1)
+GEMM_X16(q4_0, EI_TYPE_Q4_0)
+GEMM_X16(q4_1, EI_TYPE_Q4_1)
+GEMM_X16(q5_0, EI_TYPE_Q5_0)
+static void gemm_x16_q8_0_vnni(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    gemm_x16_q8_impl(n, nc, s, ss, x, y, ys, 1);
+}
+static void gemm_x16_q8_0(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    gemm_x16_q8_impl(n, nc, s, ss, x, y, ys, 0);
+}
 
 /* ---- K super-blocks interleaved by 16 (block_q4_Kx16, block_q5_Kx16, block_q6_Kx16) ------- */
 
@@ -491,12 +570,6 @@ EI_INLINE void kx16_unit(int type, const uint8_t *x, int j, __m512i *w) {
         w[2 * m + 1] = _mm512_or_si512(w[2 * m + 1], _mm512_and_si512(v, two));
         w[4 + 2 * m + 1] = _mm512_or_si512(w[4 + 2 * m + 1], _mm512_and_si512(_mm512_srli_epi16(v, 2), two));
     }
-}
-
-EI_INLINE __m512i bcast4(const void *p) {
-    int32_t a;
-    memcpy(&a, p, 4);
-    return _mm512_set1_epi32(a);
 }
 
 /* iacc += the scaled integer dots of unit j with one activation row: Q4_K's unit is one
@@ -649,6 +722,8 @@ void ei_avx512_gemm_kernels(ei_kernels *k, int vnni) {
 #undef SET
     k->gemm_x16[EI_TYPE_Q4_0] = vnni ? gemm_x16_q4_0_vnni : gemm_x16_q4_0;
     k->gemm_x16[EI_TYPE_Q5_0] = vnni ? gemm_x16_q5_0_vnni : gemm_x16_q5_0;
+    k->gemm_x16[EI_TYPE_Q4_1] = vnni ? gemm_x16_q4_1_vnni : gemm_x16_q4_1;
+    k->gemm_x16[EI_TYPE_Q8_0] = vnni ? gemm_x16_q8_0_vnni : gemm_x16_q8_0;
     k->gemm_x16[EI_TYPE_Q4_K] = vnni ? gemm_x16_q4_K_vnni : gemm_x16_q4_K;
     k->gemm_x16[EI_TYPE_Q5_K] = vnni ? gemm_x16_q5_K_vnni : gemm_x16_q5_K;
     k->gemm_x16[EI_TYPE_Q6_K] = vnni ? gemm_x16_q6_K_vnni : gemm_x16_q6_K;

@@ -691,6 +691,16 @@ def test_edge_driver_native(tmp_path, variant, variant_objects):
     assert out.startswith(f"edge cases of {variant}"), out[:200]
 
 
+@pytest.mark.parametrize("variant", X86_HERE)
+def test_guard_driver_native(tmp_path, variant, variant_objects):
+    """check_guard.c on this CPU's own variants: no kernel reads past rows, interleaved copies
+    or activations that end at an inaccessible page (SIMDe and qemu run it for the others)."""
+    if platform.system() not in ("Linux", "Darwin"):
+        pytest.skip("guard pages need mmap")
+    out = run_check(build(tmp_path, variant, HERE / "check_guard.c", variant_objects(variant)))
+    assert out.startswith(f"guard pages for {variant}"), out[:200]
+
+
 TILE_DRIVER = r"""
 /* Tiles of every shape (nr, nc <= EI_TILE) and the in-place float ops of one variant
  * against the reference, on rows of several block counts with odd strides. */
@@ -769,6 +779,7 @@ int main(void) {
     ei_kernels ref, var;
     ei_kernels_init_ref(&ref);
     EI_CHECK_INIT(&var);
+    printf("tiles of %s against %s\n", var.name, ref.name);
     const int types[] = {EI_TYPE_Q4_0, EI_TYPE_Q4_1, EI_TYPE_Q5_0, EI_TYPE_Q5_1, EI_TYPE_Q8_0,
                          EI_TYPE_Q2_K, EI_TYPE_Q3_K, EI_TYPE_Q4_K, EI_TYPE_Q5_K, EI_TYPE_Q6_K,
                          EI_TYPE_F16, EI_TYPE_BF16, EI_TYPE_F32};

@@ -11,6 +11,8 @@ the flags a real aarch64 install uses. From those objects:
 - the tile driver of test_native_kernels (every gemm tile shape, and the products of rows
   interleaved by 16, gemm_x16, with 1..4 activation rows on several block counts) against
   vec_dot and the interleaved layout's scalar reference, for each level;
+- tests/simd/check_guard.c: rows, interleaved copies and activations that end at an
+  inaccessible page, for each level;
 - a static program calls the dispatcher on CPU models with and without dotprod and i8mm;
 - the whole forward pass (tests/simd/engine_parity.c) gives the scalar logits bit for bit
   with every level;
@@ -207,6 +209,13 @@ def test_kernels_match_reference(cc, qemu, aarch64_build, tmp_path, level, cpu):
 @pytest.mark.parametrize("level", sorted(LEVELS))
 def test_edge_cases_match_reference(cc, qemu, aarch64_build, tmp_path, level):
     _check_level(cc, qemu, aarch64_build, tmp_path, HERE / "check_edges.c", level, "max")
+
+
+@pytest.mark.parametrize("level", sorted(LEVELS))
+def test_guard_pages_match_reference(cc, qemu, aarch64_build, tmp_path, level):
+    """No kernel of a level reads past rows, interleaved copies or activations that end at an
+    inaccessible page (check_guard.c)."""
+    _check_level(cc, qemu, aarch64_build, tmp_path, HERE / "check_guard.c", level, "max")
 
 
 @pytest.mark.parametrize("level", sorted(LEVELS))
