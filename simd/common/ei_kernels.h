@@ -212,6 +212,11 @@ int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *
 /* bytes of EI_X16 rows of n values in the interleaved layout of their type (0: none); some
  * layouts keep scales unpacked and take more than the rows as stored */
 size_t ei_x16_size(int type, int64_t n);
+/* row r of an interleaved group (ei_pack_x16's) back as stored, n values; 0 where the type
+ * cannot (today the K-quants): a tied token embedding reads its rows from the output
+ * matrix's copy this way, so the file's pages need not stay */
+int ei_unpack_x16_row(int type, const void *packed, int r, int64_t n, void *row);
+int ei_x16_unpacks(int type); /* whether ei_unpack_x16_row takes the type */
 /* the scalar reference of gemm_x16 for a type's interleaved layout (ref/gemm.c), NULL where
  * it has none; not in any table (the tests check each variant's kernel against it) */
 ei_gemm_x16_fn ei_ref_gemm_x16(int type);

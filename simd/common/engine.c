@@ -32,6 +32,8 @@ struct ei_engine {
     const ei_kernels *k;
     ei_pool *pool;
     ei_step_threads step_threads; /* how many of the pool's threads a small step runs on */
+    int embd_from_copy; /* the tied token embedding's rows come from the output's copy */
+    uint8_t *embd_rows; /* (n_threads, a token embedding row as stored) for them */
     /* cache strides in bytes, all from ei_row_size of the cache types (p.kv_type_k, _v) */
     size_t k_head_bytes, v_head_bytes;   /* one head of one position: head_dim(_v) values */
     size_t k_row_bytes, v_row_bytes;     /* one position: n_head_kv heads */
@@ -184,7 +186,12 @@ static int plan_packs(ei_engine *e) {
         for (int j = 0; j < n; j++)
             if (w[j]->data && !ei_repack_plan(&e->repack, e->k, w[j], NULL, e->p.release_weights)) return 0;
     }
-    if (!ei_repack_plan(&e->repack, e->k, &e->m.output, e->m.tok_embd.data, e->p.release_weights)) return 0;
+    /* a tied token embedding reads its rows back from the output matrix's copy where the
+     * layout allows it, so the file's pages go; else they stay for it */
+    const int tied = e->m.output.data == e->m.tok_embd.data;
+    e->embd_from_copy = tied && e->m.output.type == e->m.tok_embd.type && ei_x16_unpacks(e->m.output.type);
+    const void *shared = e->embd_from_copy ? NULL : e->m.tok_embd.data;
+    if (!ei_repack_plan(&e->repack, e->k, &e->m.output, shared, e->p.release_weights)) return 0;
     if (!ei_repack_commit(&e->repack)) return 0;
     e->bytes += e->repack.bytes;
     return 1;
@@ -337,13 +344,14 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     e->scratch_doubles = 2 * (size_t)(e->block_tokens ? EI_ATTN_BLOCK_QUERIES : e->group) * (size_t)p.n_ctx;
     e->scratch = alloc(e, (size_t)p.n_threads * e->scratch_doubles * sizeof(double));
     e->blocks = alloc(e, sizeof(int32_t) * (nb + 1));
+    e->embd_rows = alloc(e, (size_t)p.n_threads * ei_row_size(m->tok_embd.type, m->n_embd));
     e->rope = alloc(e, MAX_BASES * nb * m->n_rot * 4);
     if (p.track_attention && !(e->scores = alloc(e, sizeof(int64_t) * (size_t)p.n_seq_max * (size_t)p.n_ctx)))
         goto nomem;
     e->gelu = alloc(e, 65536 * sizeof(ei_f16));
     e->layer_base = alloc(e, sizeof(int) * (size_t)m->n_layer);
     if (!e->x || !e->h || !e->q || !e->kk || !e->vv || !e->att || !e->t || !e->gate || !e->up ||
-        !e->scratch || !e->blocks || !e->rope || !e->gelu || !e->layer_base)
+        !e->scratch || !e->blocks || !e->embd_rows || !e->rope || !e->gelu || !e->layer_base)
         goto nomem;
     st = create_pool(e);
     if (st != EI_OK) {
@@ -440,6 +448,7 @@ void ei_engine_free(ei_engine *e) {
     free(e->runs);
     free(e->room);
     free(e->blocks);
+    free(e->embd_rows);
     free(e->pool_runs);
     ei_key_shifts_free(&e->ks);
     for (int t = 0; t < EI_TYPE_COUNT; t++) free(e->act[t]);
@@ -966,9 +975,19 @@ static void embed(ei_engine *e, const step *st, int ith, int nth) {
     int a, b;
     split(st->n, ith, nth, &a, &b);
     const size_t erow = ei_row_size(m->tok_embd.type, E);
+    const int from_copy = e->embd_from_copy && m->output.layout == EI_LAYOUT_X16;
+    uint8_t *unpacked = e->embd_rows + (size_t)ith * erow; /* (erow) */
     for (int i = a; i < b; i++) {
         float *x = e->x + (size_t)i * E;
-        e->k->to_float[m->tok_embd.type]((const uint8_t *)m->tok_embd.data + (size_t)st->tok[i] * erow, x, E);
+        const int tok = st->tok[i];
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tok * erow;
+        if (from_copy) { /* row tok % EI_X16 of interleaved group tok / EI_X16 */
+            const size_t group = ei_x16_size(m->output.type, E);
+            ei_unpack_x16_row(m->output.type, (const uint8_t *)m->output.data + (size_t)(tok / EI_X16) * group,
+                              tok % EI_X16, E, unpacked);
+            row = unpacked;
+        }
+        e->k->to_float[m->tok_embd.type](row, x, E);
         if (m->embed_scale != 1.0f) e->k->scale(E, x, m->embed_scale);
     }
     if (e->prof.on) { /* profiled, the embeddings are a phase of their own */

@@ -110,18 +110,23 @@ static const ei_repack_item *copy_of(const ei_repack *r, const ei_tensor *t) {
     return it;
 }
 
-/* the share's groups copied; the file's pages of them released at once, so that they and the
- * copies are never resident together (only pages wholly inside the share) */
+/* the share's groups copied; the file's pages of them released as the copy goes, a few MiB at
+ * a time, so that they and the copies are never resident together for more than that (only
+ * pages wholly inside a stretch: a page across two stretches stays) */
+#define RELEASE_STRETCH ((size_t)4 << 20)
 void ei_repack_share(const ei_repack *r, const ei_tensor *t, int ith, int nth) {
     const ei_repack_item *it = copy_of(r, t);
     const size_t row = ei_row_size(t->type, t->ne0), packed = ei_x16_size(t->type, t->ne0);
-    const int64_t groups = t->ne1 / EI_X16, g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
-    for (int64_t g = g0; g < g1; g++)
-        ei_pack_x16(t->type, (const uint8_t *)t->data + (size_t)g * EI_X16 * row, row, t->ne0,
-                    it->copy + (size_t)g * packed);
     const size_t group_bytes = (size_t)EI_X16 * row;
-    const uint8_t *share = (const uint8_t *)t->data + (size_t)g0 * group_bytes;
-    if (it->release) release_pages(share, (size_t)(g1 - g0) * group_bytes);
+    const int64_t groups = t->ne1 / EI_X16, g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
+    const int64_t per = RELEASE_STRETCH / group_bytes > 0 ? (int64_t)(RELEASE_STRETCH / group_bytes) : 1;
+    for (int64_t s = g0; s < g1; s += per) {
+        const int64_t e = s + per < g1 ? s + per : g1;
+        for (int64_t g = s; g < e; g++)
+            ei_pack_x16(t->type, (const uint8_t *)t->data + (size_t)g * group_bytes, row, t->ne0,
+                        it->copy + (size_t)g * packed);
+        if (it->release) release_pages((const uint8_t *)t->data + (size_t)s * group_bytes, (size_t)(e - s) * group_bytes);
+    }
 }
 
 void ei_repack_finish(const ei_repack *r, const ei_tensor *t) {

@@ -140,41 +140,64 @@ static void pack_k_row(int type, const uint8_t *row, int r, int64_t n, uint8_t *
     }
 }
 
-/* block i of row r of a legacy type into its interleaved block (ei_blocks.h: block_q4_0x16, ...):
- * the fields of the row's lane, and its 4-byte groups of qs at 64 k + 4 r */
-static void pack_legacy_block(int type, const uint8_t *row, int r, int64_t i, uint8_t *out) {
-    const uint8_t *qs;
-    uint8_t *dst_qs;
+/* block i of row r of a legacy type and its lane of the interleaved block (ei_blocks.h:
+ * block_q4_0x16, ...), copied one way or the other (to_x16): the fields of the row's lane, and
+ * its 4-byte groups of qs at 64 k + 4 r; Q5_0's high bits as block_q5_0x16 keeps them */
+static void move_legacy_block(int type, uint8_t *row, int r, int64_t i, uint8_t *x16, int to_x16) {
+#define MOVE(a, b) (to_x16 ? memcpy(&(b), &(a), sizeof(a)) : memcpy(&(a), &(b), sizeof(a)))
+    uint8_t *qs, *x16_qs;
     int groups = QK4_0 / 8; /* 4-byte groups of qs: 4 of nibble pairs, 8 of Q8_0's bytes */
     if (type == EI_TYPE_Q4_0) {
-        const block_q4_0 *src = (const block_q4_0 *)row + i;
-        block_q4_0x16 *dst = (block_q4_0x16 *)out + i;
-        dst->d[r] = src->d;
-        qs = src->qs, dst_qs = dst->qs;
+        block_q4_0 *b = (block_q4_0 *)row + i;
+        block_q4_0x16 *x = (block_q4_0x16 *)x16 + i;
+        MOVE(b->d, x->d[r]);
+        qs = b->qs, x16_qs = x->qs;
     } else if (type == EI_TYPE_Q4_1) {
-        const block_q4_1 *src = (const block_q4_1 *)row + i;
-        block_q4_1x16 *dst = (block_q4_1x16 *)out + i;
-        dst->d[r] = src->d, dst->m[r] = src->m;
-        qs = src->qs, dst_qs = dst->qs;
+        block_q4_1 *b = (block_q4_1 *)row + i;
+        block_q4_1x16 *x = (block_q4_1x16 *)x16 + i;
+        MOVE(b->d, x->d[r]);
+        MOVE(b->m, x->m[r]);
+        qs = b->qs, x16_qs = x->qs;
     } else if (type == EI_TYPE_Q8_0) {
-        const block_q8_0 *src = (const block_q8_0 *)row + i;
-        block_q8_0x16 *dst = (block_q8_0x16 *)out + i;
-        dst->d[r] = src->d;
-        qs = (const uint8_t *)src->qs, dst_qs = (uint8_t *)dst->qs, groups = QK8_0 / 4;
+        block_q8_0 *b = (block_q8_0 *)row + i;
+        block_q8_0x16 *x = (block_q8_0x16 *)x16 + i;
+        MOVE(b->d, x->d[r]);
+        qs = (uint8_t *)b->qs, x16_qs = (uint8_t *)x->qs, groups = QK8_0 / 4;
     } else {
-        const block_q5_0 *src = (const block_q5_0 *)row + i;
-        block_q5_0x16 *dst = (block_q5_0x16 *)out + i;
-        dst->d[r] = src->d;
-        uint32_t h;
-        memcpy(&h, src->qh, 4); /* bit l: value l's high bit */
-        for (int b = 0; b < 4; b++) {
+        block_q5_0 *b = (block_q5_0 *)row + i;
+        block_q5_0x16 *x = (block_q5_0x16 *)x16 + i;
+        MOVE(b->d, x->d[r]);
+        uint32_t h = 0; /* bit l: value l's high bit; bit k of x->qh[r][c]: value l(k, c) */
+        if (to_x16) memcpy(&h, b->qh, 4);
+        for (int c = 0; c < 4; c++) {
             uint8_t bits = 0;
-            for (int k = 0; k < 8; k++) bits |= (uint8_t)(((h >> (k < 4 ? 4 * k + b : 16 + 4 * (k - 4) + b)) & 1) << k);
-            dst->qh[r][b] = bits;
+            for (int k = 0; k < 8; k++) {
+                const int l = k < 4 ? 4 * k + c : 16 + 4 * (k - 4) + c;
+                if (to_x16) bits |= (uint8_t)(((h >> l) & 1) << k);
+                else h |= (uint32_t)((x->qh[r][c] >> k) & 1) << l;
+            }
+            if (to_x16) x->qh[r][c] = bits;
         }
-        qs = src->qs, dst_qs = dst->qs;
+        if (!to_x16) memcpy(b->qh, &h, 4);
+        qs = b->qs, x16_qs = x->qs;
     }
-    for (int k = 0; k < groups; k++) memcpy(&dst_qs[64 * k + 4 * r], &qs[4 * k], 4);
+    for (int k = 0; k < groups; k++) {
+        uint8_t *a = &qs[4 * k], *b = &x16_qs[64 * k + 4 * r];
+        memcpy(to_x16 ? b : a, to_x16 ? a : b, 4);
+    }
+#undef MOVE
+}
+
+static int legacy_x16(int type) {
+    return type == EI_TYPE_Q4_0 || type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_0 || type == EI_TYPE_Q8_0;
+}
+
+int ei_x16_unpacks(int type) { return legacy_x16(type); }
+
+int ei_unpack_x16_row(int type, const void *packed, int r, int64_t n, void *row) {
+    if (!legacy_x16(type) || !ei_x16_size(type, n) || r < 0 || r >= EI_X16) return 0;
+    for (int64_t i = 0; i < n / QK4_0; i++) move_legacy_block(type, row, r, i, (uint8_t *)packed, 0);
+    return 1;
 }
 
 int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *out) {
@@ -183,7 +206,7 @@ int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *
         const uint8_t *row = (const uint8_t *)rows + (size_t)r * row_stride;
         if (type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K || type == EI_TYPE_Q6_K) pack_k_row(type, row, r, n, out);
         else
-            for (int64_t i = 0; i < n / QK4_0; i++) pack_legacy_block(type, row, r, i, out);
+            for (int64_t i = 0; i < n / QK4_0; i++) move_legacy_block(type, (uint8_t *)row, r, i, out, 1);
     }
     return 1;
 }

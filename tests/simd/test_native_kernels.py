@@ -834,6 +834,15 @@ int main(void) {
             static float x[MAX_N];
             for (int g = 0; g < EI_X16; g += EI_TILE) weights(type, n, w + g * wr, wr, &ref, 0);
             if (!ei_pack_x16(type, w, wr, n, packed)) { printf("FAIL pack_x16 type %d\n", type); failed++; }
+            if (ei_x16_unpacks(type)) { /* every row back as stored, byte for byte */
+                uint8_t *back = malloc(wr);
+                for (int r = 0; r < EI_X16; r++) {
+                    const int ok = ei_unpack_x16_row(type, packed, r, n, back) &&
+                                   memcmp(back, w + r * wr, ei_row_size(type, n)) == 0;
+                    if (!ok) { printf("FAIL unpack_x16_row type %d n %d row %d\n", type, n, r); failed++; }
+                }
+                free(back);
+            }
             for (int c = 0; c < EI_X16_TILE_MAX; c++) {
                 for (int i = 0; i < n; i++) x[i] = gauss() * (c == 2 && i % 29 == 0 ? 30.0f : 1);
                 ref.from_float[pt](x, act + c * ar, n);
