@@ -37,7 +37,7 @@ size_t ei_row_size(int t, int64_t n) {
 
 size_t ei_x16_size(int type, int64_t n) {
     switch (type) {
-    case EI_TYPE_Q4_0: case EI_TYPE_Q5_0: return EI_X16 * ei_row_size(type, n);
+    case EI_TYPE_Q4_0: case EI_TYPE_Q5_0: case EI_TYPE_F16: case EI_TYPE_BF16: return EI_X16 * ei_row_size(type, n);
     case EI_TYPE_Q4_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q4_Kx16);
     case EI_TYPE_Q5_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q5_Kx16);
     case EI_TYPE_Q6_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q6_Kx16);
@@ -140,8 +140,18 @@ static void pack_k_row(int type, const uint8_t *row, int r, int64_t n, uint8_t *
     }
 }
 
+/* block_f16x16: value d of row r to element d's lane r */
+static void pack_half_rows(const uint8_t *rows, size_t row_stride, int64_t n, block_f16x16 *out) {
+    for (int r = 0; r < EI_X16; r++)
+        for (int64_t d = 0; d < n; d++) memcpy(&out[d].v[r], rows + (size_t)r * row_stride + 2 * (size_t)d, 2);
+}
+
 int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *out) {
     if (!ei_x16_size(type, n)) return 0;
+    if (type == EI_TYPE_F16 || type == EI_TYPE_BF16) {
+        pack_half_rows(rows, row_stride, n, out);
+        return 1;
+    }
     if (type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K || type == EI_TYPE_Q6_K) {
         for (int r = 0; r < EI_X16; r++) pack_k_row(type, (const uint8_t *)rows + (size_t)r * row_stride, r, n, out);
         return 1;
