@@ -551,8 +551,12 @@ KX16(q6_K, EI_TYPE_Q6_K)
  * rounds as the reference's add, and each (row, column) lane adds in index order: vec_dot bit
  * for bit. Those sums are serial chains of fused adds (5 cycles each on the EPYC), so a pass
  * takes as many rows as keep up to 8 chains in registers: 16 rows for 1-2 columns, 8 for 3-4,
- * 4 for more; decoding streams the 16 rows as one run of memory, which the prefetchers follow. */
+ * 4 for more. Decoding reads the 16 rows as one run of memory instead of 4 row streams. */
 #define HX16_CHUNK 64 /* values a pass covers: (columns, chunk) doubles stay in L1 */
+/* Decoding reads the copy once, and the prefetchers fall behind on it (as on kx16's): asking
+ * for each line 4096 bytes ahead took 2048 x 2048 F16, one column, one thread on the EPYC from
+ * 1.30-1.46 ms to 0.90-0.95 (1024 and 8192 ahead measured no better) */
+#define HX16_PREFETCH 4096
 
 /* value d of 4 rows (or 4 consecutive values of a row) as doubles */
 EI_AVX2_INLINE __m256d half4_pd(int bf16, const uint16_t *p) {
@@ -577,6 +581,8 @@ EI_AVX2_INLINE void hx16_pass(int bf16, int nc, int nq, int q0, int m, const blo
         for (int k = 0; k < nq; k++) r[c * nq + k] = acc[c][q0 + k];
     }
     for (int j = 0; j < m; j++) {
+        if (q0 == 0 && j % 2 == 0) /* a line holds 2 values of the 16 rows */
+            _mm_prefetch((const char *)(x + j) + HX16_PREFETCH, _MM_HINT_T0);
         __m256d w[4];
         EI_UNROLL
         for (int k = 0; k < nq; k++) w[k] = half4_pd(bf16, x[j].v + 4 * (q0 + k));
