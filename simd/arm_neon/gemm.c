@@ -558,6 +558,74 @@ X16_GEMM(q8_0, x16_legacy, EI_TYPE_Q8_0)
 X16_GEMM(q4_K, x16_k, EI_TYPE_Q4_K)
 X16_GEMM(q5_K, x16_k, EI_TYPE_Q5_K)
 X16_GEMM(q6_K, x16_k, EI_TYPE_Q6_K)
+
+/* ---- F16 and BF16 rows interleaved by 16 (block_f16x16) ----------------------------------
+ * Lanes = rows, two a vector: value d of 4 rows is one 8-byte load converted to doubles once
+ * for all columns, and each column's values are converted a chunk at a time into doubles that
+ * are broadcast to the rows. A product of two such values is exact in double, so a fused add
+ * rounds as the reference's add, and each (row, column) lane adds in index order: vec_dot bit
+ * for bit. A pass takes all 16 rows for 1-2 columns, 8 for more: 16 accumulators at most. */
+#define HX16_CHUNK 64 /* values converted at a time: (columns, chunk) doubles stay in L1 */
+
+/* 4 consecutive 16-bit values (of 4 rows, or of one row) as floats */
+EI_INLINE float32x4_t half4_f32(int bf16, const uint16_t *p) {
+    const uint16x4_t h = vld1_u16(p);
+    return bf16 ? vreinterpretq_f32_u32(vshll_n_u16(h, 16)) : vcvt_f32_f16(vreinterpret_f16_u16(h));
+}
+
+/* a[j] = value j of m values of an activation row, as doubles */
+EI_INLINE void half_chunk(int bf16, const uint16_t *y, int m, double *a) {
+    int j = 0;
+    for (; j + 4 <= m; j += 4) {
+        const float32x4_t f = half4_f32(bf16, y + j);
+        vst1q_f64(a + j, vcvt_f64_f32(vget_low_f32(f)));
+        vst1q_f64(a + j + 2, vcvt_high_f64_f32(f));
+    }
+    for (; j < m; j++) a[j] = bf16 ? ei_bf16_to_fp32(y[j]) : h2f(y[j]);
+}
+
+/* acc[c][4 h0 + k] (rows 2 (4 h0 + k)..) += the chunk's m products with column c, k < 4 nh */
+EI_INLINE void hx16_pass(int bf16, int nc, int nh, int h0, int m, const block_f16x16 *x, double (*a)[HX16_CHUNK],
+                         float64x2_t (*acc)[8]) {
+    const int nv = 4 * nh; /* vectors of the pass a column */
+    float64x2_t r[16];     /* (column, vector): nc * nv <= 16 */
+    for (int c = 0; c < nc; c++) {
+        EI_UNROLL for (int k = 0; k < nv; k++) r[c * nv + k] = acc[c][4 * h0 + k];
+    }
+    for (int j = 0; j < m; j++) {
+        float64x2_t w[8];
+        EI_UNROLL for (int k = 0; k < nv / 2; k++) {
+            const float32x4_t f = half4_f32(bf16, x[j].v + 8 * h0 + 4 * k);
+            w[2 * k] = vcvt_f64_f32(vget_low_f32(f));
+            w[2 * k + 1] = vcvt_high_f64_f32(f);
+        }
+        EI_UNROLL for (int c = 0; c < nc; c++) {
+            const float64x2_t v = vld1q_dup_f64(&a[c][j]);
+            EI_UNROLL for (int k = 0; k < nv; k++) r[c * nv + k] = vfmaq_f64(r[c * nv + k], w[k], v);
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        EI_UNROLL for (int k = 0; k < nv; k++) acc[c][4 * h0 + k] = r[c * nv + k];
+    }
+}
+
+EI_INLINE void x16_half(int bf16, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
+    const int nh = nc <= 2 ? 2 : 1; /* halves (8 rows) a pass */
+    const block_f16x16 *x = vx;
+    double a[EI_TILE][HX16_CHUNK]; /* (column, chunk) */
+    float64x2_t acc[EI_TILE][8];   /* (column, rows 2v, 2v + 1) */
+    for (int c = 0; c < nc; c++) {
+        EI_UNROLL for (int q = 0; q < 8; q++) acc[c][q] = vdupq_n_f64(0.0);
+    }
+    for (int d0 = 0; d0 < n; d0 += HX16_CHUNK) {
+        const int m = n - d0 < HX16_CHUNK ? n - d0 : HX16_CHUNK;
+        for (int c = 0; c < nc; c++) half_chunk(bf16, (const uint16_t *)((const uint8_t *)vy + (size_t)c * ys) + d0, m, a[c]);
+        for (int h0 = 0; h0 < 2; h0 += nh) hx16_pass(bf16, nc, nh, h0, m, x + d0, a, acc);
+    }
+    x16_store(nc, s, ss, acc);
+}
+X16_GEMM(f16, x16_half, 0)
+X16_GEMM(bf16, x16_half, 1)
 #endif
 
 void EI_NEON_FN(ei_neon_gemms)(ei_kernels *k) {
@@ -569,6 +637,10 @@ void EI_NEON_FN(ei_neon_gemms)(ei_kernels *k) {
     k->gemm_x16[EI_TYPE_Q4_K] = neon_gemm_x16_q4_K;
     k->gemm_x16[EI_TYPE_Q5_K] = neon_gemm_x16_q5_K;
     k->gemm_x16[EI_TYPE_Q6_K] = neon_gemm_x16_q6_K;
+    /* F16 and BF16 need no dot products, but stay with the others: a level either copies
+     * matrices or keeps them all as stored (tests/e2e: INTERLEAVING_ISAS) */
+    k->gemm_x16[EI_TYPE_F16] = neon_gemm_x16_f16;
+    k->gemm_x16[EI_TYPE_BF16] = neon_gemm_x16_bf16;
 #endif
     k->gemm[EI_TYPE_Q4_0] = neon_gemm_q4_0;
     k->gemm[EI_TYPE_Q4_1] = neon_gemm_q4_1;

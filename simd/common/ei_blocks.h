@@ -138,6 +138,12 @@ typedef struct {
 } block_q5_Kx16;
 static_assert(sizeof(block_q5_Kx16) == EI_X16 * (2 + 2 + 8 + 8 + QK_K / 2 + QK_K / 8), "block_q5_Kx16 size");
 
+/* F16 or BF16 rows interleaved by EI_X16 (their block is one value): element d of a row
+ * group holds value d of row 0, row 1, ... row 15, so that one 8-byte load holds value d of
+ * four rows, lane r = row r (the same size as the rows) */
+typedef struct { uint16_t v[EI_X16]; } block_f16x16;
+static_assert(sizeof(block_f16x16) == EI_X16 * sizeof(ei_f16), "block_f16x16 size");
+
 /* activations for K-quant dots: float scale, int8 values, sums of each 16 */
 typedef struct {
     float d;

@@ -37,7 +37,8 @@ size_t ei_row_size(int t, int64_t n) {
 
 size_t ei_x16_size(int type, int64_t n) {
     switch (type) {
-    case EI_TYPE_Q4_0: case EI_TYPE_Q4_1: case EI_TYPE_Q5_0: case EI_TYPE_Q8_0: return EI_X16 * ei_row_size(type, n);
+    case EI_TYPE_Q4_0: case EI_TYPE_Q4_1: case EI_TYPE_Q5_0: case EI_TYPE_Q8_0: case EI_TYPE_F16: case EI_TYPE_BF16:
+        return EI_X16 * ei_row_size(type, n);
     case EI_TYPE_Q4_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q4_Kx16);
     case EI_TYPE_Q5_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q5_Kx16);
     case EI_TYPE_Q6_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q6_Kx16);
@@ -192,16 +193,31 @@ static int legacy_x16(int type) {
     return type == EI_TYPE_Q4_0 || type == EI_TYPE_Q4_1 || type == EI_TYPE_Q5_0 || type == EI_TYPE_Q8_0;
 }
 
-int ei_x16_unpacks(int type) { return legacy_x16(type); }
+int ei_x16_unpacks(int type) { return legacy_x16(type) || type == EI_TYPE_F16 || type == EI_TYPE_BF16; }
 
 int ei_unpack_x16_row(int type, const void *packed, int r, int64_t n, void *row) {
-    if (!legacy_x16(type) || !ei_x16_size(type, n) || r < 0 || r >= EI_X16) return 0;
+    if (!ei_x16_unpacks(type) || !ei_x16_size(type, n) || r < 0 || r >= EI_X16) return 0;
+    if (type == EI_TYPE_F16 || type == EI_TYPE_BF16) { /* block_f16x16: lane r of each element */
+        const block_f16x16 *x = packed;
+        for (int64_t d = 0; d < n; d++) memcpy((uint8_t *)row + 2 * (size_t)d, &x[d].v[r], 2);
+        return 1;
+    }
     for (int64_t i = 0; i < n / QK4_0; i++) move_legacy_block(type, row, r, i, (uint8_t *)packed, 0);
     return 1;
 }
 
+/* block_f16x16: value d of row r to element d's lane r */
+static void pack_half_rows(const uint8_t *rows, size_t row_stride, int64_t n, block_f16x16 *out) {
+    for (int r = 0; r < EI_X16; r++)
+        for (int64_t d = 0; d < n; d++) memcpy(&out[d].v[r], rows + (size_t)r * row_stride + 2 * (size_t)d, 2);
+}
+
 int ei_pack_x16(int type, const void *rows, size_t row_stride, int64_t n, void *out) {
     if (!ei_x16_size(type, n)) return 0;
+    if (type == EI_TYPE_F16 || type == EI_TYPE_BF16) {
+        pack_half_rows(rows, row_stride, n, out);
+        return 1;
+    }
     for (int r = 0; r < EI_X16; r++) {
         const uint8_t *row = (const uint8_t *)rows + (size_t)r * row_stride;
         if (type == EI_TYPE_Q4_K || type == EI_TYPE_Q5_K || type == EI_TYPE_Q6_K) pack_k_row(type, row, r, n, out);

@@ -143,6 +143,29 @@ static void ref_x16_q6_K(int n, int nc, float *s, size_t ss, const void *vx, con
     }
 }
 
+/* F16 or BF16 (bf16) rows: every product of two values exact in double, added in index
+ * order as vec_dot adds them */
+static void ref_x16_half(int bf16, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
+    const block_f16x16 *x = vx;
+    for (int c = 0; c < nc; c++) {
+        const uint16_t *y = (const uint16_t *)((const uint8_t *)vy + (size_t)c * ys);
+        for (int r = 0; r < EI_X16; r++) {
+            double sum = 0.0;
+            for (int d = 0; d < n; d++)
+                sum += bf16 ? (double)ei_bf16_to_fp32(x[d].v[r]) * ei_bf16_to_fp32(y[d]) : (double)F16(x[d].v[r]) * F16(y[d]);
+            s[(size_t)c * ss + r] = (float)sum;
+        }
+    }
+}
+
+static void ref_x16_f16(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    ref_x16_half(0, n, nc, s, ss, x, y, ys);
+}
+
+static void ref_x16_bf16(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    ref_x16_half(1, n, nc, s, ss, x, y, ys);
+}
+
 ei_gemm_x16_fn ei_ref_gemm_x16(int type) {
     switch (type) {
     case EI_TYPE_Q4_0: return ref_x16_q4_0;
@@ -152,6 +175,8 @@ ei_gemm_x16_fn ei_ref_gemm_x16(int type) {
     case EI_TYPE_Q4_K: return ref_x16_q4_K;
     case EI_TYPE_Q5_K: return ref_x16_q5_K;
     case EI_TYPE_Q6_K: return ref_x16_q6_K;
+    case EI_TYPE_F16: return ref_x16_f16;
+    case EI_TYPE_BF16: return ref_x16_bf16;
     default: return NULL;
     }
 }

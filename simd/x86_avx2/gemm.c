@@ -625,6 +625,86 @@ KX16(q4_K, EI_TYPE_Q4_K)
 KX16(q5_K, EI_TYPE_Q5_K)
 KX16(q6_K, EI_TYPE_Q6_K)
 
+/* ---- F16 and BF16 rows interleaved by 16 (block_f16x16) ------------------------------------
+ * Lane r = row r: value d of rows 4q..4q+3 is one 8-byte load, converted to doubles once for
+ * all columns, and each column's value d is converted once into a chunk of doubles that every
+ * row's pass broadcasts from. A product of two such values is exact in double, so a fused add
+ * rounds as the reference's add, and each (row, column) lane adds in index order: vec_dot bit
+ * for bit. Those sums are serial chains of fused adds (5 cycles each on the EPYC), so a pass
+ * takes as many rows as keep up to 8 chains in registers: 16 rows for 1-2 columns, 8 for 3-4,
+ * 4 for more. Decoding reads the 16 rows as one run of memory instead of 4 row streams. */
+#define HX16_CHUNK 64 /* values a pass covers: (columns, chunk) doubles stay in L1 */
+/* Decoding reads the copy once, and the prefetchers fall behind on it (as on kx16's): asking
+ * for each line 4096 bytes ahead took 2048 x 2048 F16, one column, one thread on the EPYC from
+ * 1.30-1.46 ms to 0.90-0.95 (1024 and 8192 ahead measured no better) */
+#define HX16_PREFETCH 4096
+
+/* value d of 4 rows (or 4 consecutive values of a row) as doubles */
+EI_AVX2_INLINE __m256d half4_pd(int bf16, const uint16_t *p) {
+    const __m128i h = _mm_loadl_epi64((const __m128i *)p);
+    return _mm256_cvtps_pd(bf16 ? _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)) : _mm_cvtph_ps(h));
+}
+
+/* a[j] = value j of m values of an activation row, as doubles */
+EI_AVX2_INLINE void half_chunk(int bf16, const uint16_t *y, int m, double *a) {
+    int j = 0;
+    for (; j + 4 <= m; j += 4) _mm256_storeu_pd(a + j, half4_pd(bf16, y + j));
+    for (; j < m; j++) a[j] = bf16 ? ei_bf16_to_fp32(y[j]) : ei_fp16_to_fp32(y[j]);
+}
+
+/* acc[c][q0 + k] (rows 4(q0 + k)..) += the chunk's m products with column c, k < nq */
+EI_AVX2_INLINE void hx16_pass(int bf16, int nc, int nq, int q0, int m, const block_f16x16 *x,
+                              double (*a)[HX16_CHUNK], __m256d (*acc)[4]) {
+    __m256d r[8]; /* (column, quarter): nc * nq <= 8 */
+    EI_UNROLL
+    for (int c = 0; c < nc; c++) {
+        EI_UNROLL
+        for (int k = 0; k < nq; k++) r[c * nq + k] = acc[c][q0 + k];
+    }
+    for (int j = 0; j < m; j++) {
+        if (q0 == 0 && j % 2 == 0) /* a line holds 2 values of the 16 rows */
+            _mm_prefetch((const char *)(x + j) + HX16_PREFETCH, _MM_HINT_T0);
+        __m256d w[4];
+        EI_UNROLL
+        for (int k = 0; k < nq; k++) w[k] = half4_pd(bf16, x[j].v + 4 * (q0 + k));
+        EI_UNROLL
+        for (int c = 0; c < nc; c++) {
+            const __m256d v = _mm256_broadcast_sd(&a[c][j]);
+            EI_UNROLL
+            for (int k = 0; k < nq; k++) r[c * nq + k] = _mm256_fmadd_pd(w[k], v, r[c * nq + k]);
+        }
+    }
+    EI_UNROLL
+    for (int c = 0; c < nc; c++) {
+        EI_UNROLL
+        for (int k = 0; k < nq; k++) acc[c][q0 + k] = r[c * nq + k];
+    }
+}
+
+EI_AVX2_INLINE void avx2_gemm_hx16(int bf16, int n, int nc, float *s, size_t ss, const void *vx, const void *vy,
+                                   size_t ys) {
+    const int nq = nc <= 2 ? 4 : nc <= 4 ? 2 : 1; /* quarters (4 rows) a pass */
+    const block_f16x16 *x = vx;
+    double a[AVX2_X16_TILE][HX16_CHUNK]; /* (column, chunk) */
+    __m256d acc[AVX2_X16_TILE][4];       /* (column, rows 4q..4q+3) */
+    for (int c = 0; c < nc; c++)
+        for (int q = 0; q < 4; q++) acc[c][q] = _mm256_setzero_pd();
+    for (int d0 = 0; d0 < n; d0 += HX16_CHUNK) {
+        const int m = n - d0 < HX16_CHUNK ? n - d0 : HX16_CHUNK;
+        for (int c = 0; c < nc; c++) half_chunk(bf16, (const uint16_t *)((const uint8_t *)vy + (size_t)c * ys) + d0, m, a[c]);
+        for (int q0 = 0; q0 < 4; q0 += nq) hx16_pass(bf16, nc, nq, q0, m, x + d0, a, acc);
+    }
+    for (int c = 0; c < nc; c++)
+        for (int q = 0; q < 4; q++) _mm_storeu_ps(s + (size_t)c * ss + 4 * q, _mm256_cvtpd_ps(acc[c][q]));
+}
+
+static void avx2_gemm_x16_f16(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    X16_CASES(avx2_gemm_hx16, 0,)
+}
+static void avx2_gemm_x16_bf16(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
+    X16_CASES(avx2_gemm_hx16, 1,)
+}
+
 void ei_avx2_gemm_kernels(ei_kernels *k) {
     k->x16_tile = AVX2_X16_TILE;
     k->gemm_x16[EI_TYPE_Q4_K] = avx2_gemm_x16_q4_K;
@@ -634,6 +714,8 @@ void ei_avx2_gemm_kernels(ei_kernels *k) {
     k->gemm_x16[EI_TYPE_Q5_0] = avx2_gemm_x16_q5_0;
     k->gemm_x16[EI_TYPE_Q4_1] = avx2_gemm_x16_q4_1;
     k->gemm_x16[EI_TYPE_Q8_0] = avx2_gemm_x16_q8_0;
+    k->gemm_x16[EI_TYPE_F16] = avx2_gemm_x16_f16;
+    k->gemm_x16[EI_TYPE_BF16] = avx2_gemm_x16_bf16;
     k->gemm[EI_TYPE_Q4_0] = avx2_gemm_q4_0;
     k->gemm[EI_TYPE_Q4_1] = avx2_gemm_q4_1;
     k->gemm[EI_TYPE_Q5_0] = avx2_gemm_q5_0;

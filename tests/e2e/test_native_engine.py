@@ -81,11 +81,13 @@ def test_every_instruction_set_gives_the_same_greedy_text(gemma_path, isa):
 
 
 @pytest.mark.parametrize("isa", ALL_ISAS)
-def test_interleaved_weight_copies_equal_reference(fixture_models, isa):
-    """The llama fixture's Q4_0 matrices are copied into interleaved rows where the
-    instruction set has a kernel for them (avx2, avx512, NEON with dotprod), reported as such,
-    and change no bit."""
-    path = fixture_models["llama"]
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_interleaved_weight_copies_equal_reference(fixture_models, isa, arch):
+    """The llama fixture's Q4_0 matrices (and its F16 output, qwen3's F16 and BF16 attention
+    matrices, on AVX2) are copied into interleaved rows where the instruction set has a kernel
+    for them (avx2, avx512, NEON with dotprod), reported as such, and change no bit, for a
+    prompt and for decoding."""
+    path = fixture_models[arch]
     with edgeinfer.load(path, engine="reference") as ref, \
             edgeinfer.load(path, engine="native", isa=isa) as nat:  # fmt: skip
         copies = nat._engine.weight_copy_bytes

@@ -784,6 +784,8 @@ int main(void) {
                          EI_TYPE_Q2_K, EI_TYPE_Q3_K, EI_TYPE_Q4_K, EI_TYPE_Q5_K, EI_TYPE_Q6_K,
                          EI_TYPE_F16, EI_TYPE_BF16, EI_TYPE_F32};
     const int counts[] = {1, 2, 3, 5, 8, 13, 80};
+    /* float rows (interleaved by value, any length): odd lengths, and past chunks of 64 */
+    const int float_lengths[] = {1, 3, 17, 43, 64, 105, 642};
     /* rows padded past their length, by 8 bytes so that every block's fields stay aligned as
      * in a GGUF file (UBSan: a 7-byte pad put block_q8_0.d at odd addresses); output
      * columns SS floats apart */
@@ -828,7 +830,7 @@ int main(void) {
             continue;
         }
         for (unsigned ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
-            const int n = counts[ci] * bs;
+            const int n = bs > 1 ? counts[ci] * bs : float_lengths[ci];
             const size_t wr = ei_row_size(type, n) + PAD, ar = ei_row_size(pt, n) + PAD;
             uint8_t *w = malloc(EI_X16 * wr), *packed = malloc(ei_x16_size(type, n)), *act = malloc(EI_X16_TILE_MAX * ar);
             static float x[MAX_N];
