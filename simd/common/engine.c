@@ -707,11 +707,16 @@ static void kivi_quantize(ei_engine *e, int il, int ith, int nth) {
     ei_pool_barrier(e->pool);
 }
 
+/* the first position the query of token i sees in layer il (its window's start) */
+static int window_start(const ei_engine *e, const step *st, int il, int i) {
+    const int window = e->layers[il].window, pos = st->pos[i];
+    return window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
 /* the quantized groups the query of token i reads for KV head g, then its f16 residual rows */
 static int kivi_query_runs(const ei_engine *e, const step *st, int il, int i, int g, ei_attn_run *runs,
                            ei_attn_params *ap) {
-    const int window = e->layers[il].window, pos = st->pos[i], s = st->seq[i];
-    const int t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    const int pos = st->pos[i], s = st->seq[i], t0 = window_start(e, st, il, i);
     const int below = kivi_quantized_below(e, pos), split_at = below > t0 ? below : t0;
     if (e->scores) ap->track = e->scores + (size_t)s * e->p.n_ctx + t0;
     ap->n_kivi_runs = ei_kv_pool_runs(e->kv, s, il, t0, split_at, (size_t)g * e->kivi_k_block,
@@ -809,12 +814,6 @@ static int range_runs(const ei_engine *e, int s, int il, int t0, int t1, int g, 
     if (!e->ks.shift || !e->ks.any[s]) return ei_kv_pool_runs(e->kv, s, il, t0, t1, k_off, v_off, runs);
     const int n = ei_kv_pool_runs(e->kv, s, il, t0, t1, k_off, v_off, pool_runs);
     return ei_key_shifts_split(&e->ks, s, e->layer_base[il], t0, pool_runs, n, e->k_row_bytes, e->v_row_bytes, runs);
-}
-
-/* the first position the query of token i sees in layer il (its window's start) */
-static int window_start(const ei_engine *e, const step *st, int il, int i) {
-    const int window = e->layers[il].window, pos = st->pos[i];
-    return window && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
 static int query_runs(const ei_engine *e, const step *st, int il, int i, int g, ei_attn_run *runs,
@@ -957,12 +956,8 @@ static int keep_output_rows(ei_engine *e, step *st, int ith) {
  * and the weighted sum of their values) and the cache rows its queries read */
 static void mark_attention(ei_engine *e, const step *st, int il) {
     const ei_model_desc *m = &e->m;
-    const int window = e->layers[il].window;
     int64_t keys = 0;
-    for (int i = 0; i < st->n; i++) {
-        const int pos = st->pos[i], t0 = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
-        keys += pos + 1 - t0;
-    }
+    for (int i = 0; i < st->n; i++) keys += st->pos[i] + 1 - window_start(e, st, il, i);
     const int64_t flops = keys * m->n_head * 2 * (int64_t)(m->head_dim + m->head_dim_v);
     const int64_t bytes = e->kivi ? 0 : keys * (int64_t)(e->k_row_bytes + e->v_row_bytes);
     ei_profile_mark(&e->prof, EI_PROF_attention, ei_pool_released_ns(e->pool), 1, flops, bytes);
@@ -977,12 +972,12 @@ static void embed(ei_engine *e, const step *st, int ith, int nth) {
     const size_t erow = ei_row_size(m->tok_embd.type, E);
     const int from_copy = e->embd_from_copy && m->output.layout == EI_LAYOUT_X16;
     uint8_t *unpacked = e->embd_rows + (size_t)ith * erow; /* (erow) */
+    const size_t group = from_copy ? ei_x16_size(m->output.type, E) : 0; /* bytes of EI_X16 rows */
     for (int i = a; i < b; i++) {
         float *x = e->x + (size_t)i * E;
         const int tok = st->tok[i];
         const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tok * erow;
         if (from_copy) { /* row tok % EI_X16 of interleaved group tok / EI_X16 */
-            const size_t group = ei_x16_size(m->output.type, E);
             ei_unpack_x16_row(m->output.type, (const uint8_t *)m->output.data + (size_t)(tok / EI_X16) * group,
                               tok % EI_X16, E, unpacked);
             row = unpacked;

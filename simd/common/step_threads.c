@@ -31,15 +31,14 @@ void ei_step_threads_init(ei_step_threads *t, int n_threads, int fixed) {
     for (int i = 0; i < EI_TUNED_MAX_LEN; i++) start(&t->len[i], t->n, t->n);
 }
 
-static ei_tuned_len *tuned(ei_step_threads *t, int len) {
-    if (t->fixed || t->n == 1 || len < 1 || len > EI_TUNED_MAX_LEN) return 0;
-    return &t->len[len - 1];
+/* steps of len tokens are tuned (else they run on all n) */
+static int is_tuned(const ei_step_threads *t, int len) {
+    return !t->fixed && t->n > 1 && len >= 1 && len <= EI_TUNED_MAX_LEN;
 }
 
-int ei_step_threads_current(const ei_step_threads *t, int len) {
-    if (t->fixed || t->n == 1 || len < 1 || len > EI_TUNED_MAX_LEN) return t->n;
-    return t->len[len - 1].k;
-}
+static ei_tuned_len *tuned(ei_step_threads *t, int len) { return is_tuned(t, len) ? &t->len[len - 1] : 0; }
+
+int ei_step_threads_current(const ei_step_threads *t, int len) { return is_tuned(t, len) ? t->len[len - 1].k : t->n; }
 
 int ei_step_threads_pick(ei_step_threads *t, int len) {
     ei_tuned_len *L = tuned(t, len);

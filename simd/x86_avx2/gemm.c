@@ -423,13 +423,14 @@ EI_AVX2_INLINE void avx2_gemm_x16_signed(int n, int nc, float *s, size_t ss, con
     default: KERNEL(__VA_ARGS__ n, AVX2_X16_TILE, s, ss, x, y, ys); break;  \
     }
 
-#define LEGACY_X16(T, TYPE)                                                                               \
+/* avx2_gemm_x16_T: KERNEL(ARG, ...) for every column count */
+#define X16_FN(T, KERNEL, ARG)                                                                            \
     static void avx2_gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
-        X16_CASES(avx2_gemm_x16, TYPE,)                                                                   \
+        X16_CASES(KERNEL, ARG,)                                                                           \
     }
-LEGACY_X16(q4_0, EI_TYPE_Q4_0)
-LEGACY_X16(q4_1, EI_TYPE_Q4_1)
-LEGACY_X16(q5_0, EI_TYPE_Q5_0)
+X16_FN(q4_0, avx2_gemm_x16, EI_TYPE_Q4_0)
+X16_FN(q4_1, avx2_gemm_x16, EI_TYPE_Q4_1)
+X16_FN(q5_0, avx2_gemm_x16, EI_TYPE_Q5_0)
 static void avx2_gemm_x16_q8_0(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
     X16_CASES(avx2_gemm_x16_signed, )
 }
@@ -617,13 +618,9 @@ EI_AVX2_INLINE void avx2_gemm_kx16(int type, int n, int nc, float *s, size_t ss,
         for (int q = 0; q < 4; q++) _mm_storeu_ps(s + (size_t)c * ss + 4 * q, _mm256_cvtpd_ps(acc[c][q]));
 }
 
-#define KX16(T, TYPE)                                                                                     \
-    static void avx2_gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
-        X16_CASES(avx2_gemm_kx16, TYPE,)                                                                  \
-    }
-KX16(q4_K, EI_TYPE_Q4_K)
-KX16(q5_K, EI_TYPE_Q5_K)
-KX16(q6_K, EI_TYPE_Q6_K)
+X16_FN(q4_K, avx2_gemm_kx16, EI_TYPE_Q4_K)
+X16_FN(q5_K, avx2_gemm_kx16, EI_TYPE_Q5_K)
+X16_FN(q6_K, avx2_gemm_kx16, EI_TYPE_Q6_K)
 
 /* ---- F16 and BF16 rows interleaved by 16 (block_f16x16) ------------------------------------
  * Lane r = row r: value d of rows 4q..4q+3 is one 8-byte load, converted to doubles once for
@@ -698,12 +695,8 @@ EI_AVX2_INLINE void avx2_gemm_hx16(int bf16, int n, int nc, float *s, size_t ss,
         for (int q = 0; q < 4; q++) _mm_storeu_ps(s + (size_t)c * ss + 4 * q, _mm256_cvtpd_ps(acc[c][q]));
 }
 
-static void avx2_gemm_x16_f16(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
-    X16_CASES(avx2_gemm_hx16, 0,)
-}
-static void avx2_gemm_x16_bf16(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {
-    X16_CASES(avx2_gemm_hx16, 1,)
-}
+X16_FN(f16, avx2_gemm_hx16, 0)
+X16_FN(bf16, avx2_gemm_hx16, 1)
 
 void ei_avx2_gemm_kernels(ei_kernels *k) {
     k->x16_tile = AVX2_X16_TILE;

@@ -99,11 +99,11 @@ static void check_attn_block(const ei_kernels *ref, const ei_kernels *var, ei_at
                 end[i] = n - (n_tok - 1 - tok) - (shape == 1 ? 1 : 0); /* a key more each token */
                 first[i] = shape == 2 ? tok * 3 % (end[i] - 1) : 0;     /* windows moving on */
             }
-            for (int which = 0; which < 2; which++) {
+            for (int which = 0; which < 2; which++) { /* the reference, then the variant's */
+                const ei_attn_block_fn block = which ? var->attn_block : ei_ref_attn_block;
+                if (!block) continue;
                 ap->kt = which ? var : ref;
-                if (which && var->attn_block) var->attn_block(ap, nq, q, first, end, out, room, scratch);
-                else if (which) continue;
-                else ei_ref_attn_block(ap, nq, q, first, end, out, room, scratch);
+                block(ap, nq, q, first, end, out, room, scratch);
                 ap->kt = ref;
                 for (int i = 0; i < nq; i++) {
                     ei_attn_params sub;
