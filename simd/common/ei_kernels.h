@@ -41,6 +41,19 @@ typedef void (*ei_gemm_fn)(int n, int nr, int nc, float *s, size_t s_stride, con
 #define EI_X16_TILE_MAX 8
 typedef void (*ei_gemm_x16_fn)(int n, int nc, float *s, size_t s_stride, const void *x, const void *y,
                                size_t y_stride);
+/* inside an ei_gemm_x16_fn (n, nc, s, ss, x, y, ys): KERNEL(..., n, nc, ...) with the column count
+ * a constant in each inlined copy, so that a tile's accumulators stay in registers */
+#define EI_X16_CASES(TILE, KERNEL, ...)                                 \
+    switch (nc) {                                                       \
+    case 1: KERNEL(__VA_ARGS__ n, 1, s, ss, x, y, ys); break;           \
+    case 2: KERNEL(__VA_ARGS__ n, 2, s, ss, x, y, ys); break;           \
+    case 3: KERNEL(__VA_ARGS__ n, 3, s, ss, x, y, ys); break;           \
+    case 4: KERNEL(__VA_ARGS__ n, 4, s, ss, x, y, ys); break;           \
+    case 5: KERNEL(__VA_ARGS__ n, 5, s, ss, x, y, ys); break;           \
+    case 6: KERNEL(__VA_ARGS__ n, 6, s, ss, x, y, ys); break;           \
+    case 7: KERNEL(__VA_ARGS__ n, 7, s, ss, x, y, ys); break;           \
+    default: KERNEL(__VA_ARGS__ n, TILE, s, ss, x, y, ys); break;       \
+    }
 
 /* y = n activations x converted to a partner type (q8_0, q8_1, q8_K, f16, bf16 blocks), or
  * keys and values to a cache type (q4_0 is one only for the cache) */

@@ -410,18 +410,7 @@ EI_AVX2_INLINE void avx2_gemm_x16_signed(int n, int nc, float *s, size_t ss, con
         for (int q = 0; q < 4; q++) _mm_storeu_ps(s + (size_t)c * ss + 4 * q, _mm256_cvtpd_ps(acc[c][q]));
 }
 
-/* the column count a constant inside each inlined copy (the accumulators stay in registers) */
-#define X16_CASES(KERNEL, ...)                                              \
-    switch (nc) {                                                           \
-    case 1: KERNEL(__VA_ARGS__ n, 1, s, ss, x, y, ys); break;               \
-    case 2: KERNEL(__VA_ARGS__ n, 2, s, ss, x, y, ys); break;               \
-    case 3: KERNEL(__VA_ARGS__ n, 3, s, ss, x, y, ys); break;               \
-    case 4: KERNEL(__VA_ARGS__ n, 4, s, ss, x, y, ys); break;               \
-    case 5: KERNEL(__VA_ARGS__ n, 5, s, ss, x, y, ys); break;               \
-    case 6: KERNEL(__VA_ARGS__ n, 6, s, ss, x, y, ys); break;               \
-    case 7: KERNEL(__VA_ARGS__ n, 7, s, ss, x, y, ys); break;               \
-    default: KERNEL(__VA_ARGS__ n, AVX2_X16_TILE, s, ss, x, y, ys); break;  \
-    }
+#define X16_CASES(KERNEL, ...) EI_X16_CASES(AVX2_X16_TILE, KERNEL, __VA_ARGS__)
 
 /* avx2_gemm_x16_T: KERNEL(ARG, ...) for every column count */
 #define X16_FN(T, KERNEL, ARG)                                                                            \
@@ -531,13 +520,11 @@ EI_AVX2_INLINE __m256i kx16_dots(int type, const __m256i *w, const int8_t *y, co
         }
         return _mm256_add_epi32(iacc, _mm256_add_epi32(_mm256_madd_epi16(p[0], sc[j]), _mm256_madd_epi16(p[1], sc[j])));
     }
-    if (type == EI_TYPE_Q4_K) {
-        __m256i p = _mm256_maddubs_epi16(w[0], bcast4(y));
+    if (type == EI_TYPE_Q4_K) { /* w[k] meets values 4k..4k+3; two chains of adds */
+        __m256i p[2] = {_mm256_maddubs_epi16(w[0], bcast4(y)), _mm256_maddubs_epi16(w[1], bcast4(y + 4))};
         EI_UNROLL
-        for (int k = 1; k < 4; k++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[k], bcast4(y + 4 * k)));
-        EI_UNROLL
-        for (int k = 0; k < 4; k++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[4 + k], bcast4(y + 16 + 4 * k)));
-        return _mm256_add_epi32(iacc, _mm256_madd_epi16(p, sc[j]));
+        for (int k = 2; k < 8; k++) p[k & 1] = _mm256_add_epi16(p[k & 1], _mm256_maddubs_epi16(w[k], bcast4(y + 4 * k)));
+        return _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_add_epi16(p[0], p[1]), sc[j]));
     }
     EI_UNROLL
     for (int half = 0; half < 2; half++) { /* sub-block 2j + half: values 16 half .. 16 half + 15 */
