@@ -41,6 +41,11 @@ typedef void (*ei_gemm_fn)(int n, int nr, int nc, float *s, size_t s_stride, con
 #define EI_X16_TILE_MAX 8
 typedef void (*ei_gemm_x16_fn)(int n, int nc, float *s, size_t s_stride, const void *x, const void *y,
                                size_t y_stride);
+/* gemm_x16 over ng consecutive groups of one interleaved tensor (group g at x + g *
+ * ei_x16_size(type, n), its outputs at s + g * EI_X16), for a table that shares work between
+ * the groups of a span (AVX-512's activations prepared once) */
+typedef void (*ei_gemm_x16_span_fn)(int n, int ng, int nc, float *s, size_t s_stride, const void *x, const void *y,
+                                    size_t y_stride);
 /* inside an ei_gemm_x16_fn (n, nc, s, ss, x, y, ys): KERNEL(..., n, nc, ...) with the column count
  * a constant in each inlined copy, so that a tile's accumulators stay in registers */
 #define EI_X16_CASES(TILE, KERNEL, ...)                                 \
@@ -142,6 +147,7 @@ struct ei_kernels {
     ei_vec_dot_fn vec_dot[EI_TYPE_COUNT];       /* indexed by weight type */
     ei_gemm_fn gemm[EI_TYPE_COUNT];             /* indexed by weight type; NULL: loop vec_dot */
     ei_gemm_x16_fn gemm_x16[EI_TYPE_COUNT];     /* by weight type; NULL: rows used as stored */
+    ei_gemm_x16_span_fn gemm_x16_span[EI_TYPE_COUNT]; /* NULL: gemm_x16 group by group */
     int x16_tile; /* the most activation rows gemm_x16 takes (<= EI_X16_TILE_MAX; 0: EI_TILE): the
                    * more, the more tokens share each unpacked weight block */
     ei_to_float_fn to_float[EI_TYPE_COUNT];     /* indexed by storage type */

@@ -18,10 +18,12 @@
 
 #define MAX_BASES 4     /* distinct rope bases among the layers */
 #define ROW_BLOCK 16    /* weight rows one thread takes at a time (kept in L1 across tokens) */
-/* row blocks a prompt's piece of a product takes: a tile of activations is read once for 4
- * of them, not once per block. The 1.1B Q4_0 model's pp512 on the AVX-512 EPYC (bench
- * --profile): 558 -> 612 GFLOP/s with 4 (603 with 8) */
-#define PROMPT_PIECE 4
+/* the most row blocks a prompt's piece of a product takes (yet 4 pieces a thread): a tile of
+ * activations is read once for all of them, and AVX-512 prepares it once for them
+ * (gemm_x16_span). The 1.1B Q4_0 model's pp512 on the AVX-512 EPYC (bench --profile): Q4_0
+ * products 558 GFLOP/s with pieces of 1, 612 with 4 and the activations prepared per block,
+ * 790 / 856 / 880 with pieces of 4 / 8 / 16 prepared once a piece */
+#define PROMPT_PIECE 16
 static_assert(ROW_BLOCK % EI_X16 == 0, "row blocks hold whole interleaved groups");
 #define MAX_BATCH EI_MAX_BATCH  /* tokens per internal step */
 #define MAX_JOBS 4      /* products in one group (matmul_group) */
@@ -552,6 +554,7 @@ static void matmul_rows(const ei_engine *e, const mm_job *job, int r0, int r1, i
     const ei_vec_dot_fn dot = e->k->vec_dot[w->type];
     const ei_gemm_fn gemm = e->k->gemm[w->type];
     const ei_gemm_x16_fn gemm_x16 = w->layout == EI_LAYOUT_X16 ? e->k->gemm_x16[w->type] : NULL;
+    const ei_gemm_x16_span_fn span = gemm_x16 ? e->k->gemm_x16_span[w->type] : NULL;
     const size_t group = gemm_x16 ? ei_x16_size(w->type, cols) : 0; /* bytes of EI_X16 packed rows */
     float *out = job->out;
     const size_t os = (size_t)job->out_stride;
@@ -560,9 +563,11 @@ static void matmul_rows(const ei_engine *e, const mm_job *job, int r0, int r1, i
         const int nc = n - t0 < tile ? n - t0 : tile;
         const uint8_t *act = e->act[pt] + (size_t)t0 * arow;
         if (gemm_x16) { /* whole groups: packed tensors have a multiple of EI_X16 rows */
-            for (int r = r0; r < r1; r += EI_X16)
-                gemm_x16(cols, nc, out + (size_t)t0 * os + r, os, (const uint8_t *)w->data + (size_t)(r / EI_X16) * group,
-                         act, arow);
+            const uint8_t *x = (const uint8_t *)w->data + (size_t)(r0 / EI_X16) * group;
+            if (span) span(cols, (r1 - r0) / EI_X16, nc, out + (size_t)t0 * os + r0, os, x, act, arow);
+            else
+                for (int r = r0; r < r1; r += EI_X16)
+                    gemm_x16(cols, nc, out + (size_t)t0 * os + r, os, x + (size_t)(r - r0) / EI_X16 * group, act, arow);
             continue;
         }
         for (int r = r0; r < r1; r += EI_TILE) {
@@ -602,7 +607,11 @@ static void matmul_group(ei_engine *e, const mm_job *jobs, int n_jobs, const flo
     ei_pool_barrier(e->pool);
     mark(e, ith, EI_PROF_act_quant, 0, (int64_t)n * cols * 4 * n_types); /* floats read */
 
-    const int piece = n >= 16 ? PROMPT_PIECE : n < 1 ? 1 : 16 / n; /* row blocks */
+    int piece = n >= 16 ? PROMPT_PIECE : n < 1 ? 1 : 16 / n; /* row blocks */
+    for (int j = 0; j < n_jobs && n >= 16; j++) { /* yet 4 pieces a thread of the smallest job */
+        const int most = (int)((jobs[j].w->ne1 + ROW_BLOCK - 1) / ROW_BLOCK) / (4 * nth);
+        if (piece > most) piece = most > 1 ? most : 1;
+    }
     int pieces[MAX_JOBS], total = 0; /* the pieces of each job, which never span two jobs */
     for (int j = 0; j < n_jobs; j++) {
         const int blocks = (int)((jobs[j].w->ne1 + ROW_BLOCK - 1) / ROW_BLOCK);

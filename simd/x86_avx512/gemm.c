@@ -497,63 +497,94 @@ EI_INLINE void gemm_x16_q8_impl(int vnni, int n, int nc, float *s, size_t ss, co
 }
 
 /* Prompt products with VNNI (nc > 1) of Q4_0, Q5_0 and Q8_0: the activations go in unsigned
- * (a + 128, biased once a call for a chunk of blocks) and the weights signed (Q4_0's nibbles
- * less 8, Q5_0's values less 16, Q8_0's as stored). Then sum (a + 128) w = sum a w + 128 sum w,
- * whose correction, 128 times each row's sum of signed weights, is made once a block for all
- * columns, not an activation block sum per column as above. The same exact integer dots, and
- * block terms added as above: vec_dot bit for bit. Each column's dots run in two chains, as
- * one chain of 8 waited on vpdpbusd's latency. The 1.1B Q4_0 model's pp512 on the AVX-512
- * EPYC (bench --profile): 612 -> 734 GFLOP/s from the two chains, 543 -> 558 from the bias. */
-#define X16_CHUNK 16 /* blocks whose activations are biased at a time */
-EI_INLINE void gemm_x16_biased(int type, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
+ * (a + 128, prepared once for all the groups of a call's span of rows) and the weights signed
+ * (Q4_0's nibbles less 8, Q5_0's values less 16, Q8_0's as stored). Then sum (a + 128) w =
+ * sum a w + 128 sum w, whose correction, 128 times each row's sum of signed weights, is made
+ * once a block for all columns, not an activation block sum per column as above. The same
+ * exact integer dots, and block terms added as above: vec_dot bit for bit. Each column's dots
+ * run in two chains, as one chain of 8 waited on vpdpbusd's latency. The 1.1B Q4_0 model's
+ * pp512 on the AVX-512 EPYC (bench --profile): 543 -> 558 GFLOP/s from the bias, 612 -> 734
+ * from the two chains, and 734 -> 880 from preparing the activations once for a span of up to
+ * 16 groups (engine.c: PROMPT_PIECE) rather than once a group. */
+#define X16_PREPARED_MAX 16384 /* values of a row whose activations a span prepares (longer: per group) */
+
+typedef struct {
+    uint8_t ab[X16_TILE][X16_PREPARED_MAX]; /* (column, value): a + 128 */
+    double dy[X16_TILE][X16_PREPARED_MAX / QK8_0];
+} x16_prepared;
+
+static void x16_prepare(int n, int nc, const void *vy, size_t ys, x16_prepared *p) {
+    for (int c = 0; c < nc; c++) {
+        const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys);
+        for (int b = 0; b < n / QK8_0; b++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)y[b].qs);
+            _mm256_storeu_si256((__m256i *)(p->ab[c] + QK8_0 * b), _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
+            p->dy[c][b] = (double)f16_to_f32(y[b].d);
+        }
+    }
+}
+
+EI_INLINE void gemm_x16_prepared(int type, int n, int nc, float *s, size_t ss, const void *vx, const x16_prepared *p) {
     const size_t bytes = type == EI_TYPE_Q8_0 ? sizeof(block_q8_0x16) : type == EI_TYPE_Q5_0 ? sizeof(block_q5_0x16) : sizeof(block_q4_0x16);
     const __m512i offset = _mm512_set1_epi8(type == EI_TYPE_Q4_0 ? 8 : 16), ones = _mm512_set1_epi8(1);
     const uint8_t *x = vx;
-    uint8_t ab[X16_TILE][X16_CHUNK][QK8_0]; /* (column, block): a + 128 */
-    double dy[X16_TILE][X16_CHUNK];
     __m512d acc[X16_TILE][2];
     EI_UNROLL for (int c = 0; c < X16_TILE; c++) acc[c][0] = acc[c][1] = _mm512_setzero_pd();
-    for (int i0 = 0; i0 < n / QK8_0; i0 += X16_CHUNK) {
-        const int m = n / QK8_0 - i0 < X16_CHUNK ? n / QK8_0 - i0 : X16_CHUNK;
-        for (int c = 0; c < nc; c++) {
-            const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys) + i0;
-            for (int b = 0; b < m; b++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)y[b].qs);
-                _mm256_storeu_si256((__m256i *)ab[c][b], _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
-                dy[c][b] = (double)f16_to_f32(y[b].d);
+    for (int b = 0; b < n / QK8_0; b++, x += bytes) {
+        __m512d dw[2];
+        f16x16_rows((const ei_f16 *)x, dw); /* d: the first field */
+        __m512i w[8], start = _mm512_setzero_si512();
+        if (type == EI_TYPE_Q8_0) {
+            EI_UNROLL for (int k = 0; k < 8; k++) {
+                w[k] = _mm512_loadu_si512((const void *)(((const block_q8_0x16 *)x)->qs + 64 * k));
+                start = _mm512_dpbusd_epi32(start, ones, w[k]);
             }
+        } else { /* 8 values in [-16, 15] add up in int8 */
+            x16_nibble_weights(type, x, w);
+            __m512i sum = _mm512_setzero_si512();
+            EI_UNROLL for (int k = 0; k < 8; k++) sum = _mm512_add_epi8(sum, w[k] = _mm512_sub_epi8(w[k], offset));
+            start = _mm512_dpbusd_epi32(start, ones, sum);
         }
-        for (int b = 0; b < m; b++, x += bytes) {
-            __m512d dw[2];
-            f16x16_rows((const ei_f16 *)x, dw); /* d: the first field */
-            __m512i w[8], start = _mm512_setzero_si512();
-            if (type == EI_TYPE_Q8_0) {
-                EI_UNROLL for (int k = 0; k < 8; k++) {
-                    w[k] = _mm512_loadu_si512((const void *)(((const block_q8_0x16 *)x)->qs + 64 * k));
-                    start = _mm512_dpbusd_epi32(start, ones, w[k]);
-                }
-            } else { /* 8 values in [-16, 15] add up in int8 */
-                x16_nibble_weights(type, x, w);
-                __m512i sum = _mm512_setzero_si512();
-                EI_UNROLL for (int k = 0; k < 8; k++) sum = _mm512_add_epi8(sum, w[k] = _mm512_sub_epi8(w[k], offset));
-                start = _mm512_dpbusd_epi32(start, ones, sum);
-            }
-            start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(start, 7)); /* -128 sum w */
-            EI_UNROLL for (int c = 0; c < X16_TILE; c++) {
-                if (c >= nc) break;
-                __m512i part[2] = {start, _mm512_setzero_si512()}; /* two chains: dpbusd's latency */
-                EI_UNROLL for (int k = 0; k < 8; k++) part[k & 1] = _mm512_dpbusd_epi32(part[k & 1], bcast4(ab[c][b] + 4 * k), w[k]);
-                const __m512i isum = _mm512_add_epi32(part[0], part[1]);
-                const __m512d d = _mm512_set1_pd(dy[c][b]);
-                acc[c][0] = _mm512_fmadd_pd(cvt_lo(isum), _mm512_mul_pd(dw[0], d), acc[c][0]);
-                acc[c][1] = _mm512_fmadd_pd(cvt_hi(isum), _mm512_mul_pd(dw[1], d), acc[c][1]);
-            }
+        start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(start, 7)); /* -128 sum w */
+        EI_UNROLL for (int c = 0; c < X16_TILE; c++) {
+            if (c >= nc) break;
+            const uint8_t *a = p->ab[c] + QK8_0 * b;
+            __m512i part[2] = {start, _mm512_setzero_si512()}; /* two chains: dpbusd's latency */
+            EI_UNROLL for (int k = 0; k < 8; k++) part[k & 1] = _mm512_dpbusd_epi32(part[k & 1], bcast4(a + 4 * k), w[k]);
+            const __m512i isum = _mm512_add_epi32(part[0], part[1]);
+            const __m512d d = _mm512_set1_pd(p->dy[c][b]);
+            acc[c][0] = _mm512_fmadd_pd(cvt_lo(isum), _mm512_mul_pd(dw[0], d), acc[c][0]);
+            acc[c][1] = _mm512_fmadd_pd(cvt_hi(isum), _mm512_mul_pd(dw[1], d), acc[c][1]);
         }
     }
     for (int c = 0; c < nc; c++) {
         _mm256_storeu_ps(s + (size_t)c * ss, _mm512_cvtpd_ps(acc[c][0]));
         _mm256_storeu_ps(s + (size_t)c * ss + 8, _mm512_cvtpd_ps(acc[c][1]));
     }
+}
+
+/* ng groups of TYPE's interleaved rows from x on (ONE: one group) */
+#define GEMM_X16_PREPARED(NC) gemm_x16_prepared(type, n, NC, s + (size_t)g * EI_X16, ss, x + (size_t)g * group, p)
+EI_INLINE void gemm_x16_span_vnni(int type, int n, int ng, int nc, float *s, size_t ss, const void *vx, const void *vy,
+                                  size_t ys, ei_gemm_x16_fn one) {
+    const uint8_t *x = vx;
+    const size_t group = ei_x16_size(type, n);
+    if (nc == 1 || n > X16_PREPARED_MAX) {
+        for (int g = 0; g < ng; g++) one(n, nc, s + (size_t)g * EI_X16, ss, x + (size_t)g * group, vy, ys);
+        return;
+    }
+    static EI_THREAD_LOCAL x16_prepared prepared;
+    x16_prepared *p = &prepared;
+    x16_prepare(n, nc, vy, ys, p);
+    for (int g = 0; g < ng; g++) switch (nc) {
+        case 2: GEMM_X16_PREPARED(2); break;
+        case 3: GEMM_X16_PREPARED(3); break;
+        case 4: GEMM_X16_PREPARED(4); break;
+        case 5: GEMM_X16_PREPARED(5); break;
+        case 6: GEMM_X16_PREPARED(6); break;
+        case 7: GEMM_X16_PREPARED(7); break;
+        default: GEMM_X16_PREPARED(X16_TILE); break;
+        }
 }
 
 /* gemm_x16_T and gemm_x16_T_vnni: KERNEL(ARG, vnni, ...) for every column count */
@@ -565,18 +596,25 @@ EI_INLINE void gemm_x16_biased(int type, int n, int nc, float *s, size_t ss, con
         X16_CASES(KERNEL, __VA_ARGS__ 0,)                                                                          \
     }
 X16_FNS(q4_1, gemm_x16_impl, EI_TYPE_Q4_1,)
-/* decoding (one column) through ONE, prompts through gemm_x16_biased with VNNI */
-#define BIASED_FNS(T, TYPE, ONE, ...)                                                                              \
+/* gemm_x16_T (without VNNI), gemm_x16_T_vnni through ONE for decoding (one column), and
+ * gemm_x16_span_T_vnni: prompts through gemm_x16_prepared, a span of groups at a time */
+#define PREPARED_FNS(T, TYPE, ONE, ...)                                                                            \
+    static void gemm_x16_##T##_one(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {  \
+        X16_CASES(ONE, __VA_ARGS__ 1,)                                                                             \
+    }                                                                                                              \
+    static void gemm_x16_span_##T##_vnni(int n, int ng, int nc, float *s, size_t ss, const void *x, const void *y, \
+                                         size_t ys) {                                                              \
+        gemm_x16_span_vnni(TYPE, n, ng, nc, s, ss, x, y, ys, gemm_x16_##T##_one);                                  \
+    }                                                                                                              \
     static void gemm_x16_##T##_vnni(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) { \
-        if (nc == 1) ONE(__VA_ARGS__ 1, n, 1, s, ss, x, y, ys);                                                    \
-        else X16_CASES(gemm_x16_biased, TYPE,)                                                                     \
+        gemm_x16_span_##T##_vnni(n, 1, nc, s, ss, x, y, ys);                                                       \
     }                                                                                                              \
     static void gemm_x16_##T(int n, int nc, float *s, size_t ss, const void *x, const void *y, size_t ys) {        \
         X16_CASES(ONE, __VA_ARGS__ 0,)                                                                             \
     }
-BIASED_FNS(q4_0, EI_TYPE_Q4_0, gemm_x16_impl, EI_TYPE_Q4_0,)
-BIASED_FNS(q5_0, EI_TYPE_Q5_0, gemm_x16_impl, EI_TYPE_Q5_0,)
-BIASED_FNS(q8_0, EI_TYPE_Q8_0, gemm_x16_q8_impl,)
+PREPARED_FNS(q4_0, EI_TYPE_Q4_0, gemm_x16_impl, EI_TYPE_Q4_0,)
+PREPARED_FNS(q5_0, EI_TYPE_Q5_0, gemm_x16_impl, EI_TYPE_Q5_0,)
+PREPARED_FNS(q8_0, EI_TYPE_Q8_0, gemm_x16_q8_impl,)
 
 /* ---- K super-blocks interleaved by 16 (block_q4_Kx16, block_q5_Kx16, block_q6_Kx16) ------- */
 
@@ -835,6 +873,11 @@ void ei_avx512_gemm_kernels(ei_kernels *k, int vnni) {
     k->gemm_x16[EI_TYPE_Q5_0] = vnni ? gemm_x16_q5_0_vnni : gemm_x16_q5_0;
     k->gemm_x16[EI_TYPE_Q4_1] = vnni ? gemm_x16_q4_1_vnni : gemm_x16_q4_1;
     k->gemm_x16[EI_TYPE_Q8_0] = vnni ? gemm_x16_q8_0_vnni : gemm_x16_q8_0;
+    if (vnni) {
+        k->gemm_x16_span[EI_TYPE_Q4_0] = gemm_x16_span_q4_0_vnni;
+        k->gemm_x16_span[EI_TYPE_Q5_0] = gemm_x16_span_q5_0_vnni;
+        k->gemm_x16_span[EI_TYPE_Q8_0] = gemm_x16_span_q8_0_vnni;
+    }
     k->gemm_x16[EI_TYPE_Q4_K] = vnni ? gemm_x16_q4_K_vnni : gemm_x16_q4_K;
     k->gemm_x16[EI_TYPE_Q5_K] = vnni ? gemm_x16_q5_K_vnni : gemm_x16_q5_K;
     k->gemm_x16[EI_TYPE_Q6_K] = vnni ? gemm_x16_q6_K_vnni : gemm_x16_q6_K;

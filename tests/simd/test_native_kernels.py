@@ -849,6 +849,13 @@ int main(void) {
                 for (int i = 0; i < n; i++) x[i] = gauss() * (c == 2 && i % 29 == 0 ? 30.0f : 1);
                 ref.from_float[pt](x, act + c * ar, n);
             }
+            const size_t group = ei_x16_size(type, n);
+            uint8_t *span = malloc(3 * group), *backwards = malloc(EI_X16 * wr);
+            for (int r = 0; r < EI_X16; r++) memcpy(backwards + r * wr, w + (EI_X16 - 1 - r) * wr, wr);
+            memcpy(span, packed, group);
+            ei_pack_x16(type, backwards, wr, n, span + group);
+            memcpy(span + 2 * group, packed, group);
+            free(backwards);
             const int x16_tile = var.x16_tile ? var.x16_tile : EI_TILE;
             for (int nc = 1; nc <= x16_tile; nc++) {
                 enum { S16 = EI_X16 + 3 };
@@ -863,9 +870,21 @@ int main(void) {
                 for (int i = 0; i < EI_X16_TILE_MAX * S16; i++) got[i] = -12345.0f;
                 var.gemm_x16[type](n, nc, got, S16, packed, act, ar);
                 same("gemm_x16", type, EI_X16, nc, got, want, EI_X16_TILE_MAX * S16);
+                if (!var.gemm_x16_span[type]) continue;
+                /* a span of three groups: these rows, the same rows backwards, these again */
+                enum { S48 = 3 * EI_X16 + 3 };
+                float got3[EI_X16_TILE_MAX * S48], want3[EI_X16_TILE_MAX * S48];
+                for (int i = 0; i < EI_X16_TILE_MAX * S48; i++) got3[i] = want3[i] = -12345.0f;
+                for (int c = 0; c < nc; c++)
+                    for (int g = 0; g < 3; g++)
+                        for (int r = 0; r < EI_X16; r++)
+                            want3[c * S48 + g * EI_X16 + r] = want[c * S16 + (g == 1 ? EI_X16 - 1 - r : r)];
+                var.gemm_x16_span[type](n, 3, nc, got3, S48, span, act, ar);
+                same("gemm_x16_span", type, 3 * EI_X16, nc, got3, want3, EI_X16_TILE_MAX * S48);
             }
             free(w);
             free(packed);
+            free(span);
             free(act);
         }
     }
