@@ -29,7 +29,8 @@ static inline float ei_attn_score(float dot, const ei_attn_params *p) {
 /* w[t] = exp(scores[t] - max) in double for t < n, in order; returns their sum in order */
 static inline double ei_attn_softmax(const float *scores, int n, double *w) {
     float max = -INFINITY;
-    for (int t = 0; t < n; t++) max = fmaxf(max, scores[t]);
+    for (int t = 0; t < n; t++) /* as fmaxf (a NaN score is passed over) but inlined: libm's is a call */
+        if (scores[t] > max) max = scores[t];
     double sum = 0.0;
     for (int t = 0; t < n; t++) {
         w[t] = exp((double)(scores[t] - max));
@@ -79,6 +80,64 @@ static inline void ei_attn_slice(const ei_attn_params *p, int first, int end, ei
         out->n = b - a;
         out->t0 = run->t0 + a;
     }
+}
+
+/* attn_block's scores, the same walk on every ISA: the keys every query of the block sees,
+ * EI_ATTN_BLOCK_KEYS at a time, through the ISA's tile(k, row_bytes, m, dots), which gives
+ * dots[j][i] of query i with key j (m keys; rows past m any value); query i's scores of its
+ * keys [first[i], end[i]) go to sc + off[i] */
+#define EI_ATTN_BLOCK_KEYS 8
+typedef void (*ei_block_tile_fn)(const ei_attn_params *p, const uint8_t *k, int m,
+                                 double dots[EI_ATTN_BLOCK_KEYS][EI_ATTN_BLOCK_QUERIES]);
+static inline void ei_attn_block_scores(const ei_attn_params *p, int nq, const int32_t *first, const int32_t *end,
+                                        const int *off, float *sc, ei_block_tile_fn tile) {
+    int lo = first[0], hi = end[0];
+    for (int i = 1; i < nq; i++) {
+        if (first[i] < lo) lo = first[i];
+        if (end[i] > hi) hi = end[i];
+    }
+    for (int r = 0, at = 0; r < p->n_runs && at < hi; at += p->runs[r++].n) {
+        const int a = lo > at ? lo - at : 0, b = hi - at < p->runs[r].n ? hi - at : p->runs[r].n;
+        for (int t = a; t < b; t += EI_ATTN_BLOCK_KEYS) {
+            const int m = b - t < EI_ATTN_BLOCK_KEYS ? b - t : EI_ATTN_BLOCK_KEYS, g = at + t; /* keys g .. g + m */
+            double dots[EI_ATTN_BLOCK_KEYS][EI_ATTN_BLOCK_QUERIES];
+            tile(p, (const uint8_t *)p->runs[r].k + (size_t)t * p->k_row_bytes, m, dots);
+            for (int i = 0; i < nq; i++)
+                for (int j = 0; j < m; j++)
+                    if (g + j >= first[i] && g + j < end[i]) sc[off[i] + g + j - first[i]] = ei_attn_score((float)dots[j][i], p);
+        }
+    }
+}
+
+/* attn_block's frame, the same on every ISA: each query's weights from its scores (scores
+ * and weights of query i at off[i], its keys [first[i], end[i])) through softmax and the
+ * ISA's rounding, then the values of the queries that see the same keys (a token's heads),
+ * up to 4 together, through the ISA's values(sub, nb, w, n, out) */
+typedef void (*ei_round_weights_fn)(double *w, int n, double sum, int v_type);
+typedef void (*ei_block_values_fn)(const ei_attn_params *sub, int nb, const double *w, int n, float *const *out);
+static inline void ei_attn_block_finish(const ei_attn_params *p, int nq, const int32_t *first, const int32_t *end,
+                                        const int *off, double *w, float *sc, float *const *out, ei_attn_run *room,
+                                        ei_round_weights_fn round_weights, ei_block_values_fn values) {
+    for (int i = 0; i < nq; i++) {
+        const int n = end[i] - first[i];
+        round_weights(w + off[i], n, ei_attn_softmax(sc + off[i], n, w + off[i]), EI_TYPE_F16);
+    }
+    ei_attn_params sub;
+    for (int i0 = 0; i0 < nq;) {
+        int nb = 1;
+        while (i0 + nb < nq && nb < 4 && first[i0 + nb] == first[i0] && end[i0 + nb] == end[i0]) nb++;
+        const int n = end[i0] - first[i0];
+        ei_attn_slice(p, first[i0], end[i0], room, &sub);
+        for (int i = 0; i < nb; i++) ei_attn_track_weights(&sub, w + off[i0 + i], n);
+        values(&sub, nb, w + off[i0], n, out + i0);
+        i0 += nb;
+    }
+}
+
+/* off[i] = where query i's scores and weights start (off[nq]: their total) */
+static inline void ei_attn_block_offsets(int nq, const int32_t *first, const int32_t *end, int *off) {
+    off[0] = 0;
+    for (int i = 0; i < nq; i++) off[i + 1] = off[i] + end[i] - first[i];
 }
 
 static inline int ei_attn_quantized(int type) { return type == EI_TYPE_Q8_0 || type == EI_TYPE_Q4_0; }

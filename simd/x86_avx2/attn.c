@@ -406,7 +406,7 @@ static void avx2_attn_group(const ei_attn_params *p, int nq, const float *q, siz
  * key's dims converted to double once and broadcast to every query; every lane adds its exact
  * products in order of d, as attn does. A key tile serves all the block's queries. */
 
-#define BLOCK_KEYS 8 /* keys converted at a time */
+#define BLOCK_KEYS EI_ATTN_BLOCK_KEYS /* keys converted at a time */
 
 /* out[v * BLOCK_KEYS + j] = the dots of query vector v (qt: (NV, hd, 4 lanes)) with key j of kd
  * ((NK, hd)) */
@@ -445,36 +445,32 @@ static void keys_to_double(const uint8_t *k, size_t row_bytes, int hd, int m, do
     }
 }
 
-/* the block's scores: sc + off[i] holds query i's, for its keys [first[i], end[i]) */
-static void block_scores(const ei_attn_params *p, int nq, const double *qt, const int32_t *first, const int32_t *end,
-                         const int *off, float *sc) {
+/* (nv, hd, 4) the block's queries as fp16 rounds them, lane i % 4 of vector i / 4 */
+static EI_THREAD_LOCAL double block_qt[EI_ATTN_BLOCK_QUERIES / 4 * EI_MAX_HEAD_DIM * 4];
+static EI_THREAD_LOCAL int block_nv; /* query vectors in block_qt */
+
+/* dots[j][i] of the block's queries with m keys from k */
+static void block_tile(const ei_attn_params *p, const uint8_t *k, int m, double dots[BLOCK_KEYS][EI_ATTN_BLOCK_QUERIES]) {
     static EI_THREAD_LOCAL double kd[BLOCK_KEYS * EI_MAX_HEAD_DIM];
-    const int hd = p->head_dim, nv = (nq + 3) / 4;
-    int lo = first[0], hi = end[0];
-    for (int i = 1; i < nq; i++) {
-        if (first[i] < lo) lo = first[i];
-        if (end[i] > hi) hi = end[i];
+    const int hd = p->head_dim;
+    keys_to_double(k, p->k_row_bytes, hd, m, kd);
+    __m256d v[2 * BLOCK_KEYS]; /* (query vector, key) */
+    if (block_nv == 1) block_dots_1_8(block_qt, kd, hd, v);
+    else {
+        block_dots_2_4(block_qt, kd, hd, v);
+        block_dots_2_4(block_qt, kd + 4 * (size_t)hd, hd, v + 4);
     }
-    for (int r = 0, at = 0; r < p->n_runs && at < hi; at += p->runs[r++].n) {
-        const int a = lo > at ? lo - at : 0, b = hi - at < p->runs[r].n ? hi - at : p->runs[r].n;
-        for (int t = a; t < b; t += BLOCK_KEYS) {
-            const int m = b - t < BLOCK_KEYS ? b - t : BLOCK_KEYS, g = at + t; /* keys g .. g + m */
-            keys_to_double((const uint8_t *)p->runs[r].k + (size_t)t * p->k_row_bytes, p->k_row_bytes, hd, m, kd);
-            __m256d dots[2 * BLOCK_KEYS]; /* (query vector, key) */
-            if (nv == 1) block_dots_1_8(qt, kd, hd, dots);
-            else {
-                block_dots_2_4(qt, kd, hd, dots);
-                block_dots_2_4(qt, kd + 4 * (size_t)hd, hd, dots + 4);
-            }
-            for (int i = 0; i < nq; i++) {
-                double lane[BLOCK_KEYS];
-                for (int j = 0; j < m; j++) lane[j] = ((const double *)&dots[i / 4 * BLOCK_KEYS + j])[i % 4];
-                for (int j = 0; j < m; j++)
-                    if (g + j >= first[i] && g + j < end[i])
-                        sc[off[i] + g + j - first[i]] = ei_attn_score((float)lane[j], p);
-            }
-        }
-    }
+    for (int j = 0; j < BLOCK_KEYS; j++)
+        for (int i = 0; i < 4 * block_nv; i++) dots[j][i] = ((const double *)&v[i / 4 * BLOCK_KEYS + j])[i % 4];
+}
+
+/* out[i] = the weighted values for nb queries whose weights are n apart */
+static void block_values(const ei_attn_params *sub, int nb, const double *w, int n, float *const *out) {
+    static EI_THREAD_LOCAL double acc[4 * EI_MAX_HEAD_DIM];
+    group_values(sub, nb, w, n, acc);
+    for (int i = 0; i < nb; i++)
+        for (int d = 0; d < sub->head_dim_v; d += 4)
+            _mm_storeu_ps(out[i] + d, _mm256_cvtpd_ps(_mm256_loadu_pd(acc + i * EI_MAX_HEAD_DIM + d)));
 }
 
 static void avx2_attn_block(const ei_attn_params *p, int nq, const float *const *q, const int32_t *first,
@@ -488,37 +484,18 @@ static void avx2_attn_block(const ei_attn_params *p, int nq, const float *const 
         }
         return;
     }
-    /* (nv, hd, 4) the queries as fp16 rounds them, lane i % 4 of vector i / 4 (past nq: query 0) */
-    static EI_THREAD_LOCAL double qt[EI_ATTN_BLOCK_QUERIES / 4 * EI_MAX_HEAD_DIM * 4];
-    static EI_THREAD_LOCAL double acc[4 * EI_MAX_HEAD_DIM];
-    const int nv = (nq + 3) / 4;
-    for (int v = 0; v < nv; v++)
-        for (int l = 0; l < 4; l++) {
+    block_nv = (nq + 3) / 4;
+    for (int v = 0; v < block_nv; v++)
+        for (int l = 0; l < 4; l++) { /* past nq: query 0 */
             const float *qi = q[4 * v + l < nq ? 4 * v + l : 0];
-            for (int d = 0; d < hd; d++) qt[((size_t)v * hd + d) * 4 + l] = ei_attn_round_to(qi[d], EI_TYPE_F16);
+            for (int d = 0; d < hd; d++) block_qt[((size_t)v * hd + d) * 4 + l] = ei_attn_round_to(qi[d], EI_TYPE_F16);
         }
-    int off[EI_ATTN_BLOCK_QUERIES + 1] = {0};
-    for (int i = 0; i < nq; i++) off[i + 1] = off[i] + end[i] - first[i];
+    int off[EI_ATTN_BLOCK_QUERIES + 1];
+    ei_attn_block_offsets(nq, first, end, off);
     double *w = scratch;                        /* (sum of n) each query's weights */
     float *sc = (float *)(scratch + off[nq]);   /* (sum of n) and scores */
-    block_scores(p, nq, qt, first, end, off, sc);
-    for (int i = 0; i < nq; i++) {
-        const int n = end[i] - first[i];
-        round_weights(w + off[i], n, ei_attn_softmax(sc + off[i], n, w + off[i]), EI_TYPE_F16);
-    }
-    /* values: queries seeing the same keys (a token's heads) share each value row, four at a time */
-    for (int i0 = 0; i0 < nq;) {
-        int nb = 1;
-        while (i0 + nb < nq && nb < 4 && first[i0 + nb] == first[i0] && end[i0 + nb] == end[i0]) nb++;
-        const int n = end[i0] - first[i0];
-        ei_attn_slice(p, first[i0], end[i0], room, &sub);
-        for (int i = 0; i < nb; i++) ei_attn_track_weights(&sub, w + off[i0 + i], n);
-        group_values(&sub, nb, w + off[i0], n, acc);
-        for (int i = 0; i < nb; i++)
-            for (int d = 0; d < hv; d += 4)
-                _mm_storeu_ps(out[i0 + i] + d, _mm256_cvtpd_ps(_mm256_loadu_pd(acc + i * EI_MAX_HEAD_DIM + d)));
-        i0 += nb;
-    }
+    ei_attn_block_scores(p, nq, first, end, off, sc, block_tile);
+    ei_attn_block_finish(p, nq, first, end, off, w, sc, out, room, round_weights, block_values);
 }
 
 void ei_avx2_attn_kernels(ei_kernels *k) {

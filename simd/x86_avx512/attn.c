@@ -3,6 +3,7 @@
  * output), so the results are the reference's bit for bit, whether or not the double sums
  * are exact. */
 #include <math.h>
+#include <string.h>
 
 #include "../common/attn_softmax.h"
 #include "blocks.h"
@@ -414,6 +415,92 @@ static void attn_group(const ei_attn_params *p, int nq, const float *q, size_t q
     }
 }
 
+/* ---- a block of queries of several tokens (fp16 caches) --------------------------------------
+ * Scores: one lane per query (the block's up to 8 in one vector, their dims transposed once),
+ * each key's dims converted to double once and broadcast to every query; every lane adds its
+ * exact products in order of d, as attn does. A key tile serves all the block's queries. The
+ * values go as in attn_group, the queries of one token (the same keys) together. */
+
+#define BLOCK_KEYS EI_ATTN_BLOCK_KEYS /* keys converted at a time */
+static_assert(EI_ATTN_BLOCK_QUERIES == 8, "a block's queries fill one vector of doubles");
+
+/* kd[j] = key row j of m (rows past m zero) as doubles */
+static void keys_to_double(const uint8_t *k, size_t row_bytes, int hd, int m, double *kd) {
+    for (int j = 0; j < BLOCK_KEYS; j++) {
+        double *out = kd + (size_t)j * hd;
+        if (j >= m) {
+            memset(out, 0, sizeof(double) * (size_t)hd);
+            continue;
+        }
+        const ei_f16 *row = (const ei_f16 *)(k + (size_t)j * row_bytes);
+        int d = 0;
+        for (; d + 16 <= hd; d += 16) {
+            __m512d lo, hi;
+            f16x16_pd(_mm256_loadu_si256((const __m256i *)(row + d)), &lo, &hi);
+            _mm512_storeu_pd(out + d, lo);
+            _mm512_storeu_pd(out + d + 8, hi);
+        }
+        for (; d < hd; d++) out[d] = f16_to_f32(row[d]);
+    }
+}
+
+/* dots[j][i] = sum over d in order of qt[d][i] * kd[j][d] */
+EI_INLINE void block_dots(const double *qt, const double *kd, int hd, double dots[BLOCK_KEYS][8]) {
+    __m512d acc[BLOCK_KEYS];
+    EI_UNROLL for (int j = 0; j < BLOCK_KEYS; j++) acc[j] = _mm512_setzero_pd();
+    for (int d = 0; d < hd; d++) {
+        const __m512d qv = _mm512_loadu_pd(qt + (size_t)d * 8);
+        EI_UNROLL for (int j = 0; j < BLOCK_KEYS; j++) acc[j] = _mm512_fmadd_pd(qv, _mm512_set1_pd(kd[(size_t)j * hd + d]), acc[j]);
+    }
+    EI_UNROLL for (int j = 0; j < BLOCK_KEYS; j++) _mm512_storeu_pd(dots[j], acc[j]);
+}
+
+/* dots[j][i] of the block's queries (block_qt) with m keys from k */
+static EI_THREAD_LOCAL double block_qt[EI_MAX_HEAD_DIM * 8]; /* (hd, 8): the queries as fp16 rounds them */
+static void block_tile(const ei_attn_params *p, const uint8_t *k, int m, double dots[BLOCK_KEYS][8]) {
+    static EI_THREAD_LOCAL double kd[BLOCK_KEYS * EI_MAX_HEAD_DIM];
+    const int hd = p->head_dim;
+    keys_to_double(k, p->k_row_bytes, hd, m, kd);
+    switch (hd) { /* a constant row length: the 8 keys' offsets are immediates */
+    case 64: block_dots(block_qt, kd, 64, dots); break;
+    case 128: block_dots(block_qt, kd, 128, dots); break;
+    case 256: block_dots(block_qt, kd, 256, dots); break;
+    default: block_dots(block_qt, kd, hd, dots); break;
+    }
+}
+
+/* out[i] = the weighted values for nb queries whose weights are n apart */
+static void block_values(const ei_attn_params *sub, int nb, const double *w, int n, float *const *out) {
+    static EI_THREAD_LOCAL double acc[4 * EI_MAX_HEAD_DIM]; /* (nb, hv) */
+    const int hv = sub->head_dim_v;
+    group_values(sub, w, nb, n, acc);
+    for (int i = 0; i < nb; i++)
+        for (int d = 0; d < hv; d += 8) _mm256_storeu_ps(out[i] + d, _mm512_cvtpd_ps(_mm512_loadu_pd(acc + (size_t)i * hv + d)));
+}
+
+static void attn_block(const ei_attn_params *p, int nq, const float *const *q, const int32_t *first,
+                       const int32_t *end, float *const *out, ei_attn_run *room, double *scratch) {
+    const int hd = p->head_dim, hv = p->head_dim_v;
+    ei_attn_params sub;
+    if (p->k_type != EI_TYPE_F16 || p->v_type != EI_TYPE_F16 || hv % 64 || nq > EI_ATTN_BLOCK_QUERIES) {
+        for (int i = 0; i < nq; i++) {
+            ei_attn_slice(p, first[i], end[i], room, &sub);
+            attn(&sub, q[i], out[i], scratch);
+        }
+        return;
+    }
+    for (int l = 0; l < 8; l++) { /* past nq: query 0 */
+        const float *ql = q[l < nq ? l : 0];
+        for (int d = 0; d < hd; d++) block_qt[(size_t)d * 8 + l] = ei_attn_round_to(ql[d], EI_TYPE_F16);
+    }
+    int off[EI_ATTN_BLOCK_QUERIES + 1];
+    ei_attn_block_offsets(nq, first, end, off);
+    double *w = scratch;                      /* (sum of n) each query's weights */
+    float *sc = (float *)(scratch + off[nq]); /* (sum of n) and scores */
+    ei_attn_block_scores(p, nq, first, end, off, sc, block_tile);
+    ei_attn_block_finish(p, nq, first, end, off, w, sc, out, room, round_weights, block_values);
+}
+
 static void avx512_weighted_sum(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int hv,
                                 double *acc) {
     weighted_sum(p, v, f32, row_bytes, n, hv, acc);
@@ -428,6 +515,7 @@ void ei_avx512_attn_kernels(ei_kernels *k) {
     k->attn = attn;
     k->attn_weighted_sum = avx512_weighted_sum;
     k->attn_group = attn_group;
+    k->attn_block = attn_block;
     k->attn_types = EI_ATTN_ALL;
     k->attn_dots_f16 = avx512_dots_f16;
     k->attn_weighted_sum_q = weighted_sum_q;

@@ -112,14 +112,15 @@ static void check_attn_block(const ei_kernels *ref, const ei_kernels *var, ei_at
                     snprintf(what, sizeof(what), "%s nq %d shape %d query %d [%d, %d) k type %d v type %d span %d",
                              which ? "attn_block" : "ref attn_block", nq, shape, i, first[i], end[i], ap->k_type,
                              ap->v_type, sp);
-                    check_floats(what, out[i], want, HD);
+                    check_floats(what, out[i], want, ap->head_dim_v);
                 }
             }
         }
 }
 
 /* attention over every pair of cache types, a window, and a ring's two runs */
-static void check_attention(const ei_kernels *ref, const ei_kernels *var, const float *q1, const float *q9) {
+/* attention over head dims of hd (<= 256): queries and outputs 256 floats apart */
+static void check_attention(const ei_kernels *ref, const ei_kernels *var, const float *q1, const float *q9, int hd) {
     enum { T = 64, HD = 256 };
     static const int types[4] = {EI_TYPE_F32, EI_TYPE_F16, EI_TYPE_Q8_0, EI_TYPE_Q4_0};
     static uint8_t kc[4][T * HD * 4], vc[4][T * HD * 4];
@@ -129,26 +130,26 @@ static void check_attention(const ei_kernels *ref, const ei_kernels *var, const 
     for (int i = 0; i < T * HD; i++) { k32[i] = gaussian(); v32[i] = gaussian(); }
     for (int ti = 0; ti < 4; ti++) /* each type's rows, encoded as the engine stores them */
         for (int t = 0; t < T; t++) {
-            const size_t rb = ei_row_size(types[ti], HD);
-            ref->from_float[types[ti]](k32 + t * HD, kc[ti] + t * rb, HD);
-            ref->from_float[types[ti]](v32 + t * HD, vc[ti] + t * rb, HD);
+            const size_t rb = ei_row_size(types[ti], hd);
+            ref->from_float[types[ti]](k32 + t * HD, kc[ti] + t * rb, hd);
+            ref->from_float[types[ti]](v32 + t * HD, vc[ti] + t * rb, hd);
         }
     const int spans[3][4] = {{0, T, 0, 0}, {19, T - 19, 0, 0}, {40, 24, 0, 30}}; /* (start, n) pairs */
     for (int kv = 0; kv < 16; kv++)
         for (int sp = 0; sp < 3; sp++) {
             const int kt = types[kv % 4], vt = types[kv / 4];
-            const size_t kr = ei_row_size(kt, HD), vr = ei_row_size(vt, HD);
+            const size_t kr = ei_row_size(kt, hd), vr = ei_row_size(vt, hd);
             ei_attn_run runs[2];
             const int n_runs = spans[sp][3] ? 2 : 1;
             for (int r = 0; r < n_runs; r++)
                 runs[r] = (ei_attn_run){kc[kv % 4] + (size_t)spans[sp][2 * r] * kr,
                                         vc[kv / 4] + (size_t)spans[sp][2 * r] * vr, spans[sp][2 * r + 1]};
-            ei_attn_params ap = {HD, HD, n_runs, runs, kt, vt, kr, vr, 0.0625f, 0.0f, ref};
+            ei_attn_params ap = {hd, hd, n_runs, runs, kt, vt, kr, vr, 0.0625f, 0.0f, ref};
             ref->attn(&ap, q1, ya, scratch);
             ap.kt = var;
             var->attn(&ap, q1, yb, scratch);
-            snprintf(what, sizeof(what), "attn k type %d v type %d span %d", kt, vt, sp);
-            check_floats(what, yb, ya, HD);
+            snprintf(what, sizeof(what), "attn hd %d k type %d v type %d span %d", hd, kt, vt, sp);
+            check_floats(what, yb, ya, hd);
             check_attn_block(ref, var, &ap, q9, sp);
             if (!var->attn_group) continue;
             /* a grouped-query group: up to 9 query heads (more than one pass of 8) */
@@ -158,9 +159,9 @@ static void check_attention(const ei_kernels *ref, const ei_kernels *var, const 
                 ap.kt = ref;
                 for (int i = 0; i < nq; i++) {
                     ref->attn(&ap, q9 + i * HD, ya, scratch);
-                    snprintf(what, sizeof(what), "attn_group nq %d query %d k type %d v type %d span %d", nq, i,
-                             kt, vt, sp);
-                    check_floats(what, gout + i * HD, ya, HD);
+                    snprintf(what, sizeof(what), "attn_group hd %d nq %d query %d k type %d v type %d span %d", hd,
+                             nq, i, kt, vt, sp);
+                    check_floats(what, gout + i * HD, ya, hd);
                 }
             }
         }
@@ -339,7 +340,7 @@ int main(void) {
         check_floats("add", yb, ya, N);
         ref.scale(N, ya, 0.3f); var.scale(N, yb, 0.3f);
         check_floats("scale", yb, ya, N);
-        check_attention(&ref, &var, x[2], x[3]);
+        for (int hd = 64; hd <= 256; hd += 64) check_attention(&ref, &var, x[2], x[3], hd); /* 192: no special case */
     }
     check_kivi(&ref, &var);
     check_swiglu_sweep(&ref, &var);
