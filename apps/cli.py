@@ -637,7 +637,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"         decoding ended on {r['decode_threads']} of the {r['threads']} threads "
             "(it ran faster so: another program holds a core)"
         )
-    print(f"ttft     {r['ttft_s'] * 1000:9.1f} ms ({r['n_prompt']}-token prompt)")
+    print(
+        f"ttft     {r['ttft_s'] * 1000:9.1f} ms ({r['n_prompt']}-token prompt; "
+        f"{r['ttft_cold_s'] * 1000:.1f} ms the first after loading)"
+    )
     print(f"load     {r['load_s']:9.2f} s")
     print(f"peak RSS {r['peak_rss_mb']:9.1f} MB")
     if r.get("weight_copies_mb"):

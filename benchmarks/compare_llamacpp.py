@@ -1,8 +1,10 @@
 """edgeinfer against llama.cpp on the same GGUF file with the same threads, in one run.
 
 Each engine runs in its own process (so peak RSS is its own), alternating, `--rounds` times;
-every figure is printed with the ratio edgeinfer / llama.cpp (for load time and memory,
-llama.cpp / edgeinfer: above 1 means edgeinfer is better everywhere).
+every figure is printed with the ratio edgeinfer / llama.cpp (for times and memory,
+llama.cpp / edgeinfer: above 1 means edgeinfer is better everywhere). Time to first token is
+measured warm, as llama-bench measures, and cold: the first prompt after loading, which pays
+for paging the weights in and for edgeinfer's interleaved copies.
 
     python benchmarks/compare_llamacpp.py MODEL.gguf [-t 2] [-p 512] [-n 128] [--rounds 2]
                                           [--membw] [--busy] [--json]
@@ -34,6 +36,7 @@ FIGURES = [  # key, label, higher is better
     ("pp_tok_s", "prompt tok/s", True),
     ("tg_tok_s", "generation tok/s", True),
     ("ttft_s", "time to first token (s)", False),
+    ("ttft_cold_s", "  the first after loading (s)", False),
     ("load_s", "load (s)", False),
     ("peak_rss_mb", "peak RSS (MB)", False),
 ]

@@ -196,7 +196,7 @@ def test_info_on_gemma(gemma_path):
 
 BENCH_FIELDS = {
     "model", "engine", "isa", "threads", "n_prompt", "n_gen", "repetitions", "pp_tok_s",
-    "pp_tok_s_sd", "tg_tok_s", "tg_tok_s_sd", "ttft_s", "load_s", "peak_rss_mb",
+    "pp_tok_s_sd", "tg_tok_s", "tg_tok_s_sd", "ttft_s", "ttft_cold_s", "load_s", "peak_rss_mb",
     "engine_memory_mb", "weight_copies_mb",
 }  # fmt: skip
 
@@ -213,7 +213,15 @@ def test_bench_json(fixture_models):
     assert r["model"] == str(path)
     assert (r["n_prompt"], r["n_gen"], r["repetitions"], r["threads"]) == (8, 4, 2, 1)
     assert isinstance(r["isa"], str) and r["isa"]
-    rates = ("pp_tok_s", "tg_tok_s", "ttft_s", "load_s", "peak_rss_mb", "engine_memory_mb")
+    rates = (
+        "pp_tok_s",
+        "tg_tok_s",
+        "ttft_s",
+        "ttft_cold_s",
+        "load_s",
+        "peak_rss_mb",
+        "engine_memory_mb",
+    )
     for key in rates:
         assert np.isfinite(r[key]) and r[key] > 0, (key, r[key])
     for key in ("pp_tok_s_sd", "tg_tok_s_sd", "weight_copies_mb"):
