@@ -395,12 +395,17 @@ EI_INLINE void x16_legacy_weights(int type, const uint8_t *x, int v, uint8x16_t 
     if (type == EI_TYPE_Q5_0) x16_q5_high(((const block_q5_0x16 *)x)->qh[4 * v], w);
 }
 
+/* a legacy type's offset (the nibbles' zero) and the bytes of its interleaved block */
+#define X16_OFFSET(type) ((type) == EI_TYPE_Q4_0 ? -8 : (type) == EI_TYPE_Q5_0 ? -16 : 0)
+#define X16_BYTES(type)                                                                              \
+    ((type) == EI_TYPE_Q4_1 ? sizeof(block_q4_1x16) : (type) == EI_TYPE_Q5_0 ? sizeof(block_q5_0x16) \
+     : (type) == EI_TYPE_Q8_0 ? sizeof(block_q8_0x16) : sizeof(block_q4_0x16))
+
 /* Q4_0, Q4_1, Q5_0 and Q8_0: the block terms d_w d_x isum (+ m_w s_x for Q4_1, both products
  * exact in float) as block_terms rounds them, that is as the reference does */
 EI_INLINE void x16_legacy(int type, int n, int nc, float *s, size_t ss, const void *vx, const void *vy, size_t ys) {
-    const int q4_1 = type == EI_TYPE_Q4_1, offset = type == EI_TYPE_Q4_0 ? -8 : type == EI_TYPE_Q5_0 ? -16 : 0;
-    const size_t bytes = q4_1 ? sizeof(block_q4_1x16) : type == EI_TYPE_Q5_0 ? sizeof(block_q5_0x16)
-                       : type == EI_TYPE_Q8_0 ? sizeof(block_q8_0x16) : sizeof(block_q4_0x16);
+    const int q4_1 = type == EI_TYPE_Q4_1, offset = X16_OFFSET(type);
+    const size_t bytes = X16_BYTES(type);
     const size_t yb = ACT_BYTES(q4_1), yq = ACT_QS(q4_1);
     const uint8_t *x = vx;
     float64x2_t acc[EI_TILE][8];
@@ -434,6 +439,91 @@ EI_INLINE void x16_legacy(int type, int n, int nc, float *s, size_t ss, const vo
     }
     x16_store(nc, s, ss, acc);
 }
+
+#if EI_NEON_LEVEL >= 2
+/* i8mm: x16_legacy's blocks and terms, the integer sums by smmla. Zipping the 32-bit lanes of
+ * w[2j] and w[2j + 1] gives rows 4v, 4v + 1 (zip1) or 4v + 2, 4v + 3 (zip2), values 8j..8j + 7
+ * of each: smmla's 2 x 8 operand. A column pair's values 8j..8j + 7 are zipped alike (zip_lo,
+ * zip_hi), so four smmla add a block's [r0.c0, r0.c1, r1.c0, r1.c1] (pair layout), each lane
+ * started at the offset times its column's sum as sdot's are. The weights go in as they do for
+ * sdot, so the sums are the same integers, and each lane takes its own row's and column's
+ * d_w d_y (and m_w s_y) through block_terms: the same terms, added in block order, hence vec_dot
+ * bit for bit. An odd last column is paired with itself and its copy dropped at the store; a
+ * single column takes sdot, which wastes no half of each product. */
+
+/* acc[p][2v + rp][h]: row 4v + 2rp + h, columns 2p, 2p + 1 in the lanes; column c to s + c * ss */
+EI_INLINE void x16_store_pairs(int nc, float *s, size_t ss, float64x2_t acc[2][8][2]) {
+    for (int c = 0; c < nc; c++) {
+        EI_UNROLL for (int v = 0; v < 4; v++) {
+            float64x2_t (*a)[2] = acc[c / 2] + 2 * v;
+            const float64x2_t lo = c & 1 ? vzip2q_f64(a[0][0], a[0][1]) : vzip1q_f64(a[0][0], a[0][1]);
+            const float64x2_t hi = c & 1 ? vzip2q_f64(a[1][0], a[1][1]) : vzip1q_f64(a[1][0], a[1][1]);
+            vst1q_f32(s + (size_t)c * ss + 4 * v, vcvt_high_f32_f64(vcvt_f32_f64(lo), hi));
+        }
+    }
+}
+
+EI_INLINE void x16_legacy_mmla(int type, int n, int nc, float *s, size_t ss, const void *vx, const void *vy,
+                               size_t ys) {
+    if (nc == 1) {
+        x16_legacy(type, n, 1, s, ss, vx, vy, ys);
+        return;
+    }
+    const int q4_1 = type == EI_TYPE_Q4_1, offset = X16_OFFSET(type), np = (nc + 1) / 2;
+    const size_t bytes = X16_BYTES(type), yb = ACT_BYTES(q4_1), yq = ACT_QS(q4_1);
+    const uint8_t *x = vx;
+    float64x2_t acc[2][8][2];
+    for (int p = 0; p < np; p++) {
+        EI_UNROLL for (int q = 0; q < 8; q++) acc[p][q][0] = acc[p][q][1] = vdupq_n_f64(0.0);
+    }
+    for (int i = 0; i < n / QK4_0; i++, x += bytes) {
+        const ei_f16 *d = (const ei_f16 *)x, *m = q4_1 ? ((const block_q4_1x16 *)x)->m : d;
+        int8x16_t a[2][4];  /* column pair p's values 8j..8j + 7 in a[p][j] */
+        int32x4_t start[2]; /* the offset times the columns' sums, pair layout */
+        float32x4_t dy[2], sy[2];
+        for (int p = 0; p < np; p++) {
+            const uint8_t *y0 = (const uint8_t *)vy + (size_t)(2 * p) * ys + (size_t)i * yb;
+            const uint8_t *y1 = (const uint8_t *)vy + (size_t)(2 * p + 1 < nc ? 2 * p + 1 : 2 * p) * ys + (size_t)i * yb;
+            const int8x16_t a0 = vld1q_s8((const int8_t *)(y0 + yq)), a1 = vld1q_s8((const int8_t *)(y0 + yq + 16));
+            const int8x16_t b0 = vld1q_s8((const int8_t *)(y1 + yq)), b1 = vld1q_s8((const int8_t *)(y1 + yq + 16));
+            a[p][0] = zip_lo(a0, b0), a[p][1] = zip_hi(a0, b0), a[p][2] = zip_lo(a1, b1), a[p][3] = zip_hi(a1, b1);
+            const int32x2_t sums = {vaddlvq_s8(a0) + vaddlvq_s8(a1), vaddlvq_s8(b0) + vaddlvq_s8(b1)};
+            start[p] = vmulq_n_s32(vcombine_s32(sums, sums), offset);
+            const float32x2_t d2 = {h2f_at(y0), h2f_at(y1)};
+            dy[p] = vcombine_f32(d2, d2);
+            const float32x2_t s2 = {q4_1 ? h2f_at(y0 + M_OFF) : 0.0f, q4_1 ? h2f_at(y1 + M_OFF) : 0.0f};
+            sy[p] = vcombine_f32(s2, s2);
+        }
+        EI_UNROLL for (int v = 0; v < 4; v++) {
+            uint8x16_t w[8];
+            x16_legacy_weights(type, x, v, w);
+            int8x16_t wp[2][4]; /* rows 4v + 2rp, 4v + 2rp + 1: values 8j..8j + 7 in wp[rp][j] */
+            EI_UNROLL for (int j = 0; j < 4; j++) {
+                const int32x4_t u = vreinterpretq_s32_u8(w[2 * j]), t = vreinterpretq_s32_u8(w[2 * j + 1]);
+                wp[0][j] = vreinterpretq_s8_s32(vzip1q_s32(u, t));
+                wp[1][j] = vreinterpretq_s8_s32(vzip2q_s32(u, t));
+            }
+            const float32x4_t dw = x16_h2f(d + 4 * v), mw = x16_h2f(m + 4 * v);
+            EI_UNROLL for (int rp = 0; rp < 2; rp++) {
+                const float32x4_t dwz = rp ? vzip2q_f32(dw, dw) : vzip1q_f32(dw, dw);
+                const float32x4_t mwz = rp ? vzip2q_f32(mw, mw) : vzip1q_f32(mw, mw);
+                for (int p = 0; p < np; p++) {
+                    int32x4_t isum = start[p];
+                    EI_UNROLL for (int j = 0; j < 4; j++) isum = vmmlaq_s32(isum, wp[rp][j], a[p][j]);
+                    float64x2_t t[2];
+                    block_terms(t, vmulq_f32(dwz, dy[p]), isum, q4_1, vmulq_f32(mwz, sy[p]));
+                    acc[p][2 * v + rp][0] = vaddq_f64(acc[p][2 * v + rp][0], t[0]);
+                    acc[p][2 * v + rp][1] = vaddq_f64(acc[p][2 * v + rp][1], t[1]);
+                }
+            }
+        }
+    }
+    x16_store_pairs(nc, s, ss, acc);
+}
+#define X16_LEGACY x16_legacy_mmla
+#else
+#define X16_LEGACY x16_legacy
+#endif
 
 /* 4 bytes at p (the scales or minimums of four rows) as int32 lanes */
 EI_INLINE int32x4_t x16_u8x4(const uint8_t *p) {
@@ -551,10 +641,10 @@ EI_INLINE void x16_k(int type, int n, int nc, float *s, size_t ss, const void *v
         default: KERNEL(ARG, n, EI_TILE, s, ss, x, y, ys); break;                                       \
         }                                                                                               \
     }
-X16_GEMM(q4_0, x16_legacy, EI_TYPE_Q4_0)
-X16_GEMM(q4_1, x16_legacy, EI_TYPE_Q4_1)
-X16_GEMM(q5_0, x16_legacy, EI_TYPE_Q5_0)
-X16_GEMM(q8_0, x16_legacy, EI_TYPE_Q8_0)
+X16_GEMM(q4_0, X16_LEGACY, EI_TYPE_Q4_0)
+X16_GEMM(q4_1, X16_LEGACY, EI_TYPE_Q4_1)
+X16_GEMM(q5_0, X16_LEGACY, EI_TYPE_Q5_0)
+X16_GEMM(q8_0, X16_LEGACY, EI_TYPE_Q8_0)
 X16_GEMM(q4_K, x16_k, EI_TYPE_Q4_K)
 X16_GEMM(q5_K, x16_k, EI_TYPE_Q5_K)
 X16_GEMM(q6_K, x16_k, EI_TYPE_Q6_K)
