@@ -345,6 +345,8 @@ EI_AVX2_INLINE void x16_prepare(int type, int n, int nc, const void *vy, size_t 
         }
 }
 
+static EI_THREAD_LOCAL x16_prepared x16_span_prepared; /* each thread's, for the span it is in */
+
 /* pre: the columns' prepared blocks, or NULL (made here, block by block) */
 EI_AVX2_INLINE void avx2_gemm_x16_prep(int type, const x16_prepared *pre, int n, int nc, float *s, size_t ss,
                                        const void *vx, const void *vy, size_t ys) {
@@ -453,9 +455,8 @@ EI_AVX2_INLINE void avx2_gemm_x16_signed(int n, int nc, float *s, size_t ss, con
     static void avx2_gemm_x16_span_##T(int n, int ng, int nc, float *s, size_t ss, const void *x, const void *y,  \
                                        size_t ys) {                                                               \
         const size_t group = ei_x16_size(TYPE, n);                                                                \
-        static EI_THREAD_LOCAL x16_prepared prepared;                                                             \
-        const x16_prepared *pre = nc > 1 && n <= X16_PREPARED_MAX ? &prepared : NULL;                            \
-        if (pre) x16_prepare(TYPE, n, nc, y, ys, &prepared);                                                      \
+        const x16_prepared *pre = nc > 1 && n <= X16_PREPARED_MAX ? &x16_span_prepared : NULL;                   \
+        if (pre) x16_prepare(TYPE, n, nc, y, ys, &x16_span_prepared);                                             \
         for (int g = 0; g < ng; g++, s += EI_X16, x = (const uint8_t *)x + group) {                               \
             X16_CASES(avx2_gemm_x16_prep, TYPE, pre,)                                                             \
         }                                                                                                         \
