@@ -83,9 +83,9 @@ static inline void ei_attn_slice(const ei_attn_params *p, int first, int end, ei
 }
 
 /* attn_block's scores, the same walk on every ISA: the keys every query of the block sees,
- * EI_ATTN_BLOCK_KEYS at a time, through the ISA's tile(k, row_bytes, m, dots), which gives
- * dots[j][i] of query i with key j (m keys; rows past m any value); query i's scores of its
- * keys [first[i], end[i]) go to sc + off[i] */
+ * EI_ATTN_BLOCK_KEYS at a time, through the ISA's tile(p, k, m, dots), which gives dots[j][i]
+ * of query i with key j (m keys from k; rows past m any value); query i's scores of its keys
+ * [first[i], end[i]) go to sc + off[i] */
 #define EI_ATTN_BLOCK_KEYS 8
 typedef void (*ei_block_tile_fn)(const ei_attn_params *p, const uint8_t *k, int m,
                                  double dots[EI_ATTN_BLOCK_KEYS][EI_ATTN_BLOCK_QUERIES]);
@@ -134,10 +134,28 @@ static inline void ei_attn_block_finish(const ei_attn_params *p, int nq, const i
     }
 }
 
-/* off[i] = where query i's scores and weights start (off[nq]: their total) */
-static inline void ei_attn_block_offsets(int nq, const int32_t *first, const int32_t *end, int *off) {
-    off[0] = 0;
+/* attn_block after the ISA has laid out its queries for tile: scores, weights and values of
+ * the block, scratch holding each query's weights and then its scores (1.5 * sum(end - first)
+ * doubles) */
+static inline void ei_attn_block_run(const ei_attn_params *p, int nq, const int32_t *first, const int32_t *end,
+                                     float *const *out, ei_attn_run *room, double *scratch, ei_block_tile_fn tile,
+                                     ei_round_weights_fn round_weights, ei_block_values_fn values) {
+    int off[EI_ATTN_BLOCK_QUERIES + 1] = {0}; /* where query i's scores and weights start */
     for (int i = 0; i < nq; i++) off[i + 1] = off[i] + end[i] - first[i];
+    float *sc = (float *)(scratch + off[nq]);
+    ei_attn_block_scores(p, nq, first, end, off, sc, tile);
+    ei_attn_block_finish(p, nq, first, end, off, scratch, sc, out, room, round_weights, values);
+}
+
+/* attn_block query by query through the ISA's attn, where its block kernel does not apply */
+static inline void ei_attn_block_by_query(const ei_attn_params *p, int nq, const float *const *q, const int32_t *first,
+                                          const int32_t *end, float *const *out, ei_attn_run *room, double *scratch,
+                                          void (*attn)(const ei_attn_params *, const float *, float *, double *)) {
+    ei_attn_params sub;
+    for (int i = 0; i < nq; i++) {
+        ei_attn_slice(p, first[i], end[i], room, &sub);
+        attn(&sub, q[i], out[i], scratch);
+    }
 }
 
 static inline int ei_attn_quantized(int type) { return type == EI_TYPE_Q8_0 || type == EI_TYPE_Q4_0; }

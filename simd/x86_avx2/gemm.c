@@ -320,11 +320,6 @@ EI_AVX2_INLINE __m256i x16_nibble_dots(int type, const __m256i w[8], const int8_
     return _mm256_madd_epi16(_mm256_add_epi16(p16[0], p16[1]), ones);
 }
 
-/* Lane r = row r (rows 0..7 in half 0, 8..15 in half 1) of a block of Q4_0, Q4_1 or Q5_0:
- * x16_nibble_dots makes each row's isum, and the weights' offset (8 or 16) comes out as that
- * times the activation block's sum. Block terms (d_w d_x) isum are exact in double and added
- * in block order; Q4_1's (d_w d_x) isum + m_w s_x is rounded once, by the fma, as the
- * reference rounds it: vec_dot bit for bit. */
 /* what each column's block brings besides its values, made once for a span of groups
  * (avx2_gemm_x16_span): the offset times the block's sum, and d (and q8_1's s) as doubles */
 #define X16_PREPARED_MAX 16384 /* values of a row whose blocks a span prepares (longer: per group) */
@@ -333,24 +328,35 @@ typedef struct {
     double dy[AVX2_X16_TILE][X16_PREPARED_MAX / QK8_0], sy[AVX2_X16_TILE][X16_PREPARED_MAX / QK8_0];
 } x16_prepared;
 
-EI_AVX2_INLINE void x16_prepare(int type, int n, int nc, const void *vy, size_t ys, x16_prepared *p) {
+/* an activation block y's terms (d, then q8_1's s, then its values): the offset times its sum,
+ * d, and s (d where the type has no minimum) */
+EI_AVX2_INLINE void x16_block_terms(int type, const uint8_t *y, int32_t *start, double *dy, double *sy) {
     const int q4_1 = type == EI_TYPE_Q4_1, offset = type == EI_TYPE_Q4_0 ? -8 : type == EI_TYPE_Q5_0 ? -16 : 0;
-    const size_t yb = q4_1 ? sizeof(block_q8_1) : sizeof(block_q8_0), yq = q4_1 ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
+    const size_t yq = q4_1 ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
+    *start = offset ? offset * avx2_block_sum((const int8_t *)(y + yq)) : 0;
+    *dy = (double)avx2_f16(((const ei_f16 *)y)[0]);
+    *sy = q4_1 ? (double)avx2_f16(((const ei_f16 *)y)[1]) : *dy;
+}
+
+EI_AVX2_INLINE void x16_prepare(int type, int n, int nc, const void *vy, size_t ys, x16_prepared *p) {
+    const size_t yb = type == EI_TYPE_Q4_1 ? sizeof(block_q8_1) : sizeof(block_q8_0);
     for (int c = 0; c < nc; c++)
-        for (int i = 0; i < n / QK8_0; i++) {
-            const uint8_t *y = (const uint8_t *)vy + (size_t)c * ys + (size_t)i * yb; /* d, then q8_1's s */
-            p->start[c][i] = offset ? offset * avx2_block_sum((const int8_t *)(y + yq)) : 0;
-            p->dy[c][i] = (double)avx2_f16(((const ei_f16 *)y)[0]);
-            p->sy[c][i] = q4_1 ? (double)avx2_f16(((const ei_f16 *)y)[1]) : p->dy[c][i];
-        }
+        for (int i = 0; i < n / QK8_0; i++)
+            x16_block_terms(type, (const uint8_t *)vy + (size_t)c * ys + (size_t)i * yb, &p->start[c][i], &p->dy[c][i],
+                            &p->sy[c][i]);
 }
 
 static EI_THREAD_LOCAL x16_prepared x16_span_prepared; /* each thread's, for the span it is in */
 
+/* Lane r = row r (rows 0..7 in half 0, 8..15 in half 1) of a block of Q4_0, Q4_1 or Q5_0:
+ * x16_nibble_dots makes each row's isum, and the weights' offset (8 or 16) comes out as that
+ * times the activation block's sum. Block terms (d_w d_x) isum are exact in double and added
+ * in block order; Q4_1's (d_w d_x) isum + m_w s_x is rounded once, by the fma, as the
+ * reference rounds it: vec_dot bit for bit. */
 /* pre: the columns' prepared blocks, or NULL (made here, block by block) */
 EI_AVX2_INLINE void avx2_gemm_x16_prep(int type, const x16_prepared *pre, int n, int nc, float *s, size_t ss,
                                        const void *vx, const void *vy, size_t ys) {
-    const int q4_1 = type == EI_TYPE_Q4_1, offset = type == EI_TYPE_Q4_0 ? -8 : type == EI_TYPE_Q5_0 ? -16 : 0;
+    const int q4_1 = type == EI_TYPE_Q4_1;
     const size_t bytes = q4_1 ? sizeof(block_q4_1x16) : type == EI_TYPE_Q5_0 ? sizeof(block_q5_0x16) : sizeof(block_q4_0x16);
     const size_t yb = q4_1 ? sizeof(block_q8_1) : sizeof(block_q8_0), yq = q4_1 ? offsetof(block_q8_1, qs) : offsetof(block_q8_0, qs);
     const uint8_t *x = vx;
@@ -366,15 +372,13 @@ EI_AVX2_INLINE void avx2_gemm_x16_prep(int type, const x16_prepared *pre, int n,
         for (int c = 0; c < nc; c++) {
             const uint8_t *y = (const uint8_t *)vy + (size_t)c * ys + (size_t)i * yb; /* d, then q8_1's s */
             a[c] = (const int8_t *)(y + yq);
-            if (pre) {
-                start[c] = pre->start[c][i];
-                dy[c] = _mm256_set1_pd(pre->dy[c][i]);
-                sy[c] = _mm256_set1_pd(pre->sy[c][i]);
-                continue;
-            }
-            start[c] = offset ? offset * avx2_block_sum(a[c]) : 0;
-            dy[c] = _mm256_set1_pd((double)avx2_f16(((const ei_f16 *)y)[0]));
-            sy[c] = q4_1 ? _mm256_set1_pd((double)avx2_f16(((const ei_f16 *)y)[1])) : dy[c];
+            int32_t bo; /* the block's offset term, d and s */
+            double bd, bs;
+            if (pre) bo = pre->start[c][i], bd = pre->dy[c][i], bs = pre->sy[c][i];
+            else x16_block_terms(type, y, &bo, &bd, &bs);
+            start[c] = bo;
+            dy[c] = _mm256_set1_pd(bd);
+            sy[c] = _mm256_set1_pd(bs);
         }
         EI_UNROLL
         for (int h = 0; h < 2; h++) {

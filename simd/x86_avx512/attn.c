@@ -481,24 +481,15 @@ static void block_values(const ei_attn_params *sub, int nb, const double *w, int
 static void attn_block(const ei_attn_params *p, int nq, const float *const *q, const int32_t *first,
                        const int32_t *end, float *const *out, ei_attn_run *room, double *scratch) {
     const int hd = p->head_dim, hv = p->head_dim_v;
-    ei_attn_params sub;
     if (p->k_type != EI_TYPE_F16 || p->v_type != EI_TYPE_F16 || hv % 64 || nq > EI_ATTN_BLOCK_QUERIES) {
-        for (int i = 0; i < nq; i++) {
-            ei_attn_slice(p, first[i], end[i], room, &sub);
-            attn(&sub, q[i], out[i], scratch);
-        }
+        ei_attn_block_by_query(p, nq, q, first, end, out, room, scratch, attn);
         return;
     }
     for (int l = 0; l < 8; l++) { /* past nq: query 0 */
         const float *ql = q[l < nq ? l : 0];
         for (int d = 0; d < hd; d++) block_qt[(size_t)d * 8 + l] = ei_attn_round_to(ql[d], EI_TYPE_F16);
     }
-    int off[EI_ATTN_BLOCK_QUERIES + 1];
-    ei_attn_block_offsets(nq, first, end, off);
-    double *w = scratch;                      /* (sum of n) each query's weights */
-    float *sc = (float *)(scratch + off[nq]); /* (sum of n) and scores */
-    ei_attn_block_scores(p, nq, first, end, off, sc, block_tile);
-    ei_attn_block_finish(p, nq, first, end, off, w, sc, out, room, round_weights, block_values);
+    ei_attn_block_run(p, nq, first, end, out, room, scratch, block_tile, round_weights, block_values);
 }
 
 static void avx512_weighted_sum(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int hv,

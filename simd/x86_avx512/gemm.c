@@ -524,7 +524,10 @@ static void x16_prepare(int n, int nc, const void *vy, size_t ys, x16_prepared *
     }
 }
 
-EI_INLINE void gemm_x16_prepared(int type, int n, int nc, float *s, size_t ss, const void *vx, const x16_prepared *p) {
+/* one group against prepared activations p (vy and ys: as p was prepared from, unread) */
+EI_INLINE void gemm_x16_prepared(int type, const x16_prepared *p, int n, int nc, float *s, size_t ss, const void *vx,
+                                 const void *vy, size_t ys) {
+    (void)vy, (void)ys;
     const size_t bytes = type == EI_TYPE_Q8_0 ? sizeof(block_q8_0x16) : type == EI_TYPE_Q5_0 ? sizeof(block_q5_0x16) : sizeof(block_q4_0x16);
     const __m512i offset = _mm512_set1_epi8(type == EI_TYPE_Q4_0 ? 8 : 16), ones = _mm512_set1_epi8(1);
     const uint8_t *x = vx;
@@ -563,28 +566,18 @@ EI_INLINE void gemm_x16_prepared(int type, int n, int nc, float *s, size_t ss, c
     }
 }
 
-/* ng groups of TYPE's interleaved rows from x on (ONE: one group) */
-#define GEMM_X16_PREPARED(NC) gemm_x16_prepared(type, n, NC, s + (size_t)g * EI_X16, ss, x + (size_t)g * group, p)
-EI_INLINE void gemm_x16_span_vnni(int type, int n, int ng, int nc, float *s, size_t ss, const void *vx, const void *vy,
+/* ng groups of TYPE's interleaved rows from vx on (one: a group, for decoding and long rows) */
+EI_INLINE void gemm_x16_span_vnni(int type, int n, int ng, int nc, float *s, size_t ss, const void *vx, const void *y,
                                   size_t ys, ei_gemm_x16_fn one) {
     const uint8_t *x = vx;
     const size_t group = ei_x16_size(type, n);
     if (nc == 1 || n > X16_PREPARED_MAX) {
-        for (int g = 0; g < ng; g++) one(n, nc, s + (size_t)g * EI_X16, ss, x + (size_t)g * group, vy, ys);
+        for (int g = 0; g < ng; g++) one(n, nc, s + (size_t)g * EI_X16, ss, x + (size_t)g * group, y, ys);
         return;
     }
     static EI_THREAD_LOCAL x16_prepared prepared;
-    x16_prepared *p = &prepared;
-    x16_prepare(n, nc, vy, ys, p);
-    for (int g = 0; g < ng; g++) switch (nc) {
-        case 2: GEMM_X16_PREPARED(2); break;
-        case 3: GEMM_X16_PREPARED(3); break;
-        case 4: GEMM_X16_PREPARED(4); break;
-        case 5: GEMM_X16_PREPARED(5); break;
-        case 6: GEMM_X16_PREPARED(6); break;
-        case 7: GEMM_X16_PREPARED(7); break;
-        default: GEMM_X16_PREPARED(X16_TILE); break;
-        }
+    x16_prepare(n, nc, y, ys, &prepared);
+    for (int g = 0; g < ng; g++, s += EI_X16, x += group) X16_CASES(gemm_x16_prepared, type, &prepared,)
 }
 
 /* gemm_x16_T and gemm_x16_T_vnni: KERNEL(ARG, vnni, ...) for every column count */
