@@ -49,7 +49,7 @@ from edgeinfer.kv_cache import (
 from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 11
+API_VERSION = 12
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = (
@@ -183,6 +183,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_kernel_rms_norm": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p, c_float]),
     "ei_kernel_rope": (c_int, [c_int, c_int, c_void_p, c_void_p, c_int]),
     "ei_kernel_glu": (c_int, [c_int, c_int, c_int, c_void_p, c_void_p, c_void_p]),
+    "ei_kernel_softmax": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p]),
     "ei_kernel_attn": (c_int, _ATTN_ARGS),
     "ei_kivi_k_block_size": (c_size_t, [c_int] * 3),
     "ei_kivi_v_row_size": (c_size_t, [c_int] * 3),
@@ -801,6 +802,15 @@ class Kernels:
         y = np.empty_like(g)
         check(self.lib.ei_kernel_glu(self.isa, int(gelu), g.size, _ptr(y), _ptr(g), _ptr(u)))
         return y
+
+    def softmax(self, scores: np.ndarray) -> tuple[np.ndarray, float]:
+        """Attention's softmax weights exp(scores - max) in float64, unnormalised, and their
+        sum in the kernels' order."""
+        x = np.ascontiguousarray(scores, dtype=np.float32)
+        w = np.empty(x.size, dtype=np.float64)
+        total = ctypes.c_double()
+        check(self.lib.ei_kernel_softmax(self.isa, x.size, _ptr(x), _ptr(w), ctypes.byref(total)))
+        return w, total.value
 
     def attention(
         self,

@@ -211,6 +211,57 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return g * up
 
 
+# edgeinfer's exp (simd/common/ei_exp.h): the same IEEE operations in the same order, none
+# fused, so these float64 results are the native kernels' bit for bit
+_EXP_LOG2E = float.fromhex("0x1.71547652b82fep+0")
+_EXP_SHIFTER = float.fromhex("0x1.8p+52")
+_EXP_LN2_HI = float.fromhex("0x1.62e42fefa38p-1")
+_EXP_LN2_LO = float.fromhex("0x1.ef35793c7673p-45")
+_EXP_COEF = [1.0, 1.0, 0.5] + [
+    float.fromhex(h)
+    for h in (
+        "0x1.5555555555555p-3", "0x1.5555555555555p-5", "0x1.1111111111111p-7",
+        "0x1.6c16c16c16c17p-10", "0x1.a01a01a01a01ap-13", "0x1.a01a01a01a01ap-16",
+        "0x1.71de3a556c734p-19", "0x1.27e4fb7789f5cp-22", "0x1.ae64567f544e4p-26",
+        "0x1.1eed8eff8d898p-29", "0x1.6124613a86d09p-33",
+    )
+]  # fmt: skip
+
+
+def ei_exp(x: np.ndarray) -> np.ndarray:
+    """exp of float64 values as the native softmax computes it (simd/common/ei_exp.h)."""
+    x = np.asarray(x, dtype=F64)
+    ok = (x >= -746.0) & (x <= 710.0)
+    xs = np.where(ok, x, 0.0)
+    nd = xs * _EXP_LOG2E + _EXP_SHIFTER
+    n = nd - _EXP_SHIFTER
+    r = (xs - n * _EXP_LN2_HI) - n * _EXP_LN2_LO
+    p = np.full_like(r, _EXP_COEF[-1])
+    for c in reversed(_EXP_COEF[:-1]):
+        p = p * r + c
+    ni = n.astype(np.int64)
+    n1 = ((ni + 2048) >> 1) - 1024
+    s1 = ((n1 + 1023) << 52).view(F64)
+    s2 = ((ni - n1 + 1023) << 52).view(F64)
+    with np.errstate(over="ignore", under="ignore"):
+        y = (p * s1) * s2
+    y = np.where(x > 710.0, np.inf, y)
+    return np.where(ok | (x > 710.0), y, np.where(np.isnan(x), x, 0.0))
+
+
+def softmax_sum(w: np.ndarray, seen: np.ndarray) -> np.ndarray:
+    """The native softmax's sum of the weights w over the last axis (simd/common/attn_softmax.h):
+    the keys a query sees (seen) in order, the t-th of them added to partial sum t mod 8, the
+    partials then added ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)). Keys not seen add nothing."""
+    lane = (np.cumsum(seen, axis=-1) - 1) % 8
+    parts = [
+        np.cumsum(np.where(seen & (lane == j), w, 0.0), axis=-1)[..., -1] for j in range(8)
+    ]  # cumsum adds in order: x + 0.0 is x
+    return ((parts[0] + parts[4]) + (parts[2] + parts[6])) + (
+        (parts[1] + parts[5]) + (parts[3] + parts[7])
+    )
+
+
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     g = gate.astype(F64)
     return (g / (1.0 + np.exp(-g))).astype(F32) * up
@@ -633,8 +684,9 @@ class ReferenceEngine(SequenceEngine):
         if window:
             masked |= pos[:, None] - kpos[None, :] >= window
         scores = np.where(masked, -np.inf, scores).astype(F32)
-        weights = np.exp((scores - scores.max(axis=-1, keepdims=True)).astype(F64))
-        probs = self._probs_as((weights / weights.sum(axis=-1, keepdims=True)).astype(F32))
+        weights = ei_exp((scores - scores.max(axis=-1, keepdims=True)).astype(F64))
+        total = softmax_sum(weights, np.broadcast_to(~masked, weights.shape))
+        probs = self._probs_as((weights / total[..., None]).astype(F32))
         if self._scores is not None:  # every query head's probabilities, in fixed point
             fixed = np.floor(probs.astype(F64) * 2.0**32 + 0.5).astype(np.int64)
             self._scores[:p1] += fixed.sum(axis=(0, 1, 2))

@@ -3,8 +3,8 @@
  * Scores: the reference sums each key's dot over d in order, so the lanes here are keys
  * (4 or 8 side by side), each still summed over d in order. Every product is exact (two
  * halves in float; floats in double, where a fused multiply-add rounds as mul then add).
- * Output: the lanes are dimensions, each summed over keys in order. exp and tanh are
- * libm's, in double, one key at a time. */
+ * Output: the lanes are dimensions, each summed over keys in order. tanh is libm's, in
+ * double, one key at a time; the softmax's exp is common/ei_exp.h's, two keys a vector. */
 #include "../common/attn_softmax.h"
 #include "blocks.h"
 #include "simd.h"
@@ -183,11 +183,64 @@ static void accumulate(const ei_attn_params *p, const ei_attn_run *run, const fl
     }
 }
 
+/* ei_exp (common/ei_exp.h) of 2 doubles: its operations lane by lane, no fused ones */
+EI_INLINE float64x2_t exp2_pd(float64x2_t x) {
+    const float64x2_t shifter = vdupq_n_f64(EI_EXP_SHIFTER);
+    const float64x2_t nd = vaddq_f64(vmulq_f64(x, vdupq_n_f64(EI_EXP_LOG2E)), shifter);
+    const float64x2_t n = vsubq_f64(nd, shifter);
+    const float64x2_t r = vsubq_f64(vsubq_f64(x, vmulq_f64(n, vdupq_n_f64(EI_EXP_LN2_HI))),
+                                    vmulq_f64(n, vdupq_n_f64(EI_EXP_LN2_LO)));
+    float64x2_t p = vdupq_n_f64(ei_exp_coef[EI_EXP_DEGREE]);
+    EI_UNROLL for (int k = EI_EXP_DEGREE - 1; k >= 0; k--) p = vaddq_f64(vmulq_f64(p, r), vdupq_n_f64(ei_exp_coef[k]));
+    const int64x2_t ni = vsubq_s64(vreinterpretq_s64_f64(nd), vreinterpretq_s64_f64(shifter));
+    const int64x2_t n1 = vsubq_s64(vshrq_n_s64(vaddq_s64(ni, vdupq_n_s64(2048)), 1), vdupq_n_s64(1024));
+    const int64x2_t bias = vdupq_n_s64(1023);
+    const float64x2_t s1 = vreinterpretq_f64_s64(vshlq_n_s64(vaddq_s64(n1, bias), 52));
+    const float64x2_t s2 = vreinterpretq_f64_s64(vshlq_n_s64(vaddq_s64(vsubq_s64(ni, n1), bias), 52));
+    float64x2_t y = vmulq_f64(vmulq_f64(p, s1), s2);
+    y = vbslq_f64(vcgeq_f64(x, vdupq_n_f64(EI_EXP_MIN)), y, vdupq_n_f64(0.0)); /* below, or NaN: 0 */
+    y = vbslq_f64(vceqq_f64(x, x), y, x);                                     /* NaN: itself */
+    return vbslq_f64(vcgtq_f64(x, vdupq_n_f64(EI_EXP_MAX)), vdupq_n_f64((double)INFINITY), y);
+}
+
+/* ei_attn_softmax: the max of 4 lanes (a compare and select passes over NaN, as FMAX would
+ * not), the 8 partial sums in four vectors of two */
+static double neon_softmax(const float *sc, int n, double *w) {
+    float32x4_t m = vdupq_n_f32(-INFINITY);
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        const float32x4_t x = vld1q_f32(sc + t);
+        m = vbslq_f32(vcgtq_f32(x, m), x, m);
+    }
+    float max = vmaxvq_f32(m);
+    for (; t < n; t++)
+        if (sc[t] > max) max = sc[t];
+    const float32x4_t mx = vdupq_n_f32(max);
+    float64x2_t s[4] = {vdupq_n_f64(0.0), vdupq_n_f64(0.0), vdupq_n_f64(0.0), vdupq_n_f64(0.0)};
+    for (t = 0; t < n; t += 8) {
+        float tail[8] = {0};
+        const int m8 = n - t < 8 ? n - t : 8;
+        const float *x = m8 < 8 ? memcpy(tail, sc + t, sizeof(float) * (size_t)m8) : sc + t;
+        double e[8];
+        EI_UNROLL for (int h = 0; h < 2; h++) {
+            const float32x4_t d = vsubq_f32(vld1q_f32(x + 4 * h), mx);
+            vst1q_f64(e + 4 * h, exp2_pd(vcvt_f64_f32(vget_low_f32(d))));
+            vst1q_f64(e + 4 * h + 2, exp2_pd(vcvt_high_f64_f32(d)));
+        }
+        for (int j = m8; j < 8; j++) e[j] = 0.0; /* lanes past n add 0.0: the partials unchanged */
+        EI_UNROLL for (int v = 0; v < 4; v++) s[v] = vaddq_f64(s[v], vld1q_f64(e + 2 * v));
+        memcpy(w + t, e, sizeof(double) * (size_t)m8);
+    }
+    /* (s0 + s4, s1 + s5) + (s2 + s6, s3 + s7), then its two lanes */
+    const float64x2_t h = vaddq_f64(vaddq_f64(s[0], s[2]), vaddq_f64(s[1], s[3]));
+    return vgetq_lane_f64(h, 0) + vgetq_lane_f64(h, 1);
+}
+
 static void neon_attn(const ei_attn_params *p, const float *q, float *out, double *scratch) {
     const int n = ei_attn_keys(p), hdv = p->head_dim_v;
     float *scores = (float *)(scratch + n); /* (n) floats after the (n) double weights */
     scores_of(p, q, scores);
-    const double sum = ei_attn_softmax(scores, n, scratch);
+    const double sum = neon_softmax(scores, n, scratch);
     float *pr = scores; /* the probabilities replace the scores */
     for (int t = 0; t < n; t++) pr[t] = ei_attn_prob(scratch[t], sum, p->v_type);
     if (p->track)
@@ -243,6 +296,7 @@ static void neon_dots_f16(const double *qd, const uint8_t *k, size_t row_bytes, 
 
 void EI_NEON_FN(ei_neon_attn)(ei_kernels *k) {
     k->attn = neon_attn;
+    k->attn_softmax = neon_softmax;
     k->attn_dots_f16 = neon_dots_f16;
     k->attn_weighted_sum = neon_weighted_sum;
     k->attn_weighted_sum_q = neon_weighted_sum_q;

@@ -121,6 +121,15 @@ ei_status ei_kernel_glu(int isa, int gelu, int n, float *y, const float *g, cons
     return EI_OK;
 }
 
+ei_status ei_kernel_softmax(int isa, int n, const float *scores, double *w, double *sum) {
+    ei_status st;
+    const ei_kernels *k = kernels(isa, &st);
+    if (!k) return st;
+    if (n < 0 || (n && (!scores || !w)) || !sum) return ei_fail(EI_ERR_INVALID, "bad softmax arguments");
+    *sum = k->attn_softmax(scores, n, w);
+    return EI_OK;
+}
+
 ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int n_runs, const int32_t *runs, int k_type,
                          int v_type, size_t k_row_bytes, size_t v_row_bytes, float scale, float softcap,
                          const float *q, const void *kc, const void *vc, float *out) {

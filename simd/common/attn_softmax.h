@@ -12,6 +12,7 @@
 
 #include <math.h>
 
+#include "ei_exp.h"
 #include "ei_kernels.h"
 
 /* x as a cache of the given type stores it (the query before its dots with the keys, a
@@ -26,17 +27,25 @@ static inline float ei_attn_score(float dot, const ei_attn_params *p) {
     return p->softcap != 0.0f ? p->softcap * (float)tanh((double)(s / p->softcap)) : s;
 }
 
-/* w[t] = exp(scores[t] - max) in double for t < n, in order; returns their sum in order */
+/* The softmax's weights, the reference of the kernel table's attn_softmax: w[t] =
+ * ei_exp(scores[t] - max) for t < n (the difference in float, as GGML takes it), max passing
+ * over NaN scores. Returns their sum in a fixed order that a vector of 8 doubles keeps (and 2
+ * of 4, or 4 of 2): 8 partial sums, key t's added to partial t mod 8 in order of t, then
+ * ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)). */
+static inline double ei_attn_sum8(const double s[8]) {
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
 static inline double ei_attn_softmax(const float *scores, int n, double *w) {
     float max = -INFINITY;
     for (int t = 0; t < n; t++) /* as fmaxf (a NaN score is passed over) but inlined: libm's is a call */
         if (scores[t] > max) max = scores[t];
-    double sum = 0.0;
+    double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
     for (int t = 0; t < n; t++) {
-        w[t] = exp((double)(scores[t] - max));
-        sum += w[t];
+        w[t] = ei_exp((double)(scores[t] - max));
+        s[t & 7] += w[t];
     }
-    return sum;
+    return ei_attn_sum8(s);
 }
 
 /* the probability of one key as the value type sees it: (float)(w / sum), then rounded */
@@ -102,25 +111,32 @@ static inline void ei_attn_block_scores(const ei_attn_params *p, int nq, const i
             const int m = b - t < EI_ATTN_BLOCK_KEYS ? b - t : EI_ATTN_BLOCK_KEYS, g = at + t; /* keys g .. g + m */
             double dots[EI_ATTN_BLOCK_KEYS][EI_ATTN_BLOCK_QUERIES];
             tile(p, (const uint8_t *)p->runs[r].k + (size_t)t * p->k_row_bytes, m, dots);
-            for (int i = 0; i < nq; i++)
-                for (int j = 0; j < m; j++)
-                    if (g + j >= first[i] && g + j < end[i]) sc[off[i] + g + j - first[i]] = ei_attn_score((float)dots[j][i], p);
+            for (int i = 0; i < nq; i++) { /* keys [ja, jb) of the tile are query i's */
+                const int ja = first[i] > g ? first[i] - g : 0, jb = end[i] - g < m ? end[i] - g : m;
+                float *o = sc + off[i] + g - first[i];
+                if (p->softcap == 0.0f)
+                    for (int j = ja; j < jb; j++) o[j] = (float)dots[j][i] * p->scale; /* ei_attn_score uncapped */
+                else
+                    for (int j = ja; j < jb; j++) o[j] = ei_attn_score((float)dots[j][i], p);
+            }
         }
     }
 }
 
 /* attn_block's frame, the same on every ISA: each query's weights from its scores (scores
- * and weights of query i at off[i], its keys [first[i], end[i])) through softmax and the
- * ISA's rounding, then the values of the queries that see the same keys (a token's heads),
+ * and weights of query i at off[i], its keys [first[i], end[i])) through the ISA's softmax and
+ * rounding, then the values of the queries that see the same keys (a token's heads),
  * up to 4 together, through the ISA's values(sub, nb, w, n, out) */
+typedef double (*ei_softmax_fn)(const float *scores, int n, double *w);
 typedef void (*ei_round_weights_fn)(double *w, int n, double sum, int v_type);
 typedef void (*ei_block_values_fn)(const ei_attn_params *sub, int nb, const double *w, int n, float *const *out);
 static inline void ei_attn_block_finish(const ei_attn_params *p, int nq, const int32_t *first, const int32_t *end,
                                         const int *off, double *w, float *sc, float *const *out, ei_attn_run *room,
-                                        ei_round_weights_fn round_weights, ei_block_values_fn values) {
+                                        ei_softmax_fn softmax, ei_round_weights_fn round_weights,
+                                        ei_block_values_fn values) {
     for (int i = 0; i < nq; i++) {
         const int n = end[i] - first[i];
-        round_weights(w + off[i], n, ei_attn_softmax(sc + off[i], n, w + off[i]), EI_TYPE_F16);
+        round_weights(w + off[i], n, softmax(sc + off[i], n, w + off[i]), EI_TYPE_F16);
     }
     ei_attn_params sub;
     for (int i0 = 0; i0 < nq;) {
@@ -139,12 +155,13 @@ static inline void ei_attn_block_finish(const ei_attn_params *p, int nq, const i
  * doubles) */
 static inline void ei_attn_block_run(const ei_attn_params *p, int nq, const int32_t *first, const int32_t *end,
                                      float *const *out, ei_attn_run *room, double *scratch, ei_block_tile_fn tile,
-                                     ei_round_weights_fn round_weights, ei_block_values_fn values) {
+                                     ei_softmax_fn softmax, ei_round_weights_fn round_weights,
+                                     ei_block_values_fn values) {
     int off[EI_ATTN_BLOCK_QUERIES + 1] = {0}; /* where query i's scores and weights start */
     for (int i = 0; i < nq; i++) off[i + 1] = off[i] + end[i] - first[i];
     float *sc = (float *)(scratch + off[nq]);
     ei_attn_block_scores(p, nq, first, end, off, sc, tile);
-    ei_attn_block_finish(p, nq, first, end, off, scratch, sc, out, room, round_weights, values);
+    ei_attn_block_finish(p, nq, first, end, off, scratch, sc, out, room, softmax, round_weights, values);
 }
 
 /* attn_block query by query through the ISA's attn, where its block kernel does not apply */

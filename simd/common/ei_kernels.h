@@ -176,6 +176,9 @@ struct ei_kernels {
     ei_attn_group_fn attn_group; /* NULL: attn per query */
     ei_attn_block_fn attn_block; /* NULL: attn_group per token (f16 caches without key shifts) */
     uint32_t attn_types;         /* bit t set: attn and attn_group read cache rows of type t */
+    /* w[t] = ei_exp(scores[t] - max) for t < n, returning their sum: the softmax every attention
+     * variant and KIVI's take, exactly as common/attn_softmax.h's ei_attn_softmax */
+    double (*attn_softmax)(const float *scores, int n, double *w);
     /* acc[d] += p[t] * v[t][d] for t in [0, n) in order, d in [0, hv): rows of f32 (f32 = 1)
      * or fp16 values, row_bytes apart; the weights have at most float's bits, so each product
      * is exact in double and a fused add rounds as a separate one (KIVI's attention) */

@@ -68,7 +68,7 @@ void ei_kivi_attn_group(const ei_attn_params *p, int nq, const float *q, size_t 
             double *w = scratch + j * stride;
             float *scores = (float *)(w + n);
             kivi_scores(p, q + (size_t)(j0 + j) * qs, scores, w); /* w: free until the softmax */
-            const double sum = ei_attn_softmax(scores, n, w);
+            const double sum = p->kt->attn_softmax(scores, n, w);
             for (int t = 0; t < n; t++) w[t] = ei_attn_prob(w[t], sum, EI_TYPE_F32);
             ei_attn_track_weights(p, w, n);
         }

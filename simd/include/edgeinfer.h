@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 11
+#define EI_API_VERSION 12
 
 /* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
 #define EI_MAX_THREADS 512
@@ -280,6 +280,9 @@ EI_EXPORT ei_status ei_kernel_vec_dot(int isa, int weight_type, int n, const voi
 EI_EXPORT ei_status ei_kernel_rms_norm(int isa, int n, float *y, const float *x, const float *w, float eps);
 EI_EXPORT ei_status ei_kernel_rope(int isa, int n_rot, float *x, const float *cs, int neox);
 EI_EXPORT ei_status ei_kernel_glu(int isa, int gelu, int n, float *y, const float *g, const float *u);
+/* w[t] = exp(scores[t] - max) for t < n by the softmax of attention (edgeinfer's own exp,
+ * common/ei_exp.h), and their sum in its order */
+EI_EXPORT ei_status ei_kernel_softmax(int isa, int n, const float *scores, double *w, double *sum);
 /* K and V are rows of k_type / v_type (GGML types), k_row_bytes / v_row_bytes apart; the query
  * sees n_runs runs of them, oldest first: rows [runs[2i], runs[2i] + runs[2i + 1]) */
 EI_EXPORT ei_status ei_kernel_attn(int isa, int head_dim, int head_dim_v, int n_runs, const int32_t *runs,

@@ -105,6 +105,7 @@ void ei_ref_attn_block(const ei_attn_params *p, int nq, const float *const *q, c
 
 void ei_ref_attn_kernels(ei_kernels *k) {
     k->attn = ref_attn;
+    k->attn_softmax = ei_attn_softmax;
     k->attn_weighted_sum = ref_weighted_sum;
     k->attn_dots_f16 = ref_dots_f16;
     k->attn_weighted_sum_q = ref_weighted_sum_q;

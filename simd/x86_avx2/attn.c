@@ -199,6 +199,66 @@ static void avx2_accumulate(const ei_attn_params *p, const ei_attn_run *run, con
     else avx2_weighted_sum_q(p->v_type, w, run->v, p->v_row_bytes, run->n, hv, acc);
 }
 
+/* ei_exp (common/ei_exp.h) of 4 doubles: its operations lane by lane */
+EI_AVX2_INLINE __m256d exp4(__m256d x) {
+    const __m256d shifter = _mm256_set1_pd(EI_EXP_SHIFTER);
+    const __m256d nd = _mm256_add_pd(_mm256_mul_pd(x, _mm256_set1_pd(EI_EXP_LOG2E)), shifter);
+    const __m256d n = _mm256_sub_pd(nd, shifter);
+    const __m256d r = _mm256_sub_pd(_mm256_sub_pd(x, _mm256_mul_pd(n, _mm256_set1_pd(EI_EXP_LN2_HI))),
+                                    _mm256_mul_pd(n, _mm256_set1_pd(EI_EXP_LN2_LO)));
+    __m256d p = _mm256_set1_pd(ei_exp_coef[EI_EXP_DEGREE]);
+    EI_UNROLL for (int k = EI_EXP_DEGREE - 1; k >= 0; k--) p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(ei_exp_coef[k]));
+    const __m256i ni = _mm256_sub_epi64(_mm256_castpd_si256(nd), _mm256_castpd_si256(shifter));
+    const __m256i n1 = _mm256_sub_epi64(_mm256_srli_epi64(_mm256_add_epi64(ni, _mm256_set1_epi64x(2048)), 1), _mm256_set1_epi64x(1024));
+    const __m256i bias = _mm256_set1_epi64x(1023);
+    const __m256d s1 = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(n1, bias), 52));
+    const __m256d s2 = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(_mm256_sub_epi64(ni, n1), bias), 52));
+    __m256d y = _mm256_mul_pd(_mm256_mul_pd(p, s1), s2);
+    y = _mm256_andnot_pd(_mm256_cmp_pd(x, _mm256_set1_pd(EI_EXP_MIN), _CMP_NGE_UQ), y);
+    y = _mm256_blendv_pd(y, x, _mm256_cmp_pd(x, x, _CMP_UNORD_Q));
+    return _mm256_blendv_pd(y, _mm256_set1_pd((double)INFINITY), _mm256_cmp_pd(x, _mm256_set1_pd(EI_EXP_MAX), _CMP_GT_OQ));
+}
+
+/* ei_attn_softmax: the max of 8 lanes (a NaN score loses every vmaxps), the 8 partial sums in
+ * two vectors: keys 8i .. 8i + 3 in the first, 8i + 4 .. 8i + 7 in the second */
+static double softmax(const float *sc, int n, double *w) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int t = 0;
+    for (; t + 8 <= n; t += 8) m = _mm256_max_ps(_mm256_loadu_ps(sc + t), m);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float max = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    for (; t < n; t++)
+        if (sc[t] > max) max = sc[t];
+    const __m128 mx = _mm_set1_ps(max);
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    for (t = 0; t < n; t += 8) {
+        float tail[8] = {0};
+        const float *x = sc + t;
+        const int m8 = n - t < 8 ? n - t : 8;
+        if (m8 < 8) x = memcpy(tail, sc + t, sizeof(float) * (size_t)m8);
+        __m256d e0 = exp4(_mm256_cvtps_pd(_mm_sub_ps(_mm_loadu_ps(x), mx)));
+        __m256d e1 = exp4(_mm256_cvtps_pd(_mm_sub_ps(_mm_loadu_ps(x + 4), mx)));
+        if (m8 < 8) { /* lanes past n add 0.0: the partials unchanged */
+            const __m256i idx = _mm256_set_epi64x(3, 2, 1, 0);
+            e0 = _mm256_and_pd(e0, _mm256_castsi256_pd(_mm256_cmpgt_epi64(_mm256_set1_epi64x(m8), idx)));
+            e1 = _mm256_and_pd(e1, _mm256_castsi256_pd(_mm256_cmpgt_epi64(_mm256_set1_epi64x(m8 - 4), idx)));
+            double tw[8];
+            _mm256_storeu_pd(tw, e0);
+            _mm256_storeu_pd(tw + 4, e1);
+            memcpy(w + t, tw, sizeof(double) * (size_t)m8);
+        } else {
+            _mm256_storeu_pd(w + t, e0);
+            _mm256_storeu_pd(w + t + 4, e1);
+        }
+        lo = _mm256_add_pd(lo, e0);
+        hi = _mm256_add_pd(hi, e1);
+    }
+    const __m256d h = _mm256_add_pd(lo, hi);
+    const __m128d q = _mm_add_pd(_mm256_castpd256_pd128(h), _mm256_extractf128_pd(h, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(q, _mm_unpackhi_pd(q, q)));
+}
+
 /* the weights as the value type rounds them, in place: (float)(e / sum), then fp16 */
 static void round_weights(double *w, int n, double sum, int v_type) {
     const int v_f16 = v_type == EI_TYPE_F16;
@@ -216,7 +276,7 @@ static void avx2_attn(const ei_attn_params *p, const float *q, float *out, doubl
     const int n = ei_attn_keys(p), hv = p->head_dim_v;
     float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
     avx2_scores(p, q, scores);
-    round_weights(scratch, n, ei_attn_softmax(scores, n, scratch), p->v_type);
+    round_weights(scratch, n, softmax(scores, n, scratch), p->v_type);
     ei_attn_track_weights(p, scratch, n);
     double acc[EI_MAX_HEAD_DIM];
     for (int d = 0; d < hv; d++) acc[d] = 0.0;
@@ -391,7 +451,7 @@ static void avx2_attn_group(const ei_attn_params *p, int nq, const float *q, siz
         }
         for (int i = 0; i < nb; i++) {
             double *wi = w + (size_t)i * n;
-            round_weights(wi, n, ei_attn_softmax(sc + (size_t)i * n, n, wi), EI_TYPE_F16);
+            round_weights(wi, n, softmax(sc + (size_t)i * n, n, wi), EI_TYPE_F16);
             ei_attn_track_weights(p, wi, n);
         }
         group_values(p, nb, w, n, acc);
@@ -484,13 +544,20 @@ static void avx2_attn_block(const ei_attn_params *p, int nq, const float *const 
     for (int v = 0; v < block_nv; v++)
         for (int l = 0; l < 4; l++) { /* past nq: query 0 */
             const float *qi = q[4 * v + l < nq ? 4 * v + l : 0];
-            for (int d = 0; d < hd; d++) block_qt[((size_t)v * hd + d) * 4 + l] = ei_attn_round_to(qi[d], EI_TYPE_F16);
+            int d = 0;
+            for (; d + 8 <= hd; d += 8) {
+                float f[8];
+                _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(qi + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+                for (int e = 0; e < 8; e++) block_qt[((size_t)v * hd + d + e) * 4 + l] = f[e];
+            }
+            for (; d < hd; d++) block_qt[((size_t)v * hd + d) * 4 + l] = ei_attn_round_to(qi[d], EI_TYPE_F16);
         }
-    ei_attn_block_run(p, nq, first, end, out, room, scratch, block_tile, round_weights, block_values);
+    ei_attn_block_run(p, nq, first, end, out, room, scratch, block_tile, softmax, round_weights, block_values);
 }
 
 void ei_avx2_attn_kernels(ei_kernels *k) {
     k->attn = avx2_attn;
+    k->attn_softmax = softmax;
     k->attn_group = avx2_attn_group;
     k->attn_block = avx2_attn_block;
     k->attn_weighted_sum = avx2_weighted_sum;

@@ -222,6 +222,57 @@ static void accumulate(const ei_attn_params *p, const ei_attn_run *run, const do
         weighted_sum(w, run->v, p->v_type == EI_TYPE_F32, p->v_row_bytes, run->n, p->head_dim_v, acc);
 }
 
+/* ei_exp (common/ei_exp.h) of 8 doubles: its operations lane by lane */
+EI_INLINE __m512d exp8(__m512d x) {
+    const __m512d shifter = _mm512_set1_pd(EI_EXP_SHIFTER);
+    const __m512d nd = _mm512_add_pd(_mm512_mul_pd(x, _mm512_set1_pd(EI_EXP_LOG2E)), shifter);
+    const __m512d n = _mm512_sub_pd(nd, shifter);
+    const __m512d r = _mm512_sub_pd(_mm512_sub_pd(x, _mm512_mul_pd(n, _mm512_set1_pd(EI_EXP_LN2_HI))),
+                                    _mm512_mul_pd(n, _mm512_set1_pd(EI_EXP_LN2_LO)));
+    __m512d p = _mm512_set1_pd(ei_exp_coef[EI_EXP_DEGREE]);
+    EI_UNROLL for (int k = EI_EXP_DEGREE - 1; k >= 0; k--) p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(ei_exp_coef[k]));
+    const __m512i ni = _mm512_sub_epi64(_mm512_castpd_si512(nd), _mm512_castpd_si512(shifter));
+    const __m512i n1 = _mm512_sub_epi64(_mm512_srli_epi64(_mm512_add_epi64(ni, _mm512_set1_epi64(2048)), 1), _mm512_set1_epi64(1024));
+    const __m512i bias = _mm512_set1_epi64(1023);
+    const __m512d s1 = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_add_epi64(n1, bias), 52));
+    const __m512d s2 = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_add_epi64(_mm512_sub_epi64(ni, n1), bias), 52));
+    __m512d y = _mm512_mul_pd(_mm512_mul_pd(p, s1), s2);
+    y = _mm512_mask_mov_pd(y, _mm512_cmp_pd_mask(x, _mm512_set1_pd(EI_EXP_MIN), _CMP_NGE_UQ), _mm512_setzero_pd());
+    y = _mm512_mask_mov_pd(y, _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), x);
+    return _mm512_mask_mov_pd(y, _mm512_cmp_pd_mask(x, _mm512_set1_pd(EI_EXP_MAX), _CMP_GT_OQ), _mm512_set1_pd((double)INFINITY));
+}
+
+/* ei_attn_softmax: the max of 16 lanes (a NaN score loses every vmaxps), each lane of
+ * partial sums one of its 8 partials */
+static double softmax(const float *sc, int n, double *w) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int t = 0;
+    for (; t + 16 <= n; t += 16) m = _mm512_max_ps(_mm512_loadu_ps(sc + t), m);
+    if (t < n) {
+        const __mmask16 tail = (__mmask16)((1u << (n - t)) - 1);
+        m = _mm512_max_ps(_mm512_mask_mov_ps(m, tail, _mm512_maskz_loadu_ps(tail, sc + t)), m);
+    }
+    const __m256 max = _mm256_set1_ps(_mm512_reduce_max_ps(m));
+    __m512d sum = _mm512_setzero_pd();
+    for (t = 0; t + 8 <= n; t += 8) {
+        const __m512d e = exp8(_mm512_cvtps_pd(_mm256_sub_ps(_mm256_loadu_ps(sc + t), max)));
+        _mm512_storeu_pd(w + t, e);
+        sum = _mm512_add_pd(sum, e);
+    }
+    if (t < n) {
+        const __mmask8 tail = (__mmask8)((1u << (n - t)) - 1);
+        const __m256 x = _mm512_castps512_ps256(_mm512_maskz_loadu_ps((__mmask16)tail, sc + t));
+        const __m512d e = exp8(_mm512_cvtps_pd(_mm256_sub_ps(x, max)));
+        double tw[8];
+        _mm512_storeu_pd(tw, e);
+        memcpy(w + t, tw, sizeof(double) * (size_t)(n - t));
+        sum = _mm512_add_pd(sum, _mm512_maskz_mov_pd(tail, e)); /* + 0.0: the partials unchanged */
+    }
+    const __m256d h = _mm256_add_pd(_mm512_castpd512_pd256(sum), _mm512_extractf64x4_pd(sum, 1));
+    const __m128d q = _mm_add_pd(_mm256_castpd256_pd128(h), _mm256_extractf128_pd(h, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(q, _mm_unpackhi_pd(q, q)));
+}
+
 /* the softmax weights as the value type rounds them, in place: (float)(w / sum), then fp16 */
 static void round_weights(double *w, int n, double sum, int v_type) {
     int t = 0;
@@ -237,7 +288,7 @@ static void attn(const ei_attn_params *p, const float *q, float *out, double *sc
     const int n = ei_attn_keys(p), hv = p->head_dim_v;
     float *scores = (float *)(scratch + n); /* (n) float scores after the (n) double weights */
     scores_of(p, q, scores);
-    round_weights(scratch, n, ei_attn_softmax(scores, n, scratch), p->v_type);
+    round_weights(scratch, n, softmax(scores, n, scratch), p->v_type);
     ei_attn_track_weights(p, scratch, n);
     double acc[EI_MAX_HEAD_DIM];
     for (int d = 0; d < hv; d++) acc[d] = 0.0;
@@ -404,7 +455,7 @@ static void attn_group(const ei_attn_params *p, int nq, const float *q, size_t q
         group_scores(p, (const double (*)[8])qT, nb, n, sc);
         for (int i = 0; i < nb; i++) {
             double *wi = w + (size_t)i * n;
-            round_weights(wi, n, ei_attn_softmax(sc + (size_t)i * n, n, wi), EI_TYPE_F16);
+            round_weights(wi, n, softmax(sc + (size_t)i * n, n, wi), EI_TYPE_F16);
             ei_attn_track_weights(p, wi, n);
         }
         static EI_THREAD_LOCAL double acc[8 * EI_MAX_HEAD_DIM]; /* (nb, hv) */
@@ -455,6 +506,29 @@ EI_INLINE void block_dots(const double *qt, const double *kd, int hd, double dot
     EI_UNROLL for (int j = 0; j < BLOCK_KEYS; j++) _mm512_storeu_pd(dots[j], acc[j]);
 }
 
+/* 128-bit lanes of a and b by imm, as vshuff64x2 (through its integer twin, which SIMDe has) */
+#define lanes_pd(a, b, imm) _mm512_castsi512_pd(_mm512_shuffle_i64x2(_mm512_castpd_si512(a), _mm512_castpd_si512(b), imm))
+
+/* r[i][j] <- r[j][i]: pairs of rows interleaved, then 128-bit lanes gathered twice */
+EI_INLINE void transpose8_pd(__m512d r[8]) {
+    __m512d t[8], u[8];
+    EI_UNROLL for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm512_unpacklo_pd(r[2 * i], r[2 * i + 1]);     /* (0 1) of elements 0, 2, 4, 6 */
+        t[2 * i + 1] = _mm512_unpackhi_pd(r[2 * i], r[2 * i + 1]); /* elements 1, 3, 5, 7 */
+    }
+    EI_UNROLL for (int h = 0; h < 2; h++) /* rows 4h .. 4h + 3 */
+        EI_UNROLL for (int o = 0; o < 2; o++) {
+            u[4 * h + 2 * o] = lanes_pd(t[4 * h + o], t[4 * h + 2 + o], 0x88);     /* elements o, 4 + o */
+            u[4 * h + 2 * o + 1] = lanes_pd(t[4 * h + o], t[4 * h + 2 + o], 0xDD); /* 2 + o, 6 + o */
+        }
+    /* u[2o + k] (k 0, 1) holds elements o + 2k and o + 2k + 4 of rows 0..3, u[4 + ..] of rows 4..7 */
+    EI_UNROLL for (int o = 0; o < 2; o++)
+        EI_UNROLL for (int k = 0; k < 2; k++) {
+            r[o + 2 * k] = lanes_pd(u[2 * o + k], u[4 + 2 * o + k], 0x88);
+            r[o + 2 * k + 4] = lanes_pd(u[2 * o + k], u[4 + 2 * o + k], 0xDD);
+        }
+}
+
 /* dots[j][i] of the block's queries (block_qt) with m keys from k */
 static EI_THREAD_LOCAL double block_qt[EI_MAX_HEAD_DIM * 8]; /* (hd, 8): the queries as fp16 rounds them */
 static void block_tile(const ei_attn_params *p, const uint8_t *k, int m, double dots[BLOCK_KEYS][8]) {
@@ -485,11 +559,19 @@ static void attn_block(const ei_attn_params *p, int nq, const float *const *q, c
         ei_attn_block_by_query(p, nq, q, first, end, out, room, scratch, attn);
         return;
     }
-    for (int l = 0; l < 8; l++) { /* past nq: query 0 */
-        const float *ql = q[l < nq ? l : 0];
-        for (int d = 0; d < hd; d++) block_qt[(size_t)d * 8 + l] = ei_attn_round_to(ql[d], EI_TYPE_F16);
+    const float *ql[8];
+    for (int l = 0; l < 8; l++) ql[l] = q[l < nq ? l : 0]; /* past nq: query 0 */
+    int d = 0;
+    for (; d + 8 <= hd; d += 8) { /* dims d .. d + 7 of the 8 queries, transposed */
+        __m512d r[8];
+        EI_UNROLL for (int l = 0; l < 8; l++)
+            r[l] = _mm512_cvtps_pd(_mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(ql[l] + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        transpose8_pd(r);
+        EI_UNROLL for (int e = 0; e < 8; e++) _mm512_storeu_pd(block_qt + (size_t)(d + e) * 8, r[e]);
     }
-    ei_attn_block_run(p, nq, first, end, out, room, scratch, block_tile, round_weights, block_values);
+    for (; d < hd; d++)
+        for (int l = 0; l < 8; l++) block_qt[(size_t)d * 8 + l] = ei_attn_round_to(ql[l][d], EI_TYPE_F16);
+    ei_attn_block_run(p, nq, first, end, out, room, scratch, block_tile, softmax, round_weights, block_values);
 }
 
 static void avx512_weighted_sum(const double *p, const uint8_t *v, int f32, size_t row_bytes, int n, int hv,
@@ -504,6 +586,7 @@ static void avx512_dots_f16(const double *qd, const uint8_t *k, size_t row_bytes
 
 void ei_avx512_attn_kernels(ei_kernels *k) {
     k->attn = attn;
+    k->attn_softmax = softmax;
     k->attn_weighted_sum = avx512_weighted_sum;
     k->attn_group = attn_group;
     k->attn_block = attn_block;

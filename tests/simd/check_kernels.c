@@ -253,6 +253,29 @@ static void check_swiglu_sweep(const ei_kernels *ref, const ei_kernels *var) {
     }
 }
 
+/* attn_softmax's weights and sum, bit for bit, on every length to 40 and some longer (every
+ * vector tail), with NaN, infinite and underflowing scores */
+static void check_softmax(const ei_kernels *ref, const ei_kernels *var) {
+    static const float special[] = {0.0f, -0.0f, -700.0f, -708.5f, -720.0f, -745.1f, -745.9f, -746.5f, -1e30f,
+                                    NAN, -INFINITY, 1.5f, -0.34657359f, 1e-40f, INFINITY};
+    enum { MAX = 513 };
+    static float sc[MAX];
+    static double wa[MAX], wb[MAX];
+    char what[96];
+    for (int n = 1; n <= MAX; n = n < 40 ? n + 1 : 2 * n - 1)
+        for (int kind = 0; kind < 4; kind++) {
+            for (int i = 0; i < n; i++)
+                sc[i] = kind == 3 ? special[i % (sizeof(special) / sizeof(special[0]))] : gaussian() * (kind == 0 ? 0.01f : kind == 1 ? 3.0f : 80.0f);
+            const double sa = ref->attn_softmax(sc, n, wa), sb = var->attn_softmax(sc, n, wb);
+            int same = (memcmp(&sa, &sb, 8) == 0 || (isnan(sa) && isnan(sb)));
+            for (int i = 0; i < n; i++) same &= memcmp(&wa[i], &wb[i], 8) == 0 || (isnan(wa[i]) && isnan(wb[i]));
+            if (same) { passed++; continue; }
+            failed++;
+            snprintf(what, sizeof(what), "attn_softmax n %d scores %d", n, kind);
+            printf("FAIL %s: sum variant %.17g reference %.17g\n", what, sb, sa);
+        }
+}
+
 int main(void) {
     ei_kernels ref, var;
     ei_kernels_init_ref(&ref);
@@ -343,6 +366,7 @@ int main(void) {
         for (int hd = 64; hd <= 256; hd += 64) check_attention(&ref, &var, x[2], x[3], hd); /* 192: no special case */
     }
     check_kivi(&ref, &var);
+    check_softmax(&ref, &var);
     check_swiglu_sweep(&ref, &var);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

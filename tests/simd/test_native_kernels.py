@@ -10,6 +10,7 @@ reference keeps a signalling NaN's payload where F16C hardware quiets it)."""
 from __future__ import annotations
 
 import ast
+import math
 import platform
 import shutil
 import subprocess
@@ -566,6 +567,66 @@ def cancelling(
         hi = min(n - 1, lo + 1 + lo * 7 % 30)
         a[lo], a[hi], b[lo], b[hi] = 200.0, -200.0, 256.0, 256.0
     return a.astype(np.float32), b.astype(np.float32)
+
+
+def softmax_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    """Scores of every length up to 40 and some longer; spreads from flat to one-hot; NaN,
+    infinities, and differences from the maximum where exp underflows to subnormals and 0."""
+    out = []
+    for n in [*range(1, 41), 63, 100, 257, 513]:
+        for spread in (0.01, 3.0, 80.0):
+            out.append((rng.standard_normal(n) * spread).astype(np.float32))
+    special = np.array(
+        [0.0, -0.0, -700.0, -708.5, -720.0, -744.0, -745.1, -745.9, -746.0, -746.5, -1e30, np.nan,
+         -np.inf, 1.5, -0.34657359, 0.34657359, -1e-40],
+        dtype=np.float32,
+    )  # fmt: skip
+    out.append(special)
+    out.append(np.r_[special, np.float32(np.inf)])  # every difference from +inf is NaN or -inf
+    out.append(np.full(9, np.nan, dtype=np.float32))  # no maximum: -inf
+    return out
+
+
+def test_softmax_matches_the_reference(ref, var):
+    """Every variant's vector exp and its partial sums give the scalar reference's weights and
+    sum bit for bit, tails of every length included."""
+    for scores in softmax_inputs(np.random.default_rng(23)):
+        (w, total), (w0, total0) = var.softmax(scores), ref.softmax(scores)
+        n = len(scores)
+        same = (w.view(np.int64) == w0.view(np.int64)) | (np.isnan(w) & np.isnan(w0))
+        assert same.all(), f"weights, n={n}: {int((~same).sum())} differ"
+        assert total == total0 or (np.isnan(total) and np.isnan(total0)), f"sum, n={n}"
+
+
+def test_softmax_is_the_numpy_engines(ref):
+    """The scalar softmax is the numpy engine's ei_exp and softmax_sum bit for bit (its
+    partial sums in order, unlike numpy's pairwise sum); the sum of weights whose exps were
+    flushed or are NaN included."""
+    for scores in softmax_inputs(np.random.default_rng(29)):
+        w0, total0 = ref.softmax(scores)
+        top = scores[~np.isnan(scores)].max(initial=-np.inf)
+        with np.errstate(invalid="ignore"):  # inf - inf: NaN, as in C
+            w = reference.ei_exp((scores - np.float32(top)).astype(np.float64))
+        assert np.array_equal(w.view(np.int64), w0.view(np.int64)), f"n={len(scores)}"
+        total = reference.softmax_sum(w, np.ones(len(w), bool))
+        assert total == total0 or (np.isnan(total) and np.isnan(total0)), f"n={len(scores)}"
+
+
+def test_exp_is_within_an_ulp_of_libm():
+    """ei_exp against libm's exp (math.exp, correctly rounded but for rare cases) over the whole
+    range where it is finite and nonzero, subnormal results included, and its edges."""
+    rng = np.random.default_rng(31)
+    x = np.concatenate(
+        [rng.uniform(-745.0, 709.7, 40000), rng.uniform(-0.5, 0.5, 20000),
+         rng.uniform(-745.0, -708.0, 10000), np.arange(-745, 710, 0.25)]
+    )  # fmt: skip
+    got = reference.ei_exp(x)
+    want = np.array([math.exp(v) for v in x])
+    ulps = np.abs(got - want) / np.spacing(np.abs(want))
+    assert ulps.max() <= 1.0, f"{ulps.max()} ulp at x={x[np.argmax(ulps)]!r}"
+    edges = np.array([0.0, -0.0, np.nan, -np.inf, np.inf, -746.0, -746.5, 709.78, 710.0, 710.5])
+    want = [1.0, 1.0, np.nan, 0.0, np.inf, math.exp(-746.0), 0.0, math.exp(709.78), np.inf, np.inf]
+    np.testing.assert_array_equal(reference.ei_exp(edges), want)
 
 
 def test_attention_sums_keep_the_reference_order(ref, var):
