@@ -496,64 +496,58 @@ EI_INLINE void gemm_x16_q8_impl(int vnni, int n, int nc, float *s, size_t ss, co
     }
 }
 
-/* Prompt products with VNNI (nc > 1) of Q4_0, Q5_0 and Q8_0: the activations go in unsigned
- * (a + 128, prepared once for all the groups of a call's span of rows) and the weights signed
- * (Q4_0's nibbles less 8, Q5_0's values less 16, Q8_0's as stored). Then sum (a + 128) w =
- * sum a w + 128 sum w, whose correction, 128 times each row's sum of signed weights, is made
- * once a block for all columns, not an activation block sum per column as above. The same
- * exact integer dots, and block terms added as above: vec_dot bit for bit. Each column's dots
- * run in two chains, as one chain of 8 waited on vpdpbusd's latency. The 1.1B Q4_0 model's
- * pp512 on the AVX-512 EPYC (bench --profile): 543 -> 558 GFLOP/s from the bias, 612 -> 734
- * from the two chains, and 734 -> 880 from preparing the activations once for a span of up to
- * 16 groups (engine.c: PROMPT_PIECE) rather than once a group. */
+/* Prompt products with VNNI (nc > 1) of Q4_0, Q5_0 and Q8_0: the weights go in unsigned
+ * (Q4_0's nibbles and Q5_0's 5-bit values as stored, Q8_0's plus 128) against the activations
+ * as quantized, so sum u a = sum w a + o sum a for the weights' offset o (8, 16 or 128). Each
+ * column's correction -o sum a of a block, and its scale as a double, are prepared once for
+ * all the groups of a call's span of rows; a column's dots start from its correction, which a
+ * broadcast load brings, and run in two chains (one chain of 8 waited on vpdpbusd's latency).
+ * The same exact integer dots, and block terms added as above: vec_dot bit for bit. The 1.1B
+ * Q4_0 model's pp512 on the AVX-512 EPYC (bench --profile): 612 -> 734 GFLOP/s from the two
+ * chains, 734 -> 880 from preparing the activations once for a span of up to 16 groups
+ * (engine.c: PROMPT_PIECE) rather than once a group, and 880 -> 965 from preparing only the
+ * corrections and scales, not a biased copy of the activations (which made the weights signed
+ * and their correction a per-block sum of all 16 rows' weights, 19 more vector operations a
+ * block, and kept one more register live across the columns: three accumulators spilled). */
 #define X16_PREPARED_MAX 16384 /* values of a row whose activations a span prepares (longer: per group) */
 
 typedef struct {
-    uint8_t ab[X16_TILE][X16_PREPARED_MAX]; /* (column, value): a + 128 */
-    double dy[X16_TILE][X16_PREPARED_MAX / QK8_0];
+    int32_t corr[X16_TILE][X16_PREPARED_MAX / QK8_0]; /* (column, block): -o sum a */
+    double dy[X16_TILE][X16_PREPARED_MAX / QK8_0];    /* (column, block): the activations' scale */
 } x16_prepared;
 
-static void x16_prepare(int n, int nc, const void *vy, size_t ys, x16_prepared *p) {
+static void x16_prepare(int type, int n, int nc, const void *vy, size_t ys, x16_prepared *p) {
+    const int offset = type == EI_TYPE_Q4_0 ? 8 : type == EI_TYPE_Q5_0 ? 16 : 128;
     for (int c = 0; c < nc; c++) {
         const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys);
         for (int b = 0; b < n / QK8_0; b++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)y[b].qs);
-            _mm256_storeu_si256((__m256i *)(p->ab[c] + QK8_0 * b), _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
+            p->corr[c][b] = -offset * block_sum_q8(y[b].qs);
             p->dy[c][b] = (double)f16_to_f32(y[b].d);
         }
     }
 }
 
-/* one group against prepared activations p (vy and ys: as p was prepared from, unread) */
+/* one group against the activations vy (rows ys apart) and their prepared corrections p */
 EI_INLINE void gemm_x16_prepared(int type, const x16_prepared *p, int n, int nc, float *s, size_t ss, const void *vx,
                                  const void *vy, size_t ys) {
-    (void)vy, (void)ys;
     const size_t bytes = type == EI_TYPE_Q8_0 ? sizeof(block_q8_0x16) : type == EI_TYPE_Q5_0 ? sizeof(block_q5_0x16) : sizeof(block_q4_0x16);
-    const __m512i offset = _mm512_set1_epi8(type == EI_TYPE_Q4_0 ? 8 : 16), ones = _mm512_set1_epi8(1);
     const uint8_t *x = vx;
     __m512d acc[X16_TILE][2];
     EI_UNROLL for (int c = 0; c < X16_TILE; c++) acc[c][0] = acc[c][1] = _mm512_setzero_pd();
     for (int b = 0; b < n / QK8_0; b++, x += bytes) {
         __m512d dw[2];
         f16x16_rows((const ei_f16 *)x, dw); /* d: the first field */
-        __m512i w[8], start = _mm512_setzero_si512();
-        if (type == EI_TYPE_Q8_0) {
-            EI_UNROLL for (int k = 0; k < 8; k++) {
-                w[k] = _mm512_loadu_si512((const void *)(((const block_q8_0x16 *)x)->qs + 64 * k));
-                start = _mm512_dpbusd_epi32(start, ones, w[k]);
-            }
-        } else { /* 8 values in [-16, 15] add up in int8 */
+        __m512i w[8];
+        if (type == EI_TYPE_Q8_0)
+            EI_UNROLL for (int k = 0; k < 8; k++)
+                w[k] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(((const block_q8_0x16 *)x)->qs + 64 * k)), _mm512_set1_epi8((char)0x80));
+        else
             x16_nibble_weights(type, x, w);
-            __m512i sum = _mm512_setzero_si512();
-            EI_UNROLL for (int k = 0; k < 8; k++) sum = _mm512_add_epi8(sum, w[k] = _mm512_sub_epi8(w[k], offset));
-            start = _mm512_dpbusd_epi32(start, ones, sum);
-        }
-        start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(start, 7)); /* -128 sum w */
         EI_UNROLL for (int c = 0; c < X16_TILE; c++) {
             if (c >= nc) break;
-            const uint8_t *a = p->ab[c] + QK8_0 * b;
-            __m512i part[2] = {start, _mm512_setzero_si512()}; /* two chains: dpbusd's latency */
-            EI_UNROLL for (int k = 0; k < 8; k++) part[k & 1] = _mm512_dpbusd_epi32(part[k & 1], bcast4(a + 4 * k), w[k]);
+            const int8_t *a = ((const block_q8_0 *)((const uint8_t *)vy + (size_t)c * ys))[b].qs;
+            __m512i part[2] = {_mm512_set1_epi32(p->corr[c][b]), _mm512_setzero_si512()}; /* two chains */
+            EI_UNROLL for (int k = 0; k < 8; k++) part[k & 1] = _mm512_dpbusd_epi32(part[k & 1], w[k], bcast4(a + 4 * k));
             const __m512i isum = _mm512_add_epi32(part[0], part[1]);
             const __m512d d = _mm512_set1_pd(p->dy[c][b]);
             acc[c][0] = _mm512_fmadd_pd(cvt_lo(isum), _mm512_mul_pd(dw[0], d), acc[c][0]);
@@ -576,7 +570,7 @@ EI_INLINE void gemm_x16_span_vnni(int type, int n, int ng, int nc, float *s, siz
         return;
     }
     static EI_THREAD_LOCAL x16_prepared prepared;
-    x16_prepare(n, nc, y, ys, &prepared);
+    x16_prepare(type, n, nc, y, ys, &prepared);
     for (int g = 0; g < ng; g++, s += EI_X16, x += group) X16_CASES(gemm_x16_prepared, type, &prepared,)
 }
 
