@@ -98,6 +98,12 @@ def main() -> int:
     ap.add_argument(
         "--busy", action="store_true", help="keep one core busy while the engines are measured"
     )
+    ap.add_argument(
+        "--llama-python",
+        default=sys.executable,
+        help="the Python whose llama-cpp-python is measured (e.g. a venv with a build for "
+        'another instruction set: CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF ...")',
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     common = [
@@ -113,7 +119,7 @@ def main() -> int:
     ours_cmd = [sys.executable, "-m", "edgeinfer.apps.cli", "bench", args.model, "--json", *common]
     if args.isa:
         ours_cmd += ["--isa", args.isa]
-    theirs_cmd = [sys.executable, str(HERE / "llamacpp_bench.py"), args.model, *common]
+    theirs_cmd = [args.llama_python, str(HERE / "llamacpp_bench.py"), args.model, *common]
     ours, theirs = [], []
     with busy_core(args.busy):
         for _ in range(args.rounds):
@@ -121,6 +127,7 @@ def main() -> int:
             theirs.append(_run(theirs_cmd))
     result = {
         "model": args.model, "threads": args.threads, "isa": ours[0]["isa"], "busy": args.busy,
+        "llama.cpp_features": theirs[0].get("features", ""),
         "figures": {},
     }  # fmt: skip
     for key, _label, higher_better in FIGURES:
@@ -146,6 +153,8 @@ def main() -> int:
           f"edgeinfer {ours[0]['engine']}/{ours[0]['isa']}, llama.cpp {theirs[0]['version']}; "
           f"pp{args.n_prompt} tg{args.n_gen}, {args.rounds} rounds"
           + ("; one core kept busy by another process" if args.busy else ""))  # fmt: skip
+    if theirs[0].get("features"):
+        print(f"llama.cpp built for: {theirs[0]['features']}")
     print(f"{'':28} {'edgeinfer':>12} {'llama.cpp':>12} {'ratio':>8}")
     for key, label, _ in FIGURES:
         f = result["figures"][key]

@@ -14,6 +14,20 @@ import time
 import numpy as np
 
 
+def _cpu_features(llama_cpp) -> str:
+    """The instruction sets this llama.cpp build's CPU backend was compiled for ("AVX2 AVX512
+    ..."), from its system info, whose "NAME = 1" entries they are."""
+    info = llama_cpp.llama_print_system_info()
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    names = []
+    for part in text.replace("|", "\n").splitlines():
+        name, _, value = part.partition("=")
+        name = name.rpartition(":")[2]  # "CPU : SSE3 = 1": the backend's name goes
+        if value.strip() == "1" and name.strip() and name.strip() not in names:
+            names.append(name.strip())
+    return " ".join(names)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -64,6 +78,7 @@ def main() -> int:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({
         "engine": "llama.cpp", "version": llama_cpp.__version__, "threads": args.threads,
+        "features": _cpu_features(llama_cpp),
         "n_prompt": args.n_prompt, "n_gen": args.n_gen, "repetitions": args.repetitions,
         "pp_tok_s": statistics.mean(pp), "pp_tok_s_sd": statistics.pstdev(pp),
         "tg_tok_s": statistics.mean(tg), "tg_tok_s_sd": statistics.pstdev(tg),

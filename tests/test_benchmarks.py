@@ -168,3 +168,20 @@ def test_busy_core_stops_on_error():
 def test_busy_core_disabled():
     with compare_llamacpp.busy_core(False) as loop:
         assert loop is None
+
+
+def test_llama_cpp_features_are_read_from_its_system_info():
+    """The instruction sets a llama.cpp build names as "NAME = 1", from the installed
+    llama-cpp-python's own system info and from a line of the form it prints."""
+    import llama_cpp
+
+    bench = _script("llamacpp_bench")
+    names = bench._cpu_features(llama_cpp).split()
+    assert names and "SSE3" in names and all("=" not in n and ":" not in n for n in names)
+
+    class Fake:
+        @staticmethod
+        def llama_print_system_info() -> bytes:
+            return b"CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 0 | FMA = 1 | REPACK = 1 | "
+
+    assert bench._cpu_features(Fake) == "SSE3 AVX AVX2 FMA REPACK"
