@@ -12,7 +12,8 @@
  *              product of one weight row with one activation row (vec_dot)
  *   gemm.c     tiles of a matrix product (gemm) and products of interleaved rows (gemm_x16)
  *   ops.c      rms_norm, rope, geglu / swiglu, add, scale
- *   attn.c     attention (attn, attn_group, attn_block); its scalar middle is common/attn_softmax.h
+ *   attn.c     attention (attn, attn_group, attn_block) and its softmax (attn_softmax, with
+ *              common/ei_exp.h's exp); its scalar middle is common/attn_softmax.h
  *   kivi.c     KIVI cache quantization: quantizers, key dots, value decoders (common/kivi.h)
  *   kernels.c  the folder's table: ei_kernels_init_<isa>
  *   simd.h     the folder's private header: intrinsics, inline helpers, its files' entry points

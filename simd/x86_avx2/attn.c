@@ -3,7 +3,8 @@
  * Scores: each product of the cache-rounded query and a key is exact (in float for an fp16
  * cache, in double for f32), but their sum in double is not, so every key's sum runs in
  * the reference's order: one lane per key, the products transposed into key lanes.
- * Softmax: libm's exp in double, in order. Output: one lane per dimension, each adding
+ * Softmax: common/ei_exp.h's exp, four keys a vector, the sum in the reference's 8 partials
+ * (two vectors). Output: one lane per dimension, each adding
  * p[t] * v[t] in the order of t as the reference does, the products exact in double. */
 #include <math.h>
 
