@@ -294,9 +294,96 @@ static void neon_dots_f16(const double *qd, const uint8_t *k, size_t row_bytes, 
         dots8_f16_pd(qd, k + (size_t)t * row_bytes, row_bytes, hd, m - t < 8 ? m - t : 8, out + t);
 }
 
+/* ---- a block of queries of several tokens (fp16 caches) --------------------------------------
+ * Scores: one double lane per query (the block's 8 in four vectors, their dims transposed once
+ * as fp16 rounds them), each key's dims converted to double once and broadcast to every query;
+ * each lane adds its exact products in order of d, as neon_attn does (a fused add rounds as a
+ * separate one). The frame, softmax to values, is common/attn_softmax.h's; the values go query
+ * by query (neon_weighted_sum). */
+
+#define BLOCK_KEYS EI_ATTN_BLOCK_KEYS
+static_assert(EI_ATTN_BLOCK_QUERIES == 8, "a block's queries fill four vectors of doubles");
+
+static EI_THREAD_LOCAL double block_qt[EI_MAX_HEAD_DIM * 8]; /* (hd, 8): the queries as fp16 rounds them */
+
+/* dots[j0 + j][i] = sum over d in order of qt[d][i] * kd[j][d], for 4 keys of kd ((4, hd)) */
+EI_INLINE void block_dots4(const double *qt, const double *kd, int hd, int j0, double dots[BLOCK_KEYS][8]) {
+    float64x2_t acc[4][4];
+    EI_UNROLL for (int j = 0; j < 4; j++) EI_UNROLL for (int v = 0; v < 4; v++) acc[j][v] = vdupq_n_f64(0.0);
+    for (int d = 0; d < hd; d++) {
+        float64x2_t qv[4];
+        EI_UNROLL for (int v = 0; v < 4; v++) qv[v] = vld1q_f64(qt + (size_t)d * 8 + 2 * v);
+        EI_UNROLL for (int j = 0; j < 4; j++) {
+            const double k = kd[(size_t)j * hd + d];
+            EI_UNROLL for (int v = 0; v < 4; v++) acc[j][v] = vfmaq_n_f64(acc[j][v], qv[v], k);
+        }
+    }
+    EI_UNROLL for (int j = 0; j < 4; j++) EI_UNROLL for (int v = 0; v < 4; v++) vst1q_f64(dots[j0 + j] + 2 * v, acc[j][v]);
+}
+
+/* dots[j][i] of the block's queries with m keys from k (keys past m: zero) */
+static void block_tile(const ei_attn_params *p, const uint8_t *k, int m, double dots[BLOCK_KEYS][EI_ATTN_BLOCK_QUERIES]) {
+    static EI_THREAD_LOCAL double kd[BLOCK_KEYS * EI_MAX_HEAD_DIM];
+    const int hd = p->head_dim;
+    for (int j = 0; j < BLOCK_KEYS; j++) {
+        double *out = kd + (size_t)j * hd;
+        const uint8_t *row = k + (size_t)j * p->k_row_bytes;
+        int d = 0;
+        if (j < m)
+            for (; d + 4 <= hd; d += 4) {
+                const float32x4_t x = kv4(row, d, 0);
+                vst1q_f64(out + d, vcvt_f64_f32(vget_low_f32(x)));
+                vst1q_f64(out + d + 2, vcvt_high_f64_f32(x));
+            }
+        for (; d < hd; d++) out[d] = j < m ? kv1(row, d, 0) : 0.0;
+    }
+    block_dots4(block_qt, kd, hd, 0, dots);
+    block_dots4(block_qt, kd + 4 * (size_t)hd, hd, 4, dots);
+}
+
+static void block_round_weights(double *w, int n, double sum, int v_type) {
+    for (int t = 0; t < n; t++) w[t] = ei_attn_prob(w[t], sum, v_type);
+}
+
+/* out[i] = the weighted values (fp16 rows) for nb queries whose weights are n apart */
+static void block_values(const ei_attn_params *sub, int nb, const double *w, int n, float *const *out) {
+    const int hv = sub->head_dim_v;
+    for (int i = 0; i < nb; i++) {
+        double acc[EI_MAX_HEAD_DIM];
+        for (int d = 0; d < hv; d++) acc[d] = 0.0;
+        for (int r = 0, at = 0; r < sub->n_runs; at += sub->runs[r++].n)
+            neon_weighted_sum(w + (size_t)i * n + at, sub->runs[r].v, 0, sub->v_row_bytes, sub->runs[r].n, hv, acc);
+        int d = 0;
+        for (; d + 4 <= hv; d += 4)
+            vst1q_f32(out[i] + d, vcvt_high_f32_f64(vcvt_f32_f64(vld1q_f64(acc + d)), vld1q_f64(acc + d + 2)));
+        for (; d < hv; d++) out[i][d] = (float)acc[d];
+    }
+}
+
+static void neon_attn_block(const ei_attn_params *p, int nq, const float *const *q, const int32_t *first,
+                            const int32_t *end, float *const *out, ei_attn_run *room, double *scratch) {
+    if (p->k_type != EI_TYPE_F16 || p->v_type != EI_TYPE_F16 || nq > EI_ATTN_BLOCK_QUERIES) {
+        ei_attn_block_by_query(p, nq, q, first, end, out, room, scratch, neon_attn);
+        return;
+    }
+    const int hd = p->head_dim;
+    for (int l = 0; l < 8; l++) { /* past nq: query 0 */
+        const float *ql = q[l < nq ? l : 0];
+        int d = 0;
+        for (; d + 4 <= hd; d += 4) {
+            float f[4];
+            vst1q_f32(f, vcvt_f32_f16(vcvt_f16_f32(vld1q_f32(ql + d)))); /* to fp16 and back: nearest, ties even */
+            EI_UNROLL for (int e = 0; e < 4; e++) block_qt[(size_t)(d + e) * 8 + l] = f[e];
+        }
+        for (; d < hd; d++) block_qt[(size_t)d * 8 + l] = ei_attn_round_to(ql[d], EI_TYPE_F16);
+    }
+    ei_attn_block_run(p, nq, first, end, out, room, scratch, block_tile, neon_softmax, block_round_weights, block_values);
+}
+
 void EI_NEON_FN(ei_neon_attn)(ei_kernels *k) {
     k->attn = neon_attn;
     k->attn_softmax = neon_softmax;
+    k->attn_block = neon_attn_block;
     k->attn_dots_f16 = neon_dots_f16;
     k->attn_weighted_sum = neon_weighted_sum;
     k->attn_weighted_sum_q = neon_weighted_sum_q;
