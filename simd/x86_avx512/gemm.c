@@ -615,6 +615,7 @@ EI_INLINE __m512i pairs16(__m512i lo, __m512i hi) {
  * the rows' d (and dmin) as doubles, rows 0..7 and 8..15 */
 typedef struct {
     __m512i sc[16], bmul[8];
+    __m512i sc32[16]; /* each sub-block's scale as an int32 (the VNNI products) */
     __m512d d[2], dmin[2];
 } kx16_shared;
 
@@ -628,7 +629,7 @@ EI_INLINE void kx16_prepare(int type, const uint8_t *x, kx16_shared *sh) {
         sh->d[0] = f16x8_pd(b->d), sh->d[1] = f16x8_pd(b->d + 8);
         __m512i v[16];
         EI_UNROLL for (int j = 0; j < 16; j++) {
-            v[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->sc[j]));
+            sh->sc32[j] = v[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->sc[j]));
             sh->sc[j] = pairs16(v[j], v[j]);
         }
         /* the values are stored 32 up: 32 sc times each block sum comes off */
@@ -641,6 +642,7 @@ EI_INLINE void kx16_prepare(int type, const uint8_t *x, kx16_shared *sh) {
     EI_UNROLL for (int j = 0; j < 8; j++) {
         const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->sc[j]));
         const __m512i mn = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->mn[j]));
+        sh->sc32[j] = sc;
         sh->sc[j] = pairs16(sc, sc);
         sh->bmul[j] = pairs16(mn, mn); /* both block sums of sub-block j */
     }
@@ -667,6 +669,25 @@ EI_INLINE void kx16_unit(int type, const uint8_t *x, int j, __m512i *w) {
         w[2 * m + 1] = _mm512_or_si512(w[2 * m + 1], _mm512_and_si512(v, two));
         w[4 + 2 * m + 1] = _mm512_or_si512(w[4 + 2 * m + 1], _mm512_and_si512(_mm512_srli_epi16(v, 2), two));
     }
+}
+
+/* kx16_dots with VNNI: each sub-block's int32 dots by vpdpbusd (the weights, below 64, go in
+ * unsigned) in two chains, times its scale (vpmulld, exact: |dots| < 2^20, scales < 64) into
+ * iacc; Q4_K's and Q5_K's unit j is sub-block j (32 values), Q6_K's sub-blocks 2j and 2j + 1
+ * (16 values each). The integers are kx16_dots's: 11 vector operations for Q4_K's 512
+ * multiply-adds against 16 through vpmaddubsw, int16 sums and vpdpwssd. */
+EI_INLINE __m512i kx16_dots_vnni(int type, const __m512i *w, const int8_t *y, const __m512i *sc32, int j, __m512i iacc) {
+    if (type != EI_TYPE_Q6_K) {
+        __m512i p[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        EI_UNROLL for (int k = 0; k < 8; k++) p[k & 1] = _mm512_dpbusd_epi32(p[k & 1], w[k], bcast4(y + 4 * k));
+        return _mm512_add_epi32(iacc, _mm512_mullo_epi32(_mm512_add_epi32(p[0], p[1]), sc32[j]));
+    }
+    EI_UNROLL for (int half = 0; half < 2; half++) { /* sub-block 2j + half: values 16 half .. */
+        __m512i p[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        EI_UNROLL for (int k = 0; k < 4; k++) p[k & 1] = _mm512_dpbusd_epi32(p[k & 1], w[4 * half + k], bcast4(y + 16 * half + 4 * k));
+        iacc = _mm512_add_epi32(iacc, _mm512_mullo_epi32(_mm512_add_epi32(p[0], p[1]), sc32[2 * j + half]));
+    }
+    return iacc;
 }
 
 /* iacc += the scaled integer dots of unit j with one activation row: Q4_K's unit is one
@@ -724,7 +745,8 @@ EI_INLINE void gemm_kx16_impl(int type, int vnni, int n, int nc, float *s, size_
             EI_UNROLL for (int c = 0; c < X16_TILE; c++) {
                 if (c >= nc) break;
                 const block_q8_K *y = (const block_q8_K *)((const uint8_t *)vy + (size_t)c * ys) + i;
-                iacc[c] = kx16_dots(type, w, y->qs + 32 * j, sh.sc, j, iacc[c], vnni);
+                iacc[c] = vnni ? kx16_dots_vnni(type, w, y->qs + 32 * j, sh.sc32, j, iacc[c])
+                               : kx16_dots(type, w, y->qs + 32 * j, sh.sc, j, iacc[c], vnni);
             }
         }
         EI_UNROLL for (int c = 0; c < X16_TILE; c++) {
