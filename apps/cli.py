@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 from edgeinfer import errors
 from edgeinfer.apps import convert as convert_cmd
 from edgeinfer.apps import exit_status
+from edgeinfer.apps import server as server_cmd
 from edgeinfer.engines import ENGINE_CHOICES
 from edgeinfer.engines.base import MAX_N_THREADS
 
@@ -223,6 +224,10 @@ def _parser() -> argparse.ArgumentParser:
 
     convert_cmd.add_parser(sub)
 
+    serve = server_cmd.add_parser(sub)
+    _add_model_options(serve)
+    _add_sampling_options(serve, -1)
+
     ppl = sub.add_parser("perplexity", help="perplexity of a text file (as llama-perplexity)")
     ppl.add_argument("model")
     ppl.add_argument("-f", "--file", required=True, help="UTF-8 text file")
@@ -265,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {
         "run": cmd_run, "chat": cmd_chat, "info": cmd_info, "doctor": cmd_doctor,
         "bench": cmd_bench, "convert": convert_cmd.main, "perplexity": cmd_perplexity,
+        "serve": cmd_serve,
     }[args.command]  # fmt: skip
     signal.signal(signal.SIGTERM, _terminate)  # unwind (and clean up) as Ctrl-C does
     try:
@@ -765,6 +771,13 @@ def _kl_lines(r: Any) -> list[str]:
 
 
 # --- doctor ----------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    load_options = dict(
+        n_threads=args.threads, n_ctx=args.ctx, engine=args.engine, **_cache_options(args)
+    )
+    return server_cmd.main(args, load_options, _sampling(args))
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

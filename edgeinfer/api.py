@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer import engines, errors, session_state
+from edgeinfer.batching import Batcher, Request
 from edgeinfer.chat import ChatTemplate, builtin_template
 from edgeinfer.context_policy import DEFAULT_N_SINK, ContextPolicy
 from edgeinfer.engines.base import MAX_N_BATCH, MAX_N_THREADS
@@ -47,6 +49,7 @@ MAX_N_CTX = 1 << 20  # unless the model was trained for more
 _SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 # contexts a conversation may span under a context policy (the template text cap grows by it)
 HISTORY_CONTEXTS = 64
+MAX_N_PARALLEL = 63  # the native engine's 64 sequences, less the model's own
 # a rendered chat prompt longer than this per token of n_ctx cannot fit the context: refused
 # before it is tokenized (the longest pieces of real vocabularies are far shorter)
 CHARS_PER_TOKEN = 32
@@ -95,13 +98,16 @@ class Model:
         kivi_group: int = KIVI_GROUP,
         kivi_residual: int = KIVI_RESIDUAL,
         fixed_threads: bool = False,
+        n_parallel: int = 0,
     ) -> None:
         t0 = time.perf_counter()
         self._engine: engines.Engine | None = None
+        self._batcher: Batcher | None = None
         self._closing = False
         if n_threads is not None:
             n_threads = _int_option("n_threads", n_threads, 1, MAX_N_THREADS)
         n_batch = _int_option("n_batch", n_batch, 1, MAX_N_BATCH)
+        self.n_parallel = _int_option("n_parallel", n_parallel, 0, MAX_N_PARALLEL)
         _flags(swa_full=swa_full, fixed_threads=fixed_threads)
         asked_cache_types = _cache_types(kv_type, cache_type_k, cache_type_v)
         policy = ContextPolicy(context_policy, n_keep=n_keep, n_sink=n_sink)
@@ -113,6 +119,11 @@ class Model:
         self.path = model_path(path)
         model_format = "onnx" if os.path.isdir(self.path) else "gguf"
         spec = engines.select(engine, model_format)
+        if 1 + self.n_parallel > spec.max_sequences:
+            raise errors.InvalidOptionError(
+                f"n_parallel {self.n_parallel} needs {1 + self.n_parallel} sequences; the "
+                f"{spec.name} engine holds {spec.max_sequences}"
+            )
         self.source: GGUFFile | OnnxFolder
         if model_format == "onnx":  # an exported ONNX folder: edgeinfer.engines.onnxruntime
             self.source = OnnxFolder(self.path)
@@ -145,6 +156,7 @@ class Model:
                 cache_type_k=self._kv_types[0], cache_type_v=self._kv_types[1], isa=isa,
                 swa_full=swa_full, kv_budget=budget, track_attention=policy.tracks_attention,
                 kivi_group=kivi_group, kivi_residual=kivi_residual, fixed_threads=fixed_threads,
+                n_seq_max=1 + self.n_parallel,
             )  # fmt: skip
             with typed_memory_errors():
                 self._engine = engines.create(spec, self.source, self.config, options)
@@ -169,6 +181,7 @@ class Model:
             self.source.close()
             raise
         self._turns = Turns()
+        self._batcher_lock = threading.Lock()
         self._cancel_epoch = 0  # cancel() counts up; a call started before it stops
         self._template: ChatTemplate | None = None
         self.load_s = time.perf_counter() - t0
@@ -426,6 +439,27 @@ class Model:
         text = "".join(s)
         return Completion(text, s.tokens, s.stats.finish_reason, s.stats)
 
+    # --- batching: many requests at once (edgeinfer.batching) -----------------------------
+
+    def batcher(self, **options: Any) -> Batcher:
+        """The model's :class:`edgeinfer.batching.Batcher`, made on first use with
+        ``options`` (max_queue, step_tokens, prefill_chunk): generations that share the
+        engine's steps, one per sequence of ``n_parallel`` (a load option)."""
+        self._check_open()
+        with self._batcher_lock:
+            if self._batcher is None:
+                self._batcher = Batcher(self, **options)
+            elif options:
+                raise errors.InvalidOptionError(
+                    "the batcher exists already: options apply to its creation"
+                )
+            return self._batcher
+
+    def submit(self, prompt: str | Sequence[int], **options: Any) -> Request:
+        """Queues a generation on the batcher (``batcher().submit``): a Request to iterate,
+        with or without ``async``, or to cancel."""
+        return self.batcher().submit(prompt, **options)
+
     # --- lifetime --------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -446,6 +480,8 @@ class Model:
             return
         self._closing = True  # no new call starts from now on; running ones see a cancel
         self.cancel()
+        if self._batcher is not None:
+            self._batcher.close()
         with self._turns.step(Holder()):
             engine, self._engine = self._engine, None
             if engine is not None:  # not closed by a concurrent close() meanwhile
@@ -504,9 +540,10 @@ def load(
     :mod:`edgeinfer.context_policy`), ``kv_budget`` (bytes, or a size such as "512MiB", for
     the native engine's pool of cache blocks, which its sequences share; by default what
     ``n_ctx`` positions need), ``isa`` (force an instruction-set variant of the native
-    engine) and ``fixed_threads`` (every decoding step on ``n_threads``; by default the native
-    engine times its decoding steps and runs them on fewer threads while that is faster, as
-    when another program holds a core).
+    engine), ``n_parallel`` (sequences for :meth:`Model.batcher`'s requests, which run
+    together; 0, the default, makes none) and ``fixed_threads`` (every decoding step on
+    ``n_threads``; by default the native engine times its decoding steps and runs them on
+    fewer threads while that is faster, as when another program holds a core).
     """
     unknown = set(options) - _LOAD_OPTIONS
     if unknown:
@@ -517,7 +554,7 @@ def load(
 _LOAD_OPTIONS = frozenset({
     "n_batch", "engine", "kv_type", "isa", "cache_type_k", "cache_type_v", "swa_full",
     "context_policy", "n_keep", "n_sink", "kv_budget", "kivi_group", "kivi_residual",
-    "fixed_threads",
+    "fixed_threads", "n_parallel",
 })  # fmt: skip
 
 

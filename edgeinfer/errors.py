@@ -115,6 +115,14 @@ class BusyError(EdgeInferError):
     """The model was called from inside one of its own steps (a re-entrant call)."""
 
 
+class QueueFullError(EdgeInferError):
+    """A batcher's queue of waiting requests is full: try again later (``retry_after_s``)."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class InputFileError(EdgeInferError):
     """An input other than the model (a text file to score) cannot be read as it must be."""
 

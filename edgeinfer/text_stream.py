@@ -19,6 +19,7 @@ from edgeinfer.generation import GenerationStats, Holder, generate_tokens
 
 if TYPE_CHECKING:
     from edgeinfer.api import Model
+    from edgeinfer.tokenizer.tokenizer import StreamDecoder
 
 
 class TextStream:
@@ -66,26 +67,17 @@ class TextStream:
         return self.stats.finish_reason
 
     def _run(self, tokens: Iterator[int], stops: list[str]) -> Generator[str, None, None]:
-        decoder = self._model.tokenizer.stream_decoder()
-        longest = max((len(s) for s in stops), default=0)
-        full = ""  # everything decoded; self.text is the part already handed out
+        scanner = StopScanner(self._model.tokenizer.stream_decoder(), stops)
         try:
             for tok in tokens:
                 self.tokens.append(tok)
-                full += decoder.push(tok)
-                emitted = len(self.text)
-                safe = len(full)
-                if stops:
-                    hit = _find_stop(full, stops, max(0, emitted - longest))
-                    if hit >= 0:
-                        yield from self._emit(full[emitted:hit])
-                        self.stats.finish_reason = "stop"
-                        return
-                    safe -= _partial_stop(full, stops, longest)
-                yield from self._emit(full[emitted:safe])
+                piece, stopped = scanner.push(tok)
+                yield from self._emit(piece)
+                if stopped:
+                    self.stats.finish_reason = "stop"
+                    return
             if self.stats.finish_reason != "cancelled":
-                full += decoder.flush()
-                yield from self._emit(full[len(self.text) :])
+                yield from self._emit(scanner.flush())
         finally:
             if not self.stats.finish_reason:
                 self.stats.finish_reason = "cancelled"
@@ -157,6 +149,40 @@ def _weak_cancelled(stream: TextStream) -> Any:
         return s is None or s._cancelled()
 
     return cancelled
+
+
+class StopScanner:
+    """Generated tokens to text: whole characters only, and never a stop string, nor the part
+    of one that a later token may complete (it is held back until it cannot)."""
+
+    def __init__(self, decoder: StreamDecoder, stops: list[str]) -> None:
+        self._decoder = decoder
+        self._stops = stops
+        self._longest = max((len(s) for s in stops), default=0)
+        self._full = ""  # everything decoded
+        self.text = ""  # the part handed out
+
+    def push(self, token: int) -> tuple[str, bool]:
+        """The text that ``token`` lets out, and whether a stop string ended the text there."""
+        self._full += self._decoder.push(token)
+        emitted, safe = len(self.text), len(self._full)
+        stopped = False
+        if self._stops:
+            hit = _find_stop(self._full, self._stops, max(0, emitted - self._longest))
+            if hit >= 0:
+                safe, stopped = hit, True
+            else:
+                safe -= _partial_stop(self._full, self._stops, self._longest)
+        piece = self._full[emitted:safe]
+        self.text += piece
+        return piece, stopped
+
+    def flush(self) -> str:
+        """What is left at the end of the generation (held-back bytes and text)."""
+        self._full += self._decoder.flush()
+        piece = self._full[len(self.text) :]
+        self.text += piece
+        return piece
 
 
 def stop_strings(stop: Any) -> list[str]:

@@ -632,8 +632,6 @@ class SequenceEngine:
                 )
         if batch.tokens.min() < 0 or batch.tokens.max() >= self.n_vocab:
             raise errors.InvalidOptionError(f"token ids must lie in [0, {self.n_vocab})")
-        if not batch.want.any():
-            raise errors.InvalidOptionError("a batch must ask for the logits of one token at least")
         return ends
 
     def _check_open(self) -> None:

@@ -1,0 +1,619 @@
+"""Continuous batching: many generations share each engine step.
+
+A :class:`Batcher` runs one worker thread over a model's engine. Each step packs the next
+token of every running sequence, then chunks of the prompts still to evaluate, up to a token
+budget (decode first, then prefill, as vLLM's scheduler does), so that a long prompt holds the
+running streams back by one chunk at most. While streams are decoding, a prompt's chunk is
+sized so that a step costs about 2.5 decoding steps (measured as the batcher runs), which
+keeps their inter-token latency even. Requests join at the next step and leave as soon as
+they finish; a cancelled one (its client went away) leaves at the next step.
+
+Each request samples with its own sampler and seed, and the engine's sums do not depend on
+what else shares a step (its order-independent reductions), nor on how a prompt is cut into
+chunks: a request returns the same tokens alone or among others.
+
+Prefixes: every full block of a sequence is keyed by its tokens and all before them
+(:func:`edgeinfer._native.block_key`), so a request whose prompt begins as an earlier one did
+(a shared system prompt) takes the cached blocks instead of evaluating them again; its
+``usage.cached_tokens`` counts them.
+
+When the engine's block pool is full, a request waits for admission; a running one that
+cannot grow is preempted (the newest first): its blocks go back and it is queued again at the
+front, to be recomputed (from the cached prefix of its blocks, where they survive) and go on
+exactly where it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgeinfer import errors
+from edgeinfer.engines.base import Batch
+from edgeinfer.generation import Holder
+from edgeinfer.metrics import LATENCY_BUCKETS, STEP_TOKEN_BUCKETS, Histogram
+from edgeinfer.text_stream import StopScanner, stop_strings
+
+if TYPE_CHECKING:
+    from edgeinfer.api import Model
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+DEFAULT_MAX_QUEUE = 64
+FIRST_CHUNK = 64  # prompt tokens per step beside decoding ones, before any step was timed
+MIN_CHUNK = 16
+MIXED_STEP_FACTOR = 1.5  # a prompt chunk may add this many decoding steps' time to a step
+OUTCOMES = ("stop", "length", "cancelled", "error")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model (the log-softmax of its raw
+    logits, before any sampling option) and the ``top`` most likely tokens' (id, logprob)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one step of a request produced: the text it lets out (a stop string, or text that
+    may begin one, is held back), the token generated, and its log-probabilities."""
+
+    text: str
+    tokens: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    cached_tokens: int = 0  # of the prompt, taken from cached blocks rather than evaluated
+    completion_tokens: int = 0
+
+
+class Request:
+    """One generation in a :class:`Batcher`: iterate it (``for`` or ``async for``) for its
+    :class:`Piece` s, or wait for ``result()``. Afterwards ``text``, ``tokens``, ``usage``
+    and ``finish_reason`` ("stop", "length", "cancelled" or "error") describe it; a request
+    that ended in an error raises it at the end of its iteration and from ``result()``."""
+
+    def __init__(
+        self, batcher: Batcher, request_id: int, prompt: list[int], sampler: Any,
+        max_tokens: int, scanner: StopScanner, logprobs: int | None,
+    ) -> None:  # fmt: skip
+        self.id = request_id
+        self.prompt = prompt
+        self.usage = Usage(len(prompt))
+        self.tokens: list[int] = []
+        self.text = ""
+        self.finish_reason = ""
+        self.error: BaseException | None = None
+        self.state = "queued"  # queued, prefill, decode, finished
+        self.submitted = time.monotonic()
+        self.admitted: float | None = None
+        self.first_token: float | None = None
+        self.finished: float | None = None
+        self._batcher = batcher
+        self._sampler = sampler
+        self._max_tokens = max_tokens
+        self._scanner = scanner
+        self._logprobs = logprobs
+        self._context = list(prompt)  # prompt + generated: what the sequence must hold
+        self._evaluated = 0  # positions of the context the sequence holds
+        self._seq = -1
+        self._order = 0  # admission order: the newest is preempted first
+        self._last_token = 0.0
+        self._cancelled = False
+        self._cond = threading.Condition()
+        self._pieces: deque[Piece] = deque()
+        self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    # --- the consumer's side ---------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Ends the request at the next step (from any thread); its sequence is freed."""
+        self._cancelled = True
+        self._batcher._wake()
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish_reason)
+
+    def __iter__(self) -> Iterator[Piece]:
+        return self
+
+    def __next__(self) -> Piece:
+        with self._cond:
+            while not self._pieces and not self.finish_reason:
+                self._cond.wait()
+            if self._pieces:
+                return self._pieces.popleft()
+        self._raise_error()
+        raise StopIteration
+
+    def __aiter__(self) -> Request:
+        return self
+
+    async def __anext__(self) -> Piece:
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._cond:
+                if self._pieces:
+                    return self._pieces.popleft()
+                if self.finish_reason:
+                    break
+                event = asyncio.Event()
+                self._wakers.append((loop, event))
+            await event.wait()
+        self._raise_error()
+        raise StopAsyncIteration
+
+    def result(self, timeout: float | None = None) -> Request:
+        """Waits for the end (TimeoutError after ``timeout`` seconds); raises its error."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: bool(self.finish_reason), timeout):
+                raise TimeoutError(f"request {self.id} did not finish in {timeout} s")
+        self._raise_error()
+        return self
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    # --- the worker's side -----------------------------------------------------------------
+
+    def _deliver(self, piece: Piece | None, finish: str = "", error: BaseException | None = None):
+        with self._cond:
+            if piece is not None and (piece.text or piece.tokens):
+                self._pieces.append(piece)
+            if finish:
+                self.finish_reason, self.error, self.state = finish, error, "finished"
+            self._cond.notify_all()
+            wakers, self._wakers = self._wakers, []
+        for loop, event in wakers:
+            # a consumer's loop that has closed has nobody waiting on it
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(event.set)
+
+
+@dataclass
+class BatcherMetrics:
+    """The batcher's traffic since it started (apps/server.py serves it as Prometheus text)."""
+
+    prompt_tokens: int = 0  # prompt tokens evaluated
+    cached_prompt_tokens: int = 0  # prompt tokens taken from cached blocks
+    generated_tokens: int = 0
+    steps: int = 0
+    preemptions: int = 0
+    requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    ttft: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    inter_token: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    queue_wait: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    e2e: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    step_tokens: Histogram = field(default_factory=lambda: Histogram(STEP_TOKEN_BUCKETS))
+
+
+class _ChunkSizer:
+    """How many prompt tokens a step takes beside decoding ones: ``fixed``, or what keeps a
+    mixed step within MIXED_STEP_FACTOR decoding steps' more time, from timed steps."""
+
+    def __init__(self, fixed: int | None, ceiling: int) -> None:
+        self.fixed, self.ceiling = fixed, ceiling
+        self.decode_s: float | None = None  # a step of decoding tokens only
+        self.token_s: float | None = None  # one prompt token's share of a mixed step
+
+    def observe(self, n_decode: int, n_prompt: int, seconds: float) -> None:
+        if n_prompt == 0:
+            self.decode_s = _ema(self.decode_s, seconds)
+        elif n_decode and self.decode_s is not None:
+            self.token_s = _ema(self.token_s, max(seconds - self.decode_s, 0.0) / n_prompt)
+        elif not n_decode:
+            self.token_s = _ema(self.token_s, seconds / n_prompt)
+
+    def chunk(self) -> int:
+        if self.fixed:
+            return self.fixed
+        if not self.decode_s or not self.token_s:
+            return min(FIRST_CHUNK, self.ceiling)
+        n = int(MIXED_STEP_FACTOR * self.decode_s / self.token_s)
+        return max(MIN_CHUNK, min(n, self.ceiling))
+
+
+def _ema(old: float | None, new: float, weight: float = 0.2) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+class Batcher:
+    """Runs requests together on one model (load it with ``n_parallel`` >= 1): each holds one
+    of the engine's sequences 1..n_parallel while it runs (sequence 0 stays the model's own,
+    for ``Model.stream`` and friends, whose calls take turns with the batcher's steps).
+
+    ``max_queue`` bounds the requests waiting for a sequence (QueueFullError beyond);
+    ``step_tokens`` the tokens of one step (the model's n_batch); ``prefill_chunk`` fixes the
+    prompt tokens a step takes beside decoding ones (default: sized from timed steps)."""
+
+    def __init__(
+        self, model: Model, *, max_queue: int = DEFAULT_MAX_QUEUE,
+        step_tokens: int | None = None, prefill_chunk: int | None = None,
+    ) -> None:  # fmt: skip
+        self._model = model
+        engine = model.backend
+        n_parallel = model.n_parallel
+        if n_parallel < 1:
+            raise errors.InvalidOptionError(
+                "batching needs sequences of its own: load the model with n_parallel >= 1"
+            )
+        self.n_parallel = n_parallel
+        self.max_queue = _int(max_queue, "max_queue", 0)
+        n_batch = model._session.n_batch
+        self.step_tokens = _int(step_tokens or n_batch, "step_tokens", n_parallel + 1, n_batch)
+        if prefill_chunk is not None:
+            prefill_chunk = _int(prefill_chunk, "prefill_chunk", 1, self.step_tokens)
+        self._engine = engine
+        self._is_eog = model.tokenizer.is_eog
+        self._sizer = _ChunkSizer(prefill_chunk, self.step_tokens - n_parallel)
+        self.metrics = BatcherMetrics()
+        self._free = list(range(n_parallel, 0, -1))  # sequences; pop() takes the lowest
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._ids = itertools.count(1)
+        self._order = itertools.count()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="edgeinfer-batcher", daemon=True)
+        self._thread.start()
+
+    # --- submitting ------------------------------------------------------------------------
+
+    def submit(
+        self, prompt: str | Sequence[int], *, max_tokens: int = 256,
+        stop: str | Sequence[str] = (), add_special: bool = True, parse_special: bool = False,
+        logprobs: int | None = None, sampler: Any = None, **sampling: Any,
+    ) -> Request:  # fmt: skip
+        """Queues a generation of ``prompt`` (text or token ids) and returns its request.
+        Options as :meth:`Model.stream`'s, plus ``logprobs``: None, or how many of the most
+        likely tokens (0 to 20) to report with each generated token's log-probability.
+        Raises QueueFullError when ``max_queue`` requests wait already, ContextOverflowError
+        when the prompt leaves no room in the context for a generated token."""
+        model = self._model
+        model._check_open()
+        if self._closing:
+            raise errors.ModelClosedError("the batcher is closed")
+        sampler = model._sampler(sampler, sampling)
+        if isinstance(max_tokens, (int, np.integer)) and max_tokens == -1:
+            max_tokens = model.n_ctx
+        max_tokens = _int(max_tokens, "max_tokens", 0)
+        if logprobs is not None:
+            logprobs = _int(logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
+        scanner = StopScanner(model.tokenizer.stream_decoder(), stop_strings(stop))
+        ids = model._prompt_ids(prompt, add_special, parse_special)
+        if len(ids) >= model.n_ctx:  # the batcher drops no positions, whatever the policy
+            raise errors.ContextOverflowError(
+                f"the prompt has {len(ids)} tokens; the context holds {model.n_ctx} "
+                "(room is needed for at least one generated token)"
+            )
+        with self._cond:
+            if self._closing:
+                raise errors.ModelClosedError("the batcher is closed")
+            if len(self._waiting) >= self.max_queue:
+                raise errors.QueueFullError(
+                    f"{len(self._waiting)} requests are waiting already (max_queue)",
+                    retry_after_s=self._retry_after(),
+                )
+            request = Request(self, next(self._ids), ids, sampler, max_tokens, scanner, logprobs)
+            self._waiting.append(request)
+            self._cond.notify_all()
+        return request
+
+    def submit_chat(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> Request:
+        """Queues a reply to a conversation, rendered by the model's chat template."""
+        return self.submit(self._model.chat_tokens(messages), **options)
+
+    def _retry_after(self) -> float:
+        """A guess of when a sequence frees up: the mean request's time, at least a second."""
+        m = self.metrics.e2e
+        return max(1.0, math.ceil(m.sum / m.count)) if m.count else 1.0
+
+    # --- status ----------------------------------------------------------------------------
+
+    def slots(self) -> list[dict[str, Any]]:
+        """Every request running or waiting: its id, sequence (-1 while waiting), state, and
+        token counts."""
+        with self._cond:
+            requests = [*self._running, *self._waiting]
+            return [
+                {
+                    "id": r.id, "seq": r._seq, "state": r.state,
+                    "prompt_tokens": len(r.prompt), "cached_tokens": r.usage.cached_tokens,
+                    "generated_tokens": len(r.tokens), "context_tokens": r._evaluated,
+                }
+                for r in requests
+            ]  # fmt: skip
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    def pool_stats(self) -> dict[str, Any] | None:
+        """The engine's block pool (used, cached, free blocks; prefix hit rate), if it has one."""
+        stats = getattr(self._engine, "pool_stats", None)
+        if stats is None or self._model._closing:
+            return None
+        return stats()
+
+    # --- lifetime --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Cancels every request, waits for the step in progress, and stops the worker."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # --- the worker ------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closing and not self._waiting and not self._running:
+                    self._cond.wait()
+                if self._closing:
+                    break
+            try:
+                with self._model._turns.step(Holder()):
+                    self._step()
+            except BaseException as e:
+                for r in [*self._running, *self._waiting]:
+                    self._end(r, "error", _typed(e))
+        try:
+            with self._model._turns.step(Holder()):
+                for r in [*self._running, *self._waiting]:
+                    self._end(r, "cancelled")
+        except errors.ModelClosedError:  # pragma: no cover (the model closes its batcher first)
+            pass
+
+    def _step(self) -> None:
+        self._reap()
+        self._admit()
+        plan = self._plan()
+        if not plan:
+            return
+        tokens: list[int] = []
+        positions: list[int] = []
+        seqs: list[int] = []
+        want: list[bool] = []
+        for r, chunk, last in plan:
+            tokens += chunk
+            positions += range(r._evaluated, r._evaluated + len(chunk))
+            seqs += [r._seq] * len(chunk)
+            want += [False] * (len(chunk) - 1) + [last]
+        batch = Batch(
+            np.asarray(tokens, dtype=np.int32), np.asarray(positions, dtype=np.int32),
+            np.asarray(seqs, dtype=np.int32), np.asarray(want, dtype=bool),
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        try:
+            logits = self._engine.decode(batch)
+        except errors.OutOfMemoryError as e:
+            if not self._preempt():
+                for r, _, _ in plan:
+                    self._end(r, "error", e)
+            return
+        except errors.EdgeInferError as e:
+            for r, _, _ in plan:
+                self._end(r, "error", e)
+            return
+        seconds = time.perf_counter() - t0
+        n_decode = sum(1 for r, _, _ in plan if r.state == "decode")
+        self._sizer.observe(n_decode, len(tokens) - n_decode, seconds)
+        m = self.metrics
+        m.steps += 1
+        m.step_tokens.observe(len(tokens))
+        m.prompt_tokens += len(tokens) - n_decode
+        row = 0
+        for r, chunk, last in plan:
+            r._evaluated += len(chunk)
+            if last:
+                self._next_token(r, logits[row])
+                row += 1
+
+    def _reap(self) -> None:
+        """Ends the cancelled requests, running or waiting."""
+        with self._cond:
+            cancelled = [r for r in [*self._running, *self._waiting] if r._cancelled]
+        for r in cancelled:
+            self._end(r, "cancelled")
+
+    def _admit(self) -> None:
+        """Gives waiting requests free sequences, in order, while the pool has room."""
+        while True:
+            with self._cond:
+                if not self._waiting or not self._free:
+                    return
+                r = self._waiting[0]
+                if not self._fits(len(r._context) + 1):
+                    if self._running:
+                        return  # wait for room
+                    self._waiting.popleft()
+                    self._end(r, "error", errors.OutOfMemoryError(
+                        f"the KV cache pool cannot hold {len(r._context) + 1} positions "
+                        "(raise kv_budget)"
+                    ))  # fmt: skip
+                    continue
+                self._waiting.popleft()
+                r._seq = self._free.pop()
+                r._order = next(self._order)
+                r.state = "prefill"
+                self._running.append(r)
+            reuse = getattr(self._engine, "reuse", None)
+            if reuse is not None:
+                r._evaluated = int(reuse(r._seq, r._context))
+            else:
+                self._engine.seq_clear(r._seq)
+                r._evaluated = 0
+            if r.admitted is None:  # its first admission (not a recompute after preemption)
+                r.admitted = time.monotonic()
+                self.metrics.queue_wait.observe(r.admitted - r.submitted)
+                r.usage.cached_tokens = r._evaluated
+                self.metrics.cached_prompt_tokens += r._evaluated
+
+    def _fits(self, positions: int) -> bool:
+        """Whether the pool's free and cached blocks hold ``positions`` more in each group
+        of full-attention layers (a window's group needs at most its window)."""
+        stats = self.pool_stats()
+        if stats is None:
+            return True
+        need = -(-positions // stats["block_size"])
+        return all(g["free"] + g["cached"] >= need for g in stats["groups"] if g["window"] == 0)
+
+    def _plan(self) -> list[tuple[Request, list[int], bool]]:
+        """The step: each decoding request's pending token, then prompt chunks up to the
+        budget (a chunk of the size the sizer allows while anything decodes)."""
+        with self._cond:
+            running = list(self._running)
+        decoding = [r for r in running if r.state == "decode"]
+        plan = [(r, r._context[r._evaluated :], True) for r in decoding]
+        budget = self.step_tokens - len(plan)
+        if decoding:
+            budget = min(budget, self._sizer.chunk())
+        for r in running:
+            if r.state != "prefill" or budget <= 0:
+                continue
+            todo = r._context[r._evaluated :]
+            chunk = todo[:budget]
+            plan.append((r, chunk, len(chunk) == len(todo)))
+            budget -= len(chunk)
+        return plan
+
+    def _preempt(self) -> bool:
+        """Frees the newest running request's sequence and queues it first again (to be
+        recomputed); False when only one runs (nothing would make room)."""
+        with self._cond:
+            if len(self._running) < 2:
+                return False
+            r = max(self._running, key=lambda x: x._order)
+            self._running.remove(r)
+            self._waiting.appendleft(r)
+        self._engine.seq_clear(r._seq)
+        with self._cond:
+            self._free.append(r._seq)
+        r._seq, r._evaluated, r.state = -1, 0, "queued"
+        self.metrics.preemptions += 1
+        return True
+
+    def _next_token(self, r: Request, logits: np.ndarray) -> None:
+        """Samples ``r``'s next token from its logits and hands it out, or ends ``r``."""
+        if r._cancelled:
+            return  # ended at the next step's reap
+        try:
+            if not np.isfinite(logits).all():
+                raise errors.NonFiniteLogitsError(
+                    f"the model's logits contain inf or NaN at position {len(r._context) - 1}"
+                )
+            token = r._sampler(logits, r._context)
+        except errors.EdgeInferError as e:
+            self._end(r, "error", e)
+            return
+        now = time.monotonic()
+        if r.first_token is None:
+            r.first_token = now
+            self.metrics.ttft.observe(now - r.submitted)
+        else:
+            self.metrics.inter_token.observe(now - r._last_token)
+        r._last_token = now
+        if self._is_eog(token):
+            self._end(r, "stop")
+            return
+        r.tokens.append(token)
+        r._context.append(token)
+        r.usage.completion_tokens += 1
+        self.metrics.generated_tokens += 1
+        text, stopped = r._scanner.push(token)
+        r.text = r._scanner.text
+        lp = (_logprob(logits, token, r._logprobs),) if r._logprobs is not None else ()
+        r._deliver(Piece(text, (token,), lp))
+        if stopped:
+            self._end(r, "stop", flush=False)
+        elif r.usage.completion_tokens >= r._max_tokens or len(r._context) > self._model.n_ctx:
+            self._end(r, "length")
+        else:
+            r.state = "decode"
+
+    def _end(
+        self, r: Request, reason: str, error: BaseException | None = None, flush: bool = True
+    ) -> None:
+        """Finishes ``r``: its sequence goes back (keyed blocks stay cached), its stream ends."""
+        with self._cond:
+            if r.state == "finished":
+                return
+            if r in self._running:
+                self._running.remove(r)
+            if r in self._waiting:
+                self._waiting.remove(r)
+            seq, r._seq = r._seq, -1
+        if seq >= 0:
+            try:
+                self._engine.seq_clear(seq)
+            finally:
+                with self._cond:
+                    self._free.append(seq)
+        piece = None
+        if flush and reason in ("stop", "length"):
+            piece = Piece(r._scanner.flush())
+            r.text = r._scanner.text
+        r.finished = time.monotonic()
+        self.metrics.requests[reason] += 1
+        self.metrics.e2e.observe(r.finished - r.submitted)
+        r._deliver(piece, reason, error)
+
+
+def _logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """log-softmax of the raw logits (float64): the token's, and the ``top`` best."""
+    x = logits.astype(np.float64)
+    peak = x.max()
+    lse = peak + math.log(float(np.exp(x - peak).sum()))
+    best: tuple[tuple[int, float], ...] = ()
+    if top:
+        ids = np.argpartition(-x, top - 1)[:top]
+        ids = ids[np.argsort(-x[ids], kind="stable")]
+        best = tuple((int(i), float(x[i] - lse)) for i in ids)
+    return TokenLogprob(int(token), float(x[token] - lse), best)
+
+
+def _int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise errors.InvalidOptionError(f"{name} must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise errors.InvalidOptionError(f"{name} must be {bound}, got {value}")
+    return int(value)
+
+
+def _typed(e: BaseException) -> BaseException:
+    """An error as a request reports it: edgeinfer's own as they are, others wrapped."""
+    if isinstance(e, errors.EdgeInferError):
+        return e
+    return errors.BackendError(f"the batcher failed: {type(e).__name__}: {e}")
+
+
+__all__ = ["Batcher", "BatcherMetrics", "Piece", "Request", "TokenLogprob", "Usage"]

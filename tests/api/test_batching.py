@@ -1,0 +1,198 @@
+"""Continuous batching (edgeinfer.batching): requests that share engine steps return exactly
+what they return alone, prefixes are reused, cancellation frees a sequence at once, a full
+queue refuses, a full pool preempts and recomputes, and asyncio consumers stream."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from edgeinfer import errors
+from tests.api.test_generate import GEMMA_PROMPTS, llama_cpp_greedy
+
+# prompts of different lengths (one over two prompt chunks) and options of every kind
+LONG = "The history of the printing press begins in the fifteenth century. " * 12
+REQUESTS = [
+    ("The capital of France is", dict(temperature=0)),
+    ("Once upon a time", dict(temperature=0.8, seed=5)),
+    ("def fibonacci(n):\n", dict(temperature=0, stop=["return"])),
+    (LONG, dict(temperature=1.0, seed=7, top_k=0, top_p=0.9)),
+    ("1, 2, 3, 4,", dict(temperature=0, logprobs=3)),
+    ("Water boils at", dict(temperature=0.7, seed=1, presence_penalty=0.5, logprobs=0)),
+    ("In 1492,", dict(temperature=0, stop=["."], repeat_penalty=1.3)),
+    (LONG[:150], dict(temperature=1.2, seed=11, min_p=0.1, frequency_penalty=0.4)),
+    ("My favourite food is", dict(temperature=0, max_tokens=5)),
+    ("Translate to French: cheese", dict(temperature=0.9, seed=3)),
+]
+
+
+def _load(path, **options):
+    import edgeinfer
+
+    options.setdefault("n_ctx", 1024)
+    return edgeinfer.load(path, n_threads=2, **options)
+
+
+def _run(model, prompt, options, n=20):
+    options = {"max_tokens": n, **options}
+    return model.submit(prompt, **options)
+
+
+def _outcome(r):
+    lps = [(p.token, p.logprob, p.top) for piece in r._seen for p in piece.logprobs]
+    return r.tokens, r.text, r.finish_reason, lps, r.usage.completion_tokens
+
+
+def _collect(r):
+    r._seen = list(r)
+    return r
+
+
+@pytest.fixture(scope="module")
+def batched(gemma_path):
+    with _load(gemma_path, n_parallel=8) as model:
+        yield model
+
+
+def test_requests_together_return_what_they_return_alone(gemma_path, batched):
+    """Ten requests, eight at a time with prompt chunks among decoding tokens, against the
+    same ones run one by one on a fresh model: the same tokens, text, logprobs, ends."""
+    with _load(gemma_path, n_parallel=1) as alone_model:
+        alone = [_outcome(_collect(_run(alone_model, p, o))) for p, o in REQUESTS]
+    together = [_run(batched, p, o) for p, o in REQUESTS]
+    for r in together:
+        _collect(r)
+    assert [_outcome(r) for r in together] == alone
+    assert batched.batcher().metrics.steps < sum(len(r.tokens) for r in together)  # shared steps
+    reasons = {r.finish_reason for r in together}
+    assert reasons == {"stop", "length"}
+
+
+def test_a_fixed_small_prefill_chunk_changes_nothing(gemma_path, batched):
+    expected = [_outcome(_collect(_run(batched, p, o))) for p, o in REQUESTS[:4]]
+    with _load(gemma_path, n_parallel=4) as model:
+        model.batcher(prefill_chunk=7)
+        got = [_run(model, p, o) for p, o in REQUESTS[:4]]
+        assert [_outcome(_collect(r)) for r in got] == expected
+
+
+@pytest.mark.parametrize("prompt", GEMMA_PROMPTS)
+def test_batched_greedy_tokens_equal_llama_cpp(batched, gemma_llama_cpp, prompt):
+    ids = batched.tokenize(prompt)
+    # the prompt among others, so that its steps are shared
+    others = [_run(batched, p, o) for p, o in REQUESTS[:3]]
+    r = batched.submit(ids, max_tokens=32, temperature=0).result()
+    for o in others:
+        o.result()
+    assert r.tokens == llama_cpp_greedy(gemma_llama_cpp, ids, 32, batched.tokenizer.is_eog)
+
+
+def test_logprobs_are_the_log_softmax_of_the_models_logits(batched):
+    ids = batched.tokenize("The three primary colors are")
+    r = _collect(batched.submit(ids, max_tokens=3, temperature=0, logprobs=4))
+    logits = batched.logits(ids + r.tokens[:2]).astype(np.float64)
+    for i, lp in enumerate(p for piece in r._seen for p in piece.logprobs):
+        row = logits[len(ids) - 1 + i]
+        lse = row.max() + math.log(np.exp(row - row.max()).sum())
+        assert lp.token == r.tokens[i] == int(np.argmax(row))
+        assert lp.logprob == pytest.approx(row[lp.token] - lse, abs=1e-9)
+        best = np.argsort(-row, kind="stable")[:4]
+        assert [t for t, _ in lp.top] == best.tolist()
+
+
+def test_a_shared_prefix_is_computed_once(batched):
+    system = "You are a careful assistant who answers in one sentence. " * 6
+    first = batched.submit(system + "What is red?", max_tokens=4, temperature=0).result()
+    second = batched.submit(system + "What is blue?", max_tokens=4, temperature=0).result()
+    block = batched.backend.block_size
+    assert first.usage.cached_tokens == 0 or first.usage.cached_tokens % block == 0
+    shared = len(batched.tokenize(system)) // block * block
+    assert second.usage.cached_tokens >= shared - block > 0
+    with _load(batched.path, n_parallel=1) as fresh:
+        ref = fresh.submit(system + "What is blue?", max_tokens=4, temperature=0).result()
+    assert (second.tokens, ref.usage.cached_tokens) == (ref.tokens, 0)
+
+
+def test_cancel_frees_the_sequence_within_a_step(batched):
+    b = batched.batcher()
+    used = b.pool_stats()["used"]  # the model's own sequence may hold blocks
+    r = batched.submit("Tell me a long story.", max_tokens=500, temperature=0)
+    next(iter(r))  # it is running
+    r.cancel()
+    r.result(timeout=30)
+    assert r.finish_reason == "cancelled"
+    assert 0 < len(r.tokens) < 500
+    assert b.slots() == [] and b.pool_stats()["used"] == used
+
+
+def test_a_full_queue_refuses_while_the_running_request_goes_on(gemma_path):
+    with _load(gemma_path, n_parallel=1) as model:
+        b = model.batcher(max_queue=1)
+        running = model.submit("Count slowly:", max_tokens=40, temperature=0)
+        next(iter(running))
+        waiting = model.submit("And again:", max_tokens=4, temperature=0)
+        with pytest.raises(errors.QueueFullError) as e:
+            model.submit("One too many", max_tokens=4)
+        assert e.value.retry_after_s >= 1
+        assert running.result(timeout=60).finish_reason == "length"
+        assert len(running.tokens) == 40 and waiting.result(timeout=60).tokens
+        assert b.metrics.requests["length"] == 2
+
+
+def test_a_full_pool_preempts_the_newest_and_recomputes_it(gemma_path):
+    """A pool too small for both sequences' growth: the newest is preempted, recomputed from
+    its prompt and tokens, and still returns what it returns alone."""
+    prompts = ["The history of Rome " * 20, "The history of Greece " * 20]
+    n = 250  # each sequence grows to 11 blocks of 32 positions; the pool holds 14
+    with _load(gemma_path, n_parallel=1, n_ctx=512) as model:
+        alone = [model.submit(p, max_tokens=n, temperature=0).result().tokens for p in prompts]
+        group = model.backend.pool_stats()["groups"]
+        assert len(group) == 1 and group[0]["window"] == 0
+        budget = group[0]["block_bytes"] * 14
+    with _load(gemma_path, n_parallel=2, n_ctx=512, kv_budget=budget) as model:
+        rs = [model.submit(p, max_tokens=n, temperature=0) for p in prompts]
+        got = [r.result(timeout=120).tokens for r in rs]
+        assert model.batcher().metrics.preemptions > 0
+        assert [len(t) for t in got] == [n, n]
+    assert got == alone
+
+
+def test_asyncio_consumers_stream_concurrently(batched):
+    async def one(prompt):
+        r = batched.submit(prompt, max_tokens=8, temperature=0)
+        text = "".join([piece.text async for piece in r])
+        return text, r.text
+
+    async def main():
+        return await asyncio.gather(*(one(p) for p, _ in REQUESTS[:5]))
+
+    for streamed, final in asyncio.run(main()):
+        assert streamed == final and final
+
+
+def test_bad_requests_are_typed_errors(gemma_path, batched):
+    with pytest.raises(errors.ContextOverflowError):
+        batched.submit(list(range(1, 1025)), max_tokens=1)
+    with pytest.raises(errors.InvalidOptionError, match="logprobs"):
+        batched.submit("x", logprobs=21)
+    with pytest.raises(errors.InvalidOptionError, match="unknown option"):
+        batched.submit("x", n=2)
+    with pytest.raises(errors.InvalidOptionError, match="batcher exists"):
+        batched.batcher(max_queue=3)
+    with _load(gemma_path) as model, pytest.raises(errors.InvalidOptionError, match="n_parallel"):
+        model.submit("x")
+    with pytest.raises(errors.InvalidOptionError, match="sequences"):
+        _load(gemma_path, n_parallel=2, engine="reference")
+
+
+def test_close_cancels_running_requests_and_refuses_new_ones(gemma_path):
+    model = _load(gemma_path, n_parallel=2)
+    r = model.submit("Write an essay about rivers.", max_tokens=400, temperature=0)
+    next(iter(r))
+    model.close()
+    assert r.result(timeout=30).finish_reason == "cancelled"
+    with pytest.raises(errors.ModelClosedError):
+        model.submit("x")
