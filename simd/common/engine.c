@@ -586,9 +586,11 @@ static void matmul_rows(const ei_engine *e, const mm_job *job, int r0, int r1, i
 
 /* out_j[t, r] = dot(row r of w_j, in[t]) for every job j: all jobs read the same input;
  * its activations are quantized once per partner type, then the rows of all jobs are
- * taken by the threads in pieces of whole row blocks (ei_pool_next): PROMPT_PIECE row blocks
- * for every token of a prompt (each tile of tokens meets them all while in L1), and up to 16
- * blocks of contiguous rows for a decoding step. */
+ * taken by the threads in pieces of whole row blocks (ei_pool_next): 16 blocks of contiguous
+ * rows for a step of one token, PROMPT_PIECE row blocks for every token of a step of more (a
+ * prompt, whose tiles of tokens meet them all while in L1, or a batch of decoding sequences:
+ * Gemma 3's output product with 8 of them, 18.8 -> 13.5 ms on the AVX-512 EPYC, from pieces
+ * of 2 blocks, each preparing its activations, to pieces of 16). */
 static void matmul_group(ei_engine *e, const mm_job *jobs, int n_jobs, const float *in, int in_stride,
                          int n, int ith, int nth) {
     const int cols = (int)jobs[0].w->ne0;
@@ -607,8 +609,8 @@ static void matmul_group(ei_engine *e, const mm_job *jobs, int n_jobs, const flo
     ei_pool_barrier(e->pool);
     mark(e, ith, EI_PROF_act_quant, 0, (int64_t)n * cols * 4 * n_types); /* floats read */
 
-    int piece = n >= 16 ? PROMPT_PIECE : n < 1 ? 1 : 16 / n; /* row blocks */
-    for (int j = 0; j < n_jobs && n >= 16; j++) { /* yet 4 pieces a thread of the smallest job */
+    int piece = n >= 2 ? PROMPT_PIECE : 16; /* row blocks */
+    for (int j = 0; j < n_jobs && n >= 2; j++) { /* yet 4 pieces a thread of the smallest job */
         const int most = (int)((jobs[j].w->ne1 + ROW_BLOCK - 1) / ROW_BLOCK) / (4 * nth);
         if (piece > most) piece = most > 1 ? most : 1;
     }

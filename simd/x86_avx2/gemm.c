@@ -278,7 +278,9 @@ EI_AVX2_INLINE int32_t bcast_bytes(const int8_t *p) {
     return a;
 }
 
-/* decoding streams the weights once: each block asks for the one this many blocks ahead */
+/* a product streams its weights from memory once in decoding steps (of one sequence or a
+ * batch of a few) and in a prompt's first tile: each block asks for the one this many blocks
+ * ahead, whatever the column count (see x86_avx512/gemm.c: x16_prefetch) */
 #define X16_PREFETCH_BLOCKS 12
 EI_AVX2_INLINE void x16_prefetch(const uint8_t *x, size_t bytes) {
     for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + X16_PREFETCH_BLOCKS * bytes + line, _MM_HINT_T0);
@@ -364,7 +366,7 @@ EI_AVX2_INLINE void avx2_gemm_x16_prep(int type, const x16_prepared *pre, int n,
     for (int c = 0; c < AVX2_X16_TILE; c++)
         for (int q = 0; q < 4; q++) acc[c][q] = _mm256_setzero_pd();
     for (int i = 0; i < n / QK4_0; i++, x += bytes) {
-        if (nc == 1) x16_prefetch(x, bytes);
+        x16_prefetch(x, bytes);
         const ei_f16 *d = (const ei_f16 *)x, *m = q4_1 ? ((const block_q4_1x16 *)x)->m : NULL; /* d: the first field */
         const int8_t *a[AVX2_X16_TILE];
         int start[AVX2_X16_TILE];
@@ -414,7 +416,7 @@ EI_AVX2_INLINE void avx2_gemm_x16_signed(int n, int nc, float *s, size_t ss, con
     for (int c = 0; c < AVX2_X16_TILE; c++)
         for (int q = 0; q < 4; q++) acc[c][q] = _mm256_setzero_pd();
     for (int i = 0; i < n / QK8_0; i++, x += sizeof(block_q8_0x16)) {
-        if (nc == 1) x16_prefetch(x, sizeof(block_q8_0x16));
+        x16_prefetch(x, sizeof(block_q8_0x16));
         const block_q8_0x16 *b = (const block_q8_0x16 *)x;
         EI_UNROLL
         for (int h = 0; h < 2; h++) {

@@ -383,6 +383,12 @@ EI_INLINE void or_fifth_bits(__m512i qh, __m512i *w) {
     }
 }
 
+/* A product reads its weights from memory, once, in decoding steps of one sequence or of a
+ * batch of a few, and in a prompt's first tile of columns: every x16 kernel asks for them a
+ * few blocks ahead, whatever its column count (a later tile's lines are in L2 already, and
+ * asking costs nothing measurable there: pp512 unchanged). Gemma 3's output product
+ * (262144 x 640 Q8_0, bench of 8 decoding sequences on the AVX-512 EPYC): 12.7 -> 7.2 ms
+ * with 8 columns, 4.5 -> 4.3 with 2. */
 EI_INLINE void x16_prefetch(const uint8_t *x, size_t bytes) {
     for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + EI_X16_PREFETCH * bytes + line, _MM_HINT_T0);
 }
@@ -424,7 +430,7 @@ EI_INLINE void gemm_x16_impl(int type, int vnni, int n, int nc, float *s, size_t
     __m512d acc[X16_TILE][2];
     EI_UNROLL for (int c = 0; c < X16_TILE; c++) acc[c][0] = acc[c][1] = _mm512_setzero_pd();
     for (int i = 0; i < n / QK4_0; i++, x += bytes) {
-        if (nc == 1) x16_prefetch(x, bytes); /* decoding streams the weights once: ask a few blocks ahead */
+        x16_prefetch(x, bytes);
         __m512d dw[2], mw[2];
         f16x16_rows((const ei_f16 *)x, dw); /* d: the first field */
         if (q4_1) f16x16_rows(((const block_q4_1x16 *)x)->m, mw);
@@ -465,7 +471,7 @@ EI_INLINE void gemm_x16_q8_impl(int vnni, int n, int nc, float *s, size_t ss, co
     __m512d acc[X16_TILE][2];
     EI_UNROLL for (int c = 0; c < X16_TILE; c++) acc[c][0] = acc[c][1] = _mm512_setzero_pd();
     for (int i = 0; i < n / QK8_0; i++, x += sizeof(block_q8_0x16)) {
-        if (nc == 1) x16_prefetch(x, sizeof(block_q8_0x16));
+        x16_prefetch(x, sizeof(block_q8_0x16));
         const block_q8_0x16 *b = (const block_q8_0x16 *)x;
         __m512d dw[2];
         f16x16_rows(b->d, dw);
@@ -535,6 +541,7 @@ EI_INLINE void gemm_x16_prepared(int type, const x16_prepared *p, int n, int nc,
     __m512d acc[X16_TILE][2];
     EI_UNROLL for (int c = 0; c < X16_TILE; c++) acc[c][0] = acc[c][1] = _mm512_setzero_pd();
     for (int b = 0; b < n / QK8_0; b++, x += bytes) {
+        x16_prefetch(x, bytes);
         __m512d dw[2];
         f16x16_rows((const ei_f16 *)x, dw); /* d: the first field */
         __m512i w[8];
@@ -734,8 +741,7 @@ EI_INLINE void gemm_kx16_impl(int type, int vnni, int n, int nc, float *s, size_
     EI_UNROLL for (int c = 0; c < X16_TILE; c++) acc[c][0] = acc[c][1] = _mm512_setzero_pd();
     kx16_shared sh;
     for (int i = 0; i < n / QK_K; i++, x += bytes) {
-        if (nc == 1) /* decoding streams the weights once: ask for them a few super-blocks ahead */
-            for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + 3 * bytes + line, _MM_HINT_T0);
+        for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + 3 * bytes + line, _MM_HINT_T0);
         kx16_prepare(type, x, &sh);
         __m512i iacc[X16_TILE];
         EI_UNROLL for (int c = 0; c < X16_TILE; c++) iacc[c] = _mm512_setzero_si512();
