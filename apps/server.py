@@ -649,6 +649,7 @@ def main(args: argparse.Namespace, load_options: dict[str, Any], defaults: dict[
         print(f"edgeinfer: error: cannot listen on {args.host}:{args.port}: {e.strerror}",
               file=sys.stderr)  # fmt: skip
         return 1
+    sock.listen(2048)  # connections wait in the backlog from now on, not refused
     host, port = sock.getsockname()[:2]
     loader = threading.Thread(target=state.load, name="edgeinfer-load", daemon=True)
     loader.start()

@@ -42,6 +42,7 @@ from edgeinfer import errors
 from edgeinfer.engines.base import Batch
 from edgeinfer.generation import Holder
 from edgeinfer.metrics import LATENCY_BUCKETS, STEP_TOKEN_BUCKETS, Histogram
+from edgeinfer.sampling import Sampler
 from edgeinfer.text_stream import StopScanner, stop_strings
 
 if TYPE_CHECKING:
@@ -526,11 +527,15 @@ class Batcher:
         if r._cancelled:
             return  # ended at the next step's reap
         try:
-            if not np.isfinite(logits).all():
-                raise errors.NonFiniteLogitsError(
-                    f"the model's logits contain inf or NaN at position {len(r._context) - 1}"
-                )
+            # edgeinfer's Sampler checks the logits itself; a caller's sampler may not
+            if not isinstance(r._sampler, Sampler) and not np.isfinite(logits).all():
+                raise errors.NonFiniteLogitsError("the logits contain inf or NaN")
             token = r._sampler(logits, r._context)
+        except errors.NonFiniteLogitsError:
+            self._end(r, "error", errors.NonFiniteLogitsError(
+                f"the model's logits contain inf or NaN at position {len(r._context) - 1}"
+            ))  # fmt: skip
+            return
         except errors.EdgeInferError as e:
             self._end(r, "error", e)
             return
