@@ -34,8 +34,9 @@ from pathlib import Path
 START_TIMEOUT_S = 300
 
 
-def prompt_set(n: int, seed: int = 0) -> list[str]:
-    """``n`` prompts of mixed lengths, cut from the docstrings of modules Python ships."""
+def prompt_set(model, n: int, seed: int = 0) -> list[str]:
+    """``n`` prompts of 16 to 384 tokens of ``model`` (an edgeinfer Model, for its
+    tokenizer), cut from the docstrings of modules Python ships."""
     import argparse as a
     import collections as c
     import email as e
@@ -45,33 +46,31 @@ def prompt_set(n: int, seed: int = 0) -> list[str]:
     import threading as th
     import unittest as ut
 
-    words = " ".join(m.__doc__ or "" for m in (a, c, e, j, lg, sp, th, ut)).split()
+    text = " ".join(" ".join((m.__doc__ or "").split()) for m in (a, c, e, j, lg, sp, th, ut))
+    ids = model.tokenize(text, add_special=False)
     rng = random.Random(seed)
-    lengths = [12, 40, 120, 300]  # words: about 16 to 400 tokens
+    lengths = [16, 48, 128, 384]  # tokens
     out = []
     for i in range(n):
         k = lengths[i % len(lengths)]
-        start = rng.randrange(0, len(words) - k)
-        out.append(" ".join(words[start : start + k]))
+        start = rng.randrange(0, len(ids) - k)
+        out.append(model.detokenize(ids[start : start + k]))
     return out
 
 
-def ceiling(model: str, threads: int) -> float:
+def ceiling(m) -> float:
     """edgeinfer's tok/s for a 512-token batch with logits at every position."""
     import numpy as np
 
-    import edgeinfer
     from edgeinfer.engines.base import Batch
 
-    with edgeinfer.load(model, n_threads=threads, n_ctx=1024) as m:
-        rng = np.random.default_rng(0)
-        tokens = rng.integers(0, m.n_vocab, 512)
-        best = float("inf")
-        for _ in range(3):
-            m.backend.seq_clear(0)
-            t0 = time.perf_counter()
-            m.backend.decode(Batch.sequence(tokens, 0, 0, all_logits=True))
-            best = min(best, time.perf_counter() - t0)
+    tokens = np.random.default_rng(0).integers(0, m.n_vocab, 512)
+    best = float("inf")
+    for _ in range(3):
+        m.backend.seq_clear(0)
+        t0 = time.perf_counter()
+        m.backend.decode(Batch.sequence(tokens, 0, 0, all_logits=True))
+        best = min(best, time.perf_counter() - t0)
     return 512 / best
 
 
@@ -164,7 +163,7 @@ async def one_request(
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as r:
             if r.status_code != 200:
-                return {"ok": False, "status": r.status_code}
+                return {"ok": False, "status": r.status_code, "body": (await r.aread())[:300]}
             async for line in r.aiter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
                     chunk = json.loads(line[6:])
@@ -244,24 +243,28 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=8, help="edgeinfer's --parallel")
     ap.add_argument("--json", default=None, help="write every figure to this file")
     args = ap.parse_args()
-    n_ctx = 1024
+    n_ctx = 1024  # per sequence: the longest prompt and its tokens fit
     out: dict = {
         "model": os.path.basename(args.model),
         "threads": args.threads,
         "n_gen": args.n_gen,
         "runs": [],
     }
-    out["ceiling_tok_s"] = ceiling(args.model, args.threads)
+    import edgeinfer
+
+    with edgeinfer.load(args.model, n_threads=args.threads, n_ctx=1024) as m:
+        out["ceiling_tok_s"] = ceiling(m)
+        prompts_of = {n: prompt_set(m, n, seed=n) for n in [*args.clients, 99]}
     print(f"ceiling (512 tokens, logits at every position): {out['ceiling_tok_s']:.1f} tok/s")
     for kind in args.servers:
         server = ServerProcess(kind, args.model, args.threads, args.parallel, n_ctx)
         try:
-            warm = prompt_set(2, seed=99)
+            warm = prompts_of[99][:2]
             asyncio.run(
                 run_load(server.url, server.model_id, warm, 8, [0.0, 0.0])
             )  # interleaved copies
             for n in args.clients:
-                prompts = prompt_set(n, seed=n)
+                prompts = prompts_of[n]
                 burst = asyncio.run(
                     run_load(server.url, server.model_id, prompts, args.n_gen, [0.0] * n)
                 )

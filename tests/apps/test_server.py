@@ -305,7 +305,7 @@ def test_metrics_count_the_traffic_sent(gemma_path, gemma_model):
 def test_an_overflowing_queue_gets_429_while_others_are_served(gemma_path):
     s = Server(gemma_path, "--parallel", "1", "--max-queue", "1", "-c", "512")
     try:
-        body = {"model": MODEL, "prompt": "Count:", "max_tokens": 60, "temperature": 0}
+        body = {"model": MODEL, "prompt": "Count:", "max_tokens": 200, "temperature": 0}
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             running = pool.submit(s.post, "/v1/completions", {**body, "stream": False})
             while s.get("/slots").json() == []:
@@ -316,7 +316,7 @@ def test_an_overflowing_queue_gets_429_while_others_are_served(gemma_path):
             refused = s.post("/v1/completions", body)
             assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
             assert refused.json()["error"]["code"] == "queue_full"
-            assert running.result().json()["usage"]["completion_tokens"] == 60
+            assert running.result().json()["usage"]["completion_tokens"] == 200
             assert queued.result().status_code == 200
     finally:
         rc, err = s.stop()
