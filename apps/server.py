@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # the batcher pulls in numpy and the engines: loaded with the
 DEFAULT_PORT = 8080
 MAX_BODY_BYTES = 8 << 20  # a request's JSON: a context's worth of text and then some
 MAX_STOPS = 16
+MAX_STOP_CHARS = 256  # each stop string (a held-back tail is scanned against every length)
 SHUTDOWN_GRACE_S = 10
 
 # the fields each route takes; any other is refused by name (not ignored)
@@ -141,7 +142,10 @@ def _options(
     for name in _NUMBERS:
         v = _typed(body, name, (int, float), "a number")
         if v is not None:
-            out[name] = float(v)
+            try:
+                out[name] = float(v)
+            except OverflowError:
+                raise HTTPError(400, f"'{name}' is out of range", param=name) from None
     for name in _INTEGERS:
         v = _typed(body, name, int, "an integer")
         if v is not None:
@@ -162,8 +166,9 @@ def _options(
             raise HTTPError(
                 400, "'stop' must be a non-empty string or a list of them", param="stop"
             )
-        if len(stops) > MAX_STOPS:
-            raise HTTPError(400, f"'stop' takes at most {MAX_STOPS} strings", param="stop")
+        if len(stops) > MAX_STOPS or max(map(len, stops)) > MAX_STOP_CHARS:
+            raise HTTPError(400, f"'stop' takes at most {MAX_STOPS} strings of at most "
+                            f"{MAX_STOP_CHARS} characters", param="stop")  # fmt: skip
         out["stop"] = stops
     n = _typed(body, "n", int, "an integer")
     if n not in (None, 1):
@@ -363,9 +368,24 @@ async def _stream(
 def create_app(state: ServerState) -> Any:
     """The Starlette application of a server (``state.model`` set once loaded)."""
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request as HTTPRequest
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
+
+    class _CancellingStream(StreamingResponse):
+        """A streamed request, cancelled however the response ends: also when the client
+        left before the body's generator ever ran (whose own ``finally`` then never runs)."""
+
+        def __init__(self, r: Request, body: AsyncIterator[bytes], **kw: Any) -> None:
+            super().__init__(body, **kw)
+            self._request = r
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                self._request.cancel()
 
     opts = state.options
 
@@ -404,7 +424,7 @@ def create_app(state: ServerState) -> Any:
                 raise HTTPError(413, f"the request body exceeds {opts.max_body} bytes")
         try:
             return json.loads(data)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise HTTPError(400, f"the request body is not valid JSON: {e}") from None
 
     def handler(fn: Callable[[HTTPRequest], Any], auth: bool = True) -> Callable[..., Any]:
@@ -447,31 +467,39 @@ def create_app(state: ServerState) -> Any:
         body = _check_fields(await body_of(request), CHAT_FIELDS if chat else COMPLETION_FIELDS)
         _check_model(body, state)
         stream, include_usage = _stream_options(body)
-        names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
+        # both given: max_completion_tokens, applied last, wins (as OpenAI's)
+        names = ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",)
         options = _options(body, state, names)
         top = _logprob_option(body, chat)
         if top is not None:
             options["logprobs"] = top
         batcher = model.batcher()
+        # templates and tokenizing take a while on a long prompt: off the event loop, which
+        # keeps every open stream going meanwhile
         if chat:
             messages = _messages(body)
-            r = _submit(state, lambda: batcher.submit_chat(messages, **options))
+            r = await run_in_threadpool(
+                _submit, state, lambda: batcher.submit_chat(messages, **options)
+            )
         else:
             prompt = _prompt(body)
-            r = _submit(state, lambda: batcher.submit(prompt, **options))
+            r = await run_in_threadpool(_submit, state, lambda: batcher.submit(prompt, **options))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
         lp = _Logprobs(model, chat) if top is not None else None
         if stream:
-            return StreamingResponse(
-                _stream(r, _chunker(rid, created, opts.model_id, chat, lp), include_usage,
+            return _CancellingStream(
+                r, _stream(r, _chunker(rid, created, opts.model_id, chat, lp), include_usage,
                         _chat_head(rid, created, opts.model_id) if chat else None),
                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
             )  # fmt: skip
-        await _collect(request, r, lp)
-        if r.finish_reason == "error":
-            raise HTTPError(500, f"generation failed: {r.error}", "server_error")
+        try:
+            await _collect(request, r, lp)
+        except errors.OutOfMemoryError as e:  # the request cannot fit the KV pool
+            raise HTTPError(503, str(e), "server_error", code="kv_cache_full") from None
+        except errors.EdgeInferError as e:
+            raise HTTPError(500, f"generation failed: {e}", "server_error") from None
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(r),
                                   "logprobs": lp.take() if lp is not None else None}  # fmt: skip
         if chat:

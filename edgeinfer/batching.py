@@ -272,6 +272,7 @@ class Batcher:
         self._order = itertools.count()
         self._cond = threading.Condition()
         self._closing = False
+        self._dead: BaseException | None = None  # what stopped the worker, if anything did
         self._thread = threading.Thread(target=self._loop, name="edgeinfer-batcher", daemon=True)
         self._thread.start()
 
@@ -307,12 +308,18 @@ class Batcher:
         with self._cond:
             if self._closing:
                 raise errors.ModelClosedError("the batcher is closed")
-            if len(self._waiting) >= self.max_queue:
+            if self._dead is not None:
+                raise errors.BackendError(f"the batcher has stopped: {self._dead}")
+            waiting = len(self._waiting) - len(self._free)  # beyond the sequences free now
+            if waiting >= self.max_queue:
                 raise errors.QueueFullError(
-                    f"{len(self._waiting)} requests are waiting already (max_queue)",
+                    f"{waiting} requests are waiting for a sequence already (max_queue)",
                     retry_after_s=self._retry_after(),
                 )
             request = Request(self, next(self._ids), ids, sampler, max_tokens, scanner, logprobs)
+            if max_tokens == 0:  # nothing to generate: as Model.stream, no step at all
+                self._end(request, "length")
+                return request
             self._waiting.append(request)
             self._cond.notify_all()
         return request
@@ -374,24 +381,34 @@ class Batcher:
     # --- the worker ------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closing and not self._waiting and not self._running:
-                    self._cond.wait()
-                if self._closing:
-                    break
-            try:
-                with self._model._turns.step(Holder()):
-                    self._step()
-            except BaseException as e:
-                for r in [*self._running, *self._waiting]:
-                    self._end(r, "error", _typed(e))
         try:
+            while True:
+                with self._cond:
+                    while not self._closing and not self._waiting and not self._running:
+                        self._cond.wait()
+                    if self._closing:
+                        break
+                with self._model._turns.step(Holder()):
+                    try:
+                        self._step()
+                    except Exception as e:  # a failure must end requests, not hang them
+                        self._end_all("error", _typed(e))
             with self._model._turns.step(Holder()):
-                for r in [*self._running, *self._waiting]:
-                    self._end(r, "cancelled")
-        except errors.ModelClosedError:  # pragma: no cover (the model closes its batcher first)
-            pass
+                self._end_all("cancelled")
+        except BaseException as e:  # the turns themselves failed: nothing more can run
+            self._dead = _typed(e)
+            self._end_all("error", self._dead, engine=False)
+
+    def _end_all(self, reason: str, error: BaseException | None = None, engine: bool = True):
+        """Ends every request, running or waiting; with ``engine`` their sequences are
+        cleared (inside a turn), else only handed back."""
+        with self._cond:
+            requests = [*self._running, *self._waiting]
+        for r in requests:
+            try:
+                self._end(r, reason, error, clear=engine)
+            except Exception:  # the engine failed too: the request still ends
+                self._end(r, reason, error, clear=False)
 
     def _step(self) -> None:
         self._reap()
@@ -530,14 +547,14 @@ class Batcher:
             # edgeinfer's Sampler checks the logits itself; a caller's sampler may not
             if not isinstance(r._sampler, Sampler) and not np.isfinite(logits).all():
                 raise errors.NonFiniteLogitsError("the logits contain inf or NaN")
-            token = r._sampler(logits, r._context)
+            token = int(r._sampler(logits, r._context))
         except errors.NonFiniteLogitsError:
             self._end(r, "error", errors.NonFiniteLogitsError(
                 f"the model's logits contain inf or NaN at position {len(r._context) - 1}"
             ))  # fmt: skip
             return
-        except errors.EdgeInferError as e:
-            self._end(r, "error", e)
+        except Exception as e:  # a caller's sampler: this request fails, not the others
+            self._end(r, "error", _typed(e))
             return
         now = time.monotonic()
         if r.first_token is None:
@@ -553,7 +570,11 @@ class Batcher:
         r._context.append(token)
         r.usage.completion_tokens += 1
         self.metrics.generated_tokens += 1
-        text, stopped = r._scanner.push(token)
+        try:
+            text, stopped = r._scanner.push(token)
+        except Exception as e:  # a token the tokenizer cannot render: this request fails
+            self._end(r, "error", _typed(e))
+            return
         r.text = r._scanner.text
         lp = (_logprob(logits, token, r._logprobs),) if r._logprobs is not None else ()
         r._deliver(Piece(text, (token,), lp))
@@ -565,7 +586,12 @@ class Batcher:
             r.state = "decode"
 
     def _end(
-        self, r: Request, reason: str, error: BaseException | None = None, flush: bool = True
+        self,
+        r: Request,
+        reason: str,
+        error: BaseException | None = None,
+        flush: bool = True,
+        clear: bool = True,
     ) -> None:
         """Finishes ``r``: its sequence goes back (keyed blocks stay cached), its stream ends."""
         with self._cond:
@@ -578,7 +604,8 @@ class Batcher:
             seq, r._seq = r._seq, -1
         if seq >= 0:
             try:
-                self._engine.seq_clear(seq)
+                if clear:
+                    self._engine.seq_clear(seq)
             finally:
                 with self._cond:
                     self._free.append(seq)

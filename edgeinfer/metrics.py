@@ -43,14 +43,15 @@ class Histogram:
             self.sum += value
             self.count += 1
 
-    def cumulative(self) -> list[tuple[float, int]]:
-        """(upper bound, observations at or below it) for each bucket, +Inf last."""
+    def snapshot(self) -> tuple[list[tuple[float, int]], float, int]:
+        """At one instant: (upper bound, observations at or below it) for each bucket, +Inf
+        last; the sum; the count."""
         with self._lock:
             out, total = [], 0
             for bound, n in zip((*self.bounds, math.inf), self._counts, strict=True):
                 total += n
                 out.append((bound, total))
-            return out
+            return out, self.sum, self.count
 
 
 @dataclass
@@ -73,10 +74,11 @@ def _value(v: float) -> str:
 def _labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
-    escaped = (
-        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-        for k, v in labels.items()
-    )
+
+    def escape(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    escaped = (f'{k}="{escape(v)}"' for k, v in labels.items())
     return "{" + ",".join(escaped) + "}"
 
 
@@ -87,10 +89,11 @@ def prometheus_text(families: Sequence[MetricFamily]) -> str:
         lines.append(f"# HELP {f.name} {f.help}")
         lines.append(f"# TYPE {f.name} {f.kind}")
         if f.histogram is not None:
-            for bound, n in f.histogram.cumulative():
+            buckets, total, count = f.histogram.snapshot()
+            for bound, n in buckets:
                 lines.append(f'{f.name}_bucket{{le="{_value(bound)}"}} {n}')
-            lines.append(f"{f.name}_sum {_value(f.histogram.sum)}")
-            lines.append(f"{f.name}_count {f.histogram.count}")
+            lines.append(f"{f.name}_sum {_value(total)}")
+            lines.append(f"{f.name}_count {count}")
             continue
         for labels, value in f.samples:
             lines.append(f"{f.name}{_labels(labels)} {_value(value)}")

@@ -196,3 +196,25 @@ def test_close_cancels_running_requests_and_refuses_new_ones(gemma_path):
     assert r.result(timeout=30).finish_reason == "cancelled"
     with pytest.raises(errors.ModelClosedError):
         model.submit("x")
+
+
+def test_a_failing_sampler_fails_its_request_only(batched):
+    def broken(logits, history):
+        raise ValueError("boom")
+
+    bad = batched.submit("x", max_tokens=4, sampler=broken)
+    good = batched.submit("The capital of France is", max_tokens=4, temperature=0)
+    assert good.result(timeout=30).finish_reason == "length"
+    with pytest.raises(errors.BackendError, match="boom"):
+        bad.result(timeout=30)
+    assert bad.finish_reason == "error"
+
+
+def test_zero_max_tokens_runs_no_step_and_free_sequences_do_not_count_as_queued(gemma_path):
+    with _load(gemma_path, n_parallel=2) as model:
+        b = model.batcher(max_queue=0)
+        r = model.submit("Hello", max_tokens=0)
+        assert (r.result().finish_reason, r.tokens, b.metrics.steps) == ("length", [], 0)
+        # a queue of 0: requests that find a free sequence still run
+        rs = [model.submit("Hello", max_tokens=2, temperature=0) for _ in range(2)]
+        assert [x.result(timeout=30).finish_reason for x in rs] == ["length", "length"]

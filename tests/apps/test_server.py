@@ -214,6 +214,19 @@ def test_a_client_that_disconnects_frees_its_sequence(server):
     assert _metric(server, "edgeinfer:requests_total", outcome="cancelled") == cancelled + 1
 
 
+def test_max_completion_tokens_wins_over_max_tokens(server):
+    r = server.post(
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 9,
+            "max_completion_tokens": 3,
+            "temperature": 0,
+        },
+    )
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
+
+
 def test_a_shared_system_prompt_shows_cached_tokens(server):
     c = server.client()
     system = "You are a terse assistant for a hardware shop. Answer in five words. " * 5
@@ -260,6 +273,13 @@ def test_bad_requests_get_the_right_errors_and_the_server_stays_up(server):
         (server.post("/v1/completions", {"model": MODEL, "prompt": "x"}, key=None), 401, None),
         (server.post("/v1/completions", {"model": MODEL, "prompt": "x"}, key="wrong"), 401, None),
         (server.post("/v1/completions", b"x" * (9 << 20)), 413, None),
+        (server.post("/v1/completions", b"[" * 100000 + b"]" * 100000), 400, None),
+        (
+            server.post("/v1/completions", b'{"prompt": "x", "temperature": 1' + b"0" * 400 + b"}"),
+            400,
+            "temperature",
+        ),
+        (server.post("/v1/completions", {"prompt": "x", "stop": ["y" * 257]}), 400, "stop"),
     ]
     for response, status, param in cases:
         assert response.status_code == status, response.text
