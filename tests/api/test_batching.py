@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -194,6 +195,7 @@ def test_close_cancels_running_requests_and_refuses_new_ones(gemma_path):
     next(iter(r))
     model.close()
     assert r.result(timeout=30).finish_reason == "cancelled"
+    assert not [t for t in threading.enumerate() if t is model._batcher._thread and t.is_alive()]
     with pytest.raises(errors.ModelClosedError):
         model.submit("x")
 
