@@ -31,6 +31,7 @@ import itertools
 import math
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -248,7 +249,11 @@ class Batcher:
         self, model: Model, *, max_queue: int = DEFAULT_MAX_QUEUE,
         step_tokens: int | None = None, prefill_chunk: int | None = None,
     ) -> None:  # fmt: skip
-        self._model = model
+        # weakly: a model dropped without close() is still collected (its __del__ closes
+        # this batcher); the worker holds only what it needs of it
+        self._model_ref = weakref.ref(model)
+        self._turns = model._turns
+        self._n_ctx = model.n_ctx
         engine = model.backend
         n_parallel = model.n_parallel
         if n_parallel < 1:
@@ -288,7 +293,7 @@ class Batcher:
         likely tokens (0 to 20) to report with each generated token's log-probability.
         Raises QueueFullError when ``max_queue`` requests wait already, ContextOverflowError
         when the prompt leaves no room in the context for a generated token."""
-        model = self._model
+        model = self._model()
         model._check_open()
         if self._closing:
             raise errors.ModelClosedError("the batcher is closed")
@@ -324,9 +329,15 @@ class Batcher:
             self._cond.notify_all()
         return request
 
+    def _model(self) -> Model:
+        model = self._model_ref()
+        if model is None:
+            raise errors.ModelClosedError("the model is closed")
+        return model
+
     def submit_chat(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> Request:
         """Queues a reply to a conversation, rendered by the model's chat template."""
-        return self.submit(self._model.chat_tokens(messages), **options)
+        return self.submit(self._model().chat_tokens(messages), **options)
 
     def _retry_after(self) -> float:
         """A guess of when a sequence frees up: the mean request's time, at least a second."""
@@ -360,7 +371,8 @@ class Batcher:
     def pool_stats(self) -> dict[str, Any] | None:
         """The engine's block pool (used, cached, free blocks; prefix hit rate), if it has one."""
         stats = getattr(self._engine, "pool_stats", None)
-        if stats is None or self._model._closing:
+        model = self._model_ref()
+        if stats is None or model is None or model._closing:
             return None
         return stats()
 
@@ -388,12 +400,12 @@ class Batcher:
                         self._cond.wait()
                     if self._closing:
                         break
-                with self._model._turns.step(Holder()):
+                with self._turns.step(Holder()):
                     try:
                         self._step()
                     except Exception as e:  # a failure must end requests, not hang them
                         self._end_all("error", _typed(e))
-            with self._model._turns.step(Holder()):
+            with self._turns.step(Holder()):
                 self._end_all("cancelled")
         except BaseException as e:  # the turns themselves failed: nothing more can run
             self._dead = _typed(e)
@@ -580,7 +592,7 @@ class Batcher:
         r._deliver(Piece(text, (token,), lp))
         if stopped:
             self._end(r, "stop", flush=False)
-        elif r.usage.completion_tokens >= r._max_tokens or len(r._context) > self._model.n_ctx:
+        elif r.usage.completion_tokens >= r._max_tokens or len(r._context) > self._n_ctx:
             self._end(r, "length")
         else:
             r.state = "decode"

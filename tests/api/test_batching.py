@@ -220,3 +220,15 @@ def test_zero_max_tokens_runs_no_step_and_free_sequences_do_not_count_as_queued(
         # a queue of 0: requests that find a free sequence still run
         rs = [model.submit("Hello", max_tokens=2, temperature=0) for _ in range(2)]
         assert [x.result(timeout=30).finish_reason for x in rs] == ["length", "length"]
+
+
+def test_a_model_dropped_without_close_stops_its_batcher(gemma_path):
+    import gc
+
+    model = _load(gemma_path, n_parallel=1)
+    model.submit("Hello", max_tokens=2, temperature=0).result(timeout=30)
+    thread = model.batcher()._thread
+    del model
+    gc.collect()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
