@@ -68,14 +68,21 @@ class Completion:
 class Model:
     """A loaded GGUF model. Create it with :func:`edgeinfer.load`.
 
-    Threads: any thread may call any method. Calls queue and run one at a time, in arrival
-    order; none fails for being concurrent. A stream keeps the model between its tokens until
-    it ends, so generations do not interleave, unless it idles while another call waits (its
-    own thread makes another call, it is cancelled, garbage-collected, or not read for a
-    quarter of a second): then the waiting call runs, and the stream, when read again,
-    re-evaluates its context and goes on. ``cancel()`` stops the calls running when it is
-    called, within one step; ``close()`` cancels them, waits for the step in progress, and
-    makes every later call raise ModelClosedError.
+    Every generation runs on the model's batcher (:mod:`edgeinfer.batching`), whose worker
+    thread makes all engine steps: requests from :meth:`submit` each on a sequence of their
+    own, and this model's streams (:meth:`stream`, :meth:`generate`, :meth:`chat`) on the
+    model's own sequence, in the same steps.
+
+    Threads: any thread may call any method. The calls that use the model's own sequence
+    queue and run one at a time, in arrival order; none fails for being concurrent. A stream
+    keeps that sequence between its tokens until it ends, so its generations do not
+    interleave, unless it idles while another call waits (its own thread makes another call,
+    it is cancelled, garbage-collected, or not read for a quarter of a second): then the
+    waiting call runs, and the stream, when read again, re-evaluates its context and goes
+    on. A stream computes a token only while it is read. A call from inside a step (a
+    sampler's) is a BusyError. ``cancel()`` stops the calls running when it is called,
+    within one step; ``close()`` cancels them, waits for the step in progress, and makes
+    every later call raise ModelClosedError.
     """
 
     def __init__(
@@ -108,6 +115,11 @@ class Model:
             n_threads = _int_option("n_threads", n_threads, 1, MAX_N_THREADS)
         n_batch = _int_option("n_batch", n_batch, 1, MAX_N_BATCH)
         self.n_parallel = _int_option("n_parallel", n_parallel, 0, MAX_N_PARALLEL)
+        if n_batch < self.n_parallel + 1:
+            raise errors.InvalidOptionError(
+                f"n_batch {n_batch} cannot hold a decoding token of each of {self.n_parallel} "
+                "batched sequences and the model's own"
+            )
         _flags(swa_full=swa_full, fixed_threads=fixed_threads)
         asked_cache_types = _cache_types(kv_type, cache_type_k, cache_type_v)
         policy = ContextPolicy(context_policy, n_keep=n_keep, n_sink=n_sink)
@@ -180,7 +192,8 @@ class Model:
             self._engine.close()
             self.source.close()
             raise
-        self._turns = Turns()
+        self._turns = Turns()  # who uses the model's own sequence (seq 0) now
+        self._engine_lock = threading.Lock()  # held for each engine call: a step or a job
         self._batcher_lock = threading.Lock()
         self._cancel_epoch = 0  # cancel() counts up; a call started before it stops
         self._template: ChatTemplate | None = None
@@ -442,17 +455,20 @@ class Model:
     # --- batching: many requests at once (edgeinfer.batching) -----------------------------
 
     def batcher(self, **options: Any) -> Batcher:
-        """The model's :class:`edgeinfer.batching.Batcher`, made on first use with
-        ``options`` (max_queue, step_tokens, prefill_chunk): generations that share the
-        engine's steps, one per sequence of ``n_parallel`` (a load option)."""
+        """The model's :class:`edgeinfer.batching.Batcher`, which runs every generation;
+        ``options`` (max_queue, step_tokens, prefill_chunk) apply from its next step.
+        Submitted requests share the engine's steps, one per sequence of ``n_parallel`` (a
+        load option), with the model's own streams."""
+        batcher = self._worker()
+        if options:
+            batcher.configure(**options)
+        return batcher
+
+    def _worker(self) -> Batcher:
         self._check_open()
         with self._batcher_lock:
             if self._batcher is None:
-                self._batcher = Batcher(self, **options)
-            elif options:
-                raise errors.InvalidOptionError(
-                    "the batcher exists already: options apply to its creation"
-                )
+                self._batcher = Batcher(self)
             return self._batcher
 
     def submit(self, prompt: str | Sequence[int], **options: Any) -> Request:
@@ -464,12 +480,19 @@ class Model:
 
     @contextlib.contextmanager
     def _one_turn(self) -> Iterator[Callable[[], bool]]:
-        """Runs the body as one call in its turn; yields whether it has been cancelled."""
+        """Runs the body as one call in its turn, between the batcher's steps; yields whether
+        it has been cancelled."""
         self._check_open()
-        with self._turns.step(Holder()):
+        self._not_on_worker()
+        with self._turns.step(Holder()), self._engine_lock:
             self._check_open()
             epoch = self._cancel_epoch
             yield lambda: self._closing or self._cancel_epoch != epoch
+
+    def _not_on_worker(self) -> None:
+        """A call from inside a step (a sampler's) would wait for that step: refused."""
+        if self._batcher is not None and self._batcher.on_worker:
+            raise errors.BusyError("the model was called from inside its own step")
 
     def close(self) -> None:
         """Frees the engine and unmaps the file; the model cannot be used afterwards.
@@ -482,7 +505,9 @@ class Model:
         self.cancel()
         if self._batcher is not None:
             self._batcher.close()
-        with self._turns.step(Holder()):
+            if self._batcher.on_worker:  # inside a step (a sampler, the collector): the
+                return  # worker stops after it, and the engine goes with the last reference
+        with self._turns.step(Holder()), self._engine_lock:
             engine, self._engine = self._engine, None
             if engine is not None:  # not closed by a concurrent close() meanwhile
                 engine.close()

@@ -33,7 +33,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,13 +41,13 @@ import numpy as np
 
 from edgeinfer import errors
 from edgeinfer.engines.base import Batch
-from edgeinfer.generation import Holder
 from edgeinfer.metrics import LATENCY_BUCKETS, STEP_TOKEN_BUCKETS, Histogram
 from edgeinfer.sampling import Sampler
 from edgeinfer.text_stream import StopScanner, stop_strings
 
 if TYPE_CHECKING:
     from edgeinfer.api import Model
+    from edgeinfer.generation import KVSession
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 DEFAULT_MAX_QUEUE = 64
@@ -117,6 +117,14 @@ class Request:
         self._order = 0  # admission order: the newest is preempted first
         self._last_token = 0.0
         self._cancelled = False
+        # a stream of the model's own sequence (Model.stream): its session keeps that
+        # sequence's tokens; it runs a step only while its reader waits (credit), and a
+        # token that ends it by length is still evaluated (the next turn reuses it)
+        self._session: KVSession | None = None
+        self._version = -1  # the session's version after this request's last step
+        self._credit = False
+        self._final = False
+        self._cancel_check: Callable[[], bool] | None = None
         self._cond = threading.Condition()
         self._pieces: deque[Piece] = deque()
         self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
@@ -128,6 +136,13 @@ class Request:
         self._cancelled = True
         self._batcher._wake()
 
+    def _is_cancelled(self) -> bool:
+        return self._cancelled or (self._cancel_check is not None and self._cancel_check())
+
+    def _schedulable(self) -> bool:
+        """Whether a step has something to do for it (a stream: only while it is read)."""
+        return self._session is None or self._credit or self._is_cancelled()
+
     @property
     def done(self) -> bool:
         return bool(self.finish_reason)
@@ -136,13 +151,10 @@ class Request:
         return self
 
     def __next__(self) -> Piece:
-        with self._cond:
-            while not self._pieces and not self.finish_reason:
-                self._cond.wait()
-            if self._pieces:
-                return self._pieces.popleft()
-        self._raise_error()
-        raise StopIteration
+        piece = self._next_piece()
+        if piece is None:
+            raise StopIteration
+        return piece
 
     def __aiter__(self) -> Request:
         return self
@@ -175,8 +187,19 @@ class Request:
 
     # --- the worker's side -----------------------------------------------------------------
 
+    def _next_piece(self) -> Piece | None:
+        """The next piece; None once the request has ended (its error raised)."""
+        with self._cond:
+            while not self._pieces and not self.finish_reason:
+                self._cond.wait()
+            if self._pieces:
+                return self._pieces.popleft()
+        self._raise_error()
+        return None
+
     def _deliver(self, piece: Piece | None, finish: str = "", error: BaseException | None = None):
         with self._cond:
+            self._credit = False
             if piece is not None and (piece.text or piece.tokens):
                 self._pieces.append(piece)
             if finish:
@@ -237,40 +260,36 @@ def _ema(old: float | None, new: float, weight: float = 0.2) -> float:
 
 
 class Batcher:
-    """Runs requests together on one model (load it with ``n_parallel`` >= 1): each holds one
-    of the engine's sequences 1..n_parallel while it runs (sequence 0 stays the model's own,
-    for ``Model.stream`` and friends, whose calls take turns with the batcher's steps).
+    """Runs every generation of one model: the one worker thread that calls its engine.
+
+    Requests from :meth:`submit` each hold one of the engine's sequences 1..n_parallel (a
+    load option) while they run. Sequence 0 is the model's own: ``Model.stream`` and
+    ``chat`` run there, one stream at a time (the model's turns decide which), in the same
+    steps as the submitted requests; its cache is kept after the stream, so the next turn
+    of a conversation evaluates only its new tokens, and the model's context policy makes
+    room in it. Other calls of the model (``logits``, ``reset``, saved sessions) run between
+    steps.
 
     ``max_queue`` bounds the requests waiting for a sequence (QueueFullError beyond);
     ``step_tokens`` the tokens of one step (the model's n_batch); ``prefill_chunk`` fixes the
     prompt tokens a step takes beside decoding ones (default: sized from timed steps)."""
 
-    def __init__(
-        self, model: Model, *, max_queue: int = DEFAULT_MAX_QUEUE,
-        step_tokens: int | None = None, prefill_chunk: int | None = None,
-    ) -> None:  # fmt: skip
+    def __init__(self, model: Model, **options: Any) -> None:
         # weakly: a model dropped without close() is still collected (its __del__ closes
         # this batcher); the worker holds only what it needs of it
         self._model_ref = weakref.ref(model)
-        self._turns = model._turns
+        self._engine_lock = model._engine_lock
         self._n_ctx = model.n_ctx
-        engine = model.backend
-        n_parallel = model.n_parallel
-        if n_parallel < 1:
-            raise errors.InvalidOptionError(
-                "batching needs sequences of its own: load the model with n_parallel >= 1"
-            )
-        self.n_parallel = n_parallel
-        self.max_queue = _int(max_queue, "max_queue", 0)
-        n_batch = model._session.n_batch
-        self.step_tokens = _int(step_tokens or n_batch, "step_tokens", n_parallel + 1, n_batch)
-        if prefill_chunk is not None:
-            prefill_chunk = _int(prefill_chunk, "prefill_chunk", 1, self.step_tokens)
-        self._engine = engine
+        self._n_batch = model._session.n_batch
+        self.n_parallel = model.n_parallel
+        self._engine = model.backend
         self._is_eog = model.tokenizer.is_eog
-        self._sizer = _ChunkSizer(prefill_chunk, self.step_tokens - n_parallel)
+        self.max_queue = DEFAULT_MAX_QUEUE
+        self.step_tokens = self._n_batch
+        self._sizer = _ChunkSizer(None, self._n_batch - self.n_parallel)
+        self.configure(**options)
         self.metrics = BatcherMetrics()
-        self._free = list(range(n_parallel, 0, -1))  # sequences; pop() takes the lowest
+        self._free = list(range(self.n_parallel, 0, -1))  # sequences; pop() takes the lowest
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._ids = itertools.count(1)
@@ -280,6 +299,26 @@ class Batcher:
         self._dead: BaseException | None = None  # what stopped the worker, if anything did
         self._thread = threading.Thread(target=self._loop, name="edgeinfer-batcher", daemon=True)
         self._thread.start()
+
+    def configure(
+        self, *, max_queue: int | None = None, step_tokens: int | None = None,
+        prefill_chunk: int | None = None,
+    ) -> None:  # fmt: skip
+        """Sets the options given (see the class); they apply from the next step."""
+        if max_queue is not None:
+            self.max_queue = _int(max_queue, "max_queue", 0)
+        if step_tokens is not None:
+            lo = self.n_parallel + 1  # a decoding token for every sequence
+            self.step_tokens = _int(step_tokens, "step_tokens", lo, self._n_batch)
+        fixed = self._sizer.fixed
+        if prefill_chunk is not None:
+            fixed = _int(prefill_chunk, "prefill_chunk", 1, self.step_tokens)
+        self._sizer = _ChunkSizer(fixed, self.step_tokens - self.n_parallel)
+
+    @property
+    def on_worker(self) -> bool:
+        """Whether the caller runs on the worker thread (inside a step: a sampler's call)."""
+        return threading.current_thread() is self._thread
 
     # --- submitting ------------------------------------------------------------------------
 
@@ -297,6 +336,10 @@ class Batcher:
         model._check_open()
         if self._closing:
             raise errors.ModelClosedError("the batcher is closed")
+        if self.n_parallel < 1:
+            raise errors.InvalidOptionError(
+                "batching needs sequences of its own: load the model with n_parallel >= 1"
+            )
         sampler = model._sampler(sampler, sampling)
         if isinstance(max_tokens, (int, np.integer)) and max_tokens == -1:
             max_tokens = model.n_ctx
@@ -328,6 +371,30 @@ class Batcher:
             self._waiting.append(request)
             self._cond.notify_all()
         return request
+
+    def stream_request(
+        self, session: KVSession, prompt: list[int], sampler: Any, max_tokens: int,
+        scanner: StopScanner, cancelled: Callable[[], bool],
+    ) -> Request:  # fmt: skip
+        """A request on the model's own sequence (``session``), for ``Model.stream``: it runs
+        a step only while :meth:`grant` lets it, and ``cancelled()`` ends it."""
+        r = Request(self, next(self._ids), prompt, sampler, max_tokens, scanner, None)
+        r._session, r._cancel_check = session, cancelled
+        return r
+
+    def grant(self, r: Request) -> None:
+        """Lets the stream ``r`` run steps until it delivers its next piece (or ends); the
+        caller holds the model's turn, so the sequence is the stream's meanwhile."""
+        with self._cond:
+            if self._dead is not None:
+                raise errors.BackendError(f"the batcher has stopped: {self._dead}")
+            if self._closing:
+                raise errors.ModelClosedError("the model is closed")
+            if r.state == "queued":  # its first read: it joins the running requests
+                r._seq, r._order, r.state = 0, next(self._order), "prefill"
+                self._running.append(r)
+            r._credit = True
+            self._cond.notify_all()
 
     def _model(self) -> Model:
         model = self._model_ref()
@@ -387,8 +454,13 @@ class Batcher:
             self._thread.join()
 
     def _wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+        """Lets the worker look again; never blocks (a signal handler may cancel): a thread
+        holding the lock now looks at the requests' flags before it waits."""
+        if self._cond.acquire(blocking=False):
+            try:
+                self._cond.notify_all()
+            finally:
+                self._cond.release()
 
     # --- the worker ------------------------------------------------------------------------
 
@@ -396,20 +468,26 @@ class Batcher:
         try:
             while True:
                 with self._cond:
-                    while not self._closing and not self._waiting and not self._running:
+                    while not self._closing and not self._has_work():
                         self._cond.wait()
                     if self._closing:
                         break
-                with self._turns.step(Holder()):
+                with self._engine_lock:
                     try:
                         self._step()
                     except Exception as e:  # a failure must end requests, not hang them
                         self._end_all("error", _typed(e))
-            with self._turns.step(Holder()):
+            with self._engine_lock:
                 self._end_all("cancelled")
-        except BaseException as e:  # the turns themselves failed: nothing more can run
+        except BaseException as e:  # the lock itself failed: nothing more can run
             self._dead = _typed(e)
             self._end_all("error", self._dead, engine=False)
+
+    def _has_work(self) -> bool:
+        """Whether a step would do something (called with the lock held)."""
+        if self._waiting and self._free:
+            return True
+        return any(r._schedulable() for r in self._running)
 
     def _end_all(self, reason: str, error: BaseException | None = None, engine: bool = True):
         """Ends every request, running or waiting; with ``engine`` their sequences are
@@ -432,9 +510,9 @@ class Batcher:
         positions: list[int] = []
         seqs: list[int] = []
         want: list[bool] = []
-        for r, chunk, last in plan:
+        for r, chunk, last, pos0 in plan:
             tokens += chunk
-            positions += range(r._evaluated, r._evaluated + len(chunk))
+            positions += range(pos0, pos0 + len(chunk))
             seqs += [r._seq] * len(chunk)
             want += [False] * (len(chunk) - 1) + [last]
         batch = Batch(
@@ -446,31 +524,36 @@ class Batcher:
             logits = self._engine.decode(batch)
         except errors.OutOfMemoryError as e:
             if not self._preempt():
-                for r, _, _ in plan:
+                for r, *_ in plan:
                     self._end(r, "error", e)
             return
         except errors.EdgeInferError as e:
-            for r, _, _ in plan:
+            for r, *_ in plan:
                 self._end(r, "error", e)
             return
         seconds = time.perf_counter() - t0
-        n_decode = sum(1 for r, _, _ in plan if r.state == "decode")
+        n_decode = sum(1 for r, *_ in plan if r.state == "decode")
         self._sizer.observe(n_decode, len(tokens) - n_decode, seconds)
         m = self.metrics
         m.steps += 1
         m.step_tokens.observe(len(tokens))
         m.prompt_tokens += len(tokens) - n_decode
         row = 0
-        for r, chunk, last in plan:
+        for r, chunk, last, _ in plan:
             r._evaluated += len(chunk)
+            if r._session is not None:
+                r._session.commit(chunk)
+                r._version = r._session.version
             if last:
                 self._next_token(r, logits[row])
                 row += 1
+            elif r._final and r._evaluated == len(r._context):
+                self._end(r, "length")  # its last token is evaluated too
 
     def _reap(self) -> None:
         """Ends the cancelled requests, running or waiting."""
         with self._cond:
-            cancelled = [r for r in [*self._running, *self._waiting] if r._cancelled]
+            cancelled = [r for r in [*self._running, *self._waiting] if r._is_cancelled()]
         for r in cancelled:
             self._end(r, "cancelled")
 
@@ -482,8 +565,8 @@ class Batcher:
                     return
                 r = self._waiting[0]
                 if not self._fits(len(r._context) + 1):
-                    if self._running:
-                        return  # wait for room
+                    if any(x._session is None for x in self._running):
+                        return  # wait for room (the model's own sequence keeps its blocks)
                     self._waiting.popleft()
                     self._end(r, "error", errors.OutOfMemoryError(
                         f"the KV cache pool cannot hold {len(r._context) + 1} positions "
@@ -516,32 +599,63 @@ class Batcher:
         need = -(-positions // stats["block_size"])
         return all(g["free"] + g["cached"] >= need for g in stats["groups"] if g["window"] == 0)
 
-    def _plan(self) -> list[tuple[Request, list[int], bool]]:
+    def _plan(self) -> list[tuple[Request, list[int], bool, int]]:
         """The step: each decoding request's pending token, then prompt chunks up to the
-        budget (a chunk of the size the sizer allows while anything decodes)."""
+        budget (a chunk of the size the sizer allows while anything decodes). An entry is
+        (request, tokens, whether the last one's logits are wanted, the first's position)."""
         with self._cond:
-            running = list(self._running)
-        decoding = [r for r in running if r.state == "decode"]
-        plan = [(r, r._context[r._evaluated :], True) for r in decoding]
+            running = [r for r in self._running if r._schedulable()]
+        decoding = [r for r in running if r.state == "decode" and r._session is None]
+        plan = [(r, r._context[r._evaluated :], True, r._evaluated) for r in decoding]
         budget = self.step_tokens - len(plan)
-        if decoding:
+        if any(r.state == "decode" for r in running):
             budget = min(budget, self._sizer.chunk())
         for r in running:
-            if r.state != "prefill" or budget <= 0:
-                continue
-            todo = r._context[r._evaluated :]
-            chunk = todo[:budget]
-            plan.append((r, chunk, len(chunk) == len(todo)))
-            budget -= len(chunk)
+            if r._session is not None:
+                try:
+                    entry = self._session_entry(r, max(budget, 1))
+                except Exception as e:  # its sequence's bookkeeping failed: it alone ends
+                    self._end(r, "error", _typed(e))
+                    continue
+                plan.append(entry)
+                if r.state == "prefill":
+                    budget -= len(entry[1])
+            elif r.state == "prefill" and budget > 0:
+                todo = r._context[r._evaluated :]
+                chunk = todo[:budget]
+                plan.append((r, chunk, len(chunk) == len(todo), r._evaluated))
+                budget -= len(chunk)
         return plan
+
+    def _session_entry(self, r: Request, budget: int) -> tuple[Request, list[int], bool, int]:
+        """A stream's part of the step, on the model's own sequence: its context from what
+        the session holds of it (all of it again after another call used the sequence), a
+        chunk at most, with room made for it as the context policy says."""
+        s = r._session
+        assert s is not None
+        if r._version != s.version:  # its first step, or another call used the sequence
+            r._evaluated = s.start(r._context)
+            if r.admitted is None:
+                r.admitted = time.monotonic()
+                r.usage.cached_tokens = r._evaluated
+                self.metrics.cached_prompt_tokens += r._evaluated
+        todo = r._context[r._evaluated :]
+        if len(todo) > 1 or not r.tokens:
+            r.state = "prefill"
+        chunk = todo[: min(budget, s.chunk_step)]
+        s.make_room(len(chunk))
+        r._version = s.version
+        last = len(chunk) == len(todo) and not r._final
+        return r, chunk, last, self._engine.seq_length(0)
 
     def _preempt(self) -> bool:
         """Frees the newest running request's sequence and queues it first again (to be
         recomputed); False when only one runs (nothing would make room)."""
         with self._cond:
-            if len(self._running) < 2:
+            mine = [x for x in self._running if x._session is None]
+            if len(self._running) < 2 or not mine:
                 return False
-            r = max(self._running, key=lambda x: x._order)
+            r = max(mine, key=lambda x: x._order)
             self._running.remove(r)
             self._waiting.appendleft(r)
         self._engine.seq_clear(r._seq)
@@ -553,8 +667,11 @@ class Batcher:
 
     def _next_token(self, r: Request, logits: np.ndarray) -> None:
         """Samples ``r``'s next token from its logits and hands it out, or ends ``r``."""
-        if r._cancelled:
+        if r._is_cancelled():
             return  # ended at the next step's reap
+        if r.usage.completion_tokens >= r._max_tokens:  # a stream of max_tokens=0
+            self._end(r, "length")
+            return
         try:
             # edgeinfer's Sampler checks the logits itself; a caller's sampler may not
             if not isinstance(r._sampler, Sampler) and not np.isfinite(logits).all():
@@ -562,7 +679,8 @@ class Batcher:
             token = int(r._sampler(logits, r._context))
         except errors.NonFiniteLogitsError:
             self._end(r, "error", errors.NonFiniteLogitsError(
-                f"the model's logits contain inf or NaN at position {len(r._context) - 1}"
+                f"the model's logits contain inf or NaN at generated token {len(r.tokens)} "
+                f"(position {len(r._context) - 1})"
             ))  # fmt: skip
             return
         except Exception as e:  # a caller's sampler: this request fails, not the others
@@ -590,10 +708,16 @@ class Batcher:
         r.text = r._scanner.text
         lp = (_logprob(logits, token, r._logprobs),) if r._logprobs is not None else ()
         r._deliver(Piece(text, (token,), lp))
+        evicts = r._session is not None and r._session.policy.evicts
         if stopped:
             self._end(r, "stop", flush=False)
-        elif r.usage.completion_tokens >= r._max_tokens or len(r._context) > self._n_ctx:
-            self._end(r, "length")
+        elif len(r._context) > self._n_ctx and not evicts:
+            self._end(r, "length")  # the context is full
+        elif r.usage.completion_tokens >= r._max_tokens:
+            if r._session is None:
+                self._end(r, "length")
+            else:  # evaluated at the reader's next call, which ends the stream
+                r._final, r.state = True, "decode"
         else:
             r.state = "decode"
 
@@ -614,7 +738,7 @@ class Batcher:
             if r in self._waiting:
                 self._waiting.remove(r)
             seq, r._seq = r._seq, -1
-        if seq >= 0:
+        if seq >= 0 and r._session is None:  # the model's own sequence keeps its cache
             try:
                 if clear:
                     self._engine.seq_clear(seq)

@@ -1,10 +1,10 @@
-"""Generation as a generator: prefill, then one decode step per token, and the turns that
-let several threads share one model.
+"""What a generation keeps between engine steps: the model's own sequence (its cached
+tokens, context policy and prefix reuse), generation statistics, and the turns that let
+several threads share that sequence.
 
-``prefill`` and ``decode`` are kept apart (as gpt-fast does) and the loop takes its sampler
-as an argument (as mlx-lm's generate_step does). Cancellation is checked between prompt
-chunks as well as between tokens. Text concerns (detokenizing, stop strings) live in
-:mod:`edgeinfer.text_stream`; this module deals in token ids only.
+The steps themselves run in :mod:`edgeinfer.batching`, one path for every generation; text
+concerns (detokenizing, stop strings) live in :mod:`edgeinfer.text_stream`. This module deals
+in token ids only.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import numpy as np
 from edgeinfer import errors
 from edgeinfer.context_policy import ContextPolicy, make_room
 from edgeinfer.engines.base import Engine
-from edgeinfer.sampling import Sampler
 
 
 @dataclass
@@ -150,6 +149,14 @@ class KVSession:
         cache up to there; one that leaves it inside a dropped run, up to that run, which is
         forgotten. A prompt that keeps nothing of the history takes what the engine's pool
         still caches of its prefix (another conversation's blocks: a common system prompt)."""
+        n_common = self.start(tokens)
+        return self._append(tokens[n_common:], cancelled), n_common
+
+    def start(self, tokens: list[int]) -> int:
+        """Keeps what the cache holds of ``tokens`` (as :meth:`evaluate` describes) and
+        returns how many of them it holds: at most all but the last, which is evaluated for
+        its logits. The caller then evaluates the rest: :meth:`make_room` for each chunk,
+        the engine step, then :meth:`commit`."""
         self.version += 1
         n_common = 0
         for a, b in zip(self.history, tokens, strict=False):
@@ -172,7 +179,7 @@ class KVSession:
         if keep == 0:
             n_common = self._reuse(tokens)
             self.tokens, self.history = tokens[:n_common], tokens[:n_common]
-        return self._append(tokens[n_common:], cancelled), n_common
+        return n_common
 
     def _reuse(self, tokens: list[int]) -> int:
         """Positions of ``tokens`` the engine takes from its cached blocks (the native pool's
@@ -186,26 +193,38 @@ class KVSession:
         self.version += 1
         return self._append([token], _never)
 
+    @property
+    def chunk_step(self) -> int:
+        """The most tokens one engine step may add: n_batch, and under a policy that drops
+        positions, what leaves room for the kept tokens and a window."""
+        if self.policy.evicts:
+            return max(1, min(self.n_batch, (self.engine.n_ctx - self.policy.kept) // 2))
+        return self.n_batch
+
+    def commit(self, chunk: list[int]) -> None:
+        """Records ``chunk`` as evaluated after the cache (the engine step succeeded)."""
+        self.version += 1
+        self.tokens.extend(chunk)
+        self.history.extend(chunk)
+
     def _append(self, new: list[int], cancelled: Callable[[], bool]) -> np.ndarray:
         """Evaluates ``new`` after the cache in chunks, making room for each as the policy
         says; the last token's logits."""
-        step = self.n_batch
-        if self.policy.evicts:  # a chunk leaves room for the kept tokens and a window
-            step = max(1, min(step, (self.engine.n_ctx - self.policy.kept) // 2))
+        step = self.chunk_step
         logits = None
         for start in range(0, len(new), step):
             if cancelled():
                 raise errors.CancelledError("cancelled during the prompt")
             chunk = new[start : start + step]
-            self._make_room(len(chunk))
+            self.make_room(len(chunk))
             with typed_memory_errors():
                 logits = self.engine.forward(chunk)
-            self.tokens.extend(chunk)
-            self.history.extend(chunk)
+            self.commit(chunk)
         assert logits is not None
         return logits
 
-    def _make_room(self, n_new: int) -> None:
+    def make_room(self, n_new: int) -> None:
+        """Drops cached positions, as the policy says, so that ``n_new`` more fit."""
         runs = make_room(self.engine, self.policy, n_new)
         if not runs:
             return
@@ -316,77 +335,3 @@ class Turns:
             if self._holder is holder and not self._running:
                 self._holder = None
                 self._cond.notify_all()
-
-
-def generate_tokens(
-    session: KVSession,
-    prompt: list[int],
-    sampler: Callable[[np.ndarray, list[int]], int],
-    *,
-    max_tokens: int,
-    is_eog: Callable[[int], bool],
-    stats: GenerationStats,
-    cancelled: Callable[[], bool] = _never,
-    turn: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
-) -> Iterator[int]:
-    """Yields generated token ids; sets ``stats.finish_reason`` when it stops. Each engine
-    step runs inside ``turn()``; what happens between steps (sampling, the caller's work on
-    the token) runs outside, and another call may use the engine meanwhile."""
-    stats.prompt_tokens = len(prompt)
-    t0 = time.perf_counter()
-    try:
-        with turn():
-            if cancelled():
-                raise errors.CancelledError("cancelled before the prompt")
-            logits, stats.cached_tokens = session.prefill(prompt, cancelled)
-            version = session.version
-    except errors.CancelledError:
-        stats.finish_reason = "cancelled"
-        return
-    t1 = time.perf_counter()
-    stats.prompt_s = t1 - t0
-    history = list(prompt)
-    while True:
-        if cancelled():
-            stats.finish_reason = "cancelled"
-            return
-        if stats.generated_tokens >= max_tokens:
-            stats.finish_reason = "length"
-            return
-        try:
-            # edgeinfer's Sampler checks the logits itself; a caller's sampler may not
-            if not isinstance(sampler, Sampler) and not np.isfinite(logits).all():
-                raise errors.NonFiniteLogitsError("the logits contain inf or NaN")
-            token = sampler(logits, history)
-        except errors.NonFiniteLogitsError:
-            raise errors.NonFiniteLogitsError(
-                f"the model's logits contain inf or NaN at generated token "
-                f"{stats.generated_tokens} (position {len(history)})"
-            ) from None
-        now = time.perf_counter()
-        if stats.generated_tokens == 0:
-            stats.ttft_s = now - stats.started
-            first = now
-        if is_eog(token):
-            stats.finish_reason = "stop"
-            stats.decode_s = now - first
-            return
-        stats.generated_tokens += 1
-        history.append(token)
-        yield token
-        stats.decode_s = time.perf_counter() - first
-        if len(history) > session.engine.n_ctx and not session.policy.evicts:
-            stats.finish_reason = "length"  # the context is full
-            return
-        try:
-            with turn():
-                if cancelled():
-                    raise errors.CancelledError("cancelled between tokens")
-                if session.version == version:  # the cache is where this generation left it
-                    logits = session.decode(token)
-                else:  # another call ran in between: re-evaluate, reusing the common prefix
-                    logits = session.evaluate(history, cancelled)[0]
-                version = session.version
-        except errors.CancelledError:
-            stats.finish_reason = "cancelled"
-            return

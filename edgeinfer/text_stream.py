@@ -8,44 +8,49 @@ leaves out.
 
 from __future__ import annotations
 
-import contextlib
 import threading
+import time
 import weakref
-from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer import errors
-from edgeinfer.generation import GenerationStats, Holder, generate_tokens
+from edgeinfer.generation import GenerationStats, Holder
 
 if TYPE_CHECKING:
     from edgeinfer.api import Model
+    from edgeinfer.batching import Piece
     from edgeinfer.tokenizer.tokenizer import StreamDecoder
 
 
 class TextStream:
     """Iterator of generated text pieces. Each piece is whole UTF-8 text; a stop string is
     never emitted, not even in part. After the iteration, ``stats``, ``tokens`` and ``text``
-    describe what was generated."""
+    describe what was generated.
+
+    The generation is a request of the model's batcher on the model's own sequence: its
+    steps run on the batcher's worker, beside any submitted requests, and only while this
+    stream is read (a reader holds the model's turn)."""
 
     def __init__(
         self, model: Model, prompt: list[int], sampler: Any, max_tokens: int, stops: list[str]
     ) -> None:
         self._model = model
-        self.stats = GenerationStats()
+        self.stats = GenerationStats(prompt_tokens=len(prompt))
         self.tokens: list[int] = []
         self.text = ""
         self._stopped = False  # close() or cancel() of this stream
         self._epoch: int | None = None  # the model's cancel count when this stream started
-        self._holder = Holder(_weak_cancelled(self))  # the turns must not keep the stream alive
+        cancelled = _weak_cancelled(self)  # the turns and the batcher must not keep it alive
+        self._holder = Holder(cancelled)
         self._reader: int | None = None  # the thread inside __next__
         self._lock = threading.Lock()  # one reader at a time
-        tokens = generate_tokens(
-            model._session, prompt, sampler,
-            max_tokens=max_tokens, is_eog=model.tokenizer.is_eog,
-            stats=self.stats, cancelled=self._cancelled, turn=self._turn,
-        )  # fmt: skip
-        self._pieces = self._run(tokens, stops)
+        self._batcher = model._worker()
+        scanner = StopScanner(model.tokenizer.stream_decoder(), stops)
+        self._request = self._batcher.stream_request(
+            model._session, prompt, sampler, max_tokens, scanner, cancelled
+        )
         self._done = False
+        self._first: float | None = None  # when the first token came
 
     def _cancelled(self) -> bool:
         model = self._model
@@ -55,60 +60,61 @@ class TextStream:
             or (self._epoch is not None and self._epoch != model._cancel_epoch)
         )
 
-    @contextlib.contextmanager
-    def _turn(self) -> Iterator[None]:
-        with self._model._turns.step(self._holder, keep=True):
-            if self._epoch is None:  # model.cancel() stops the streams started before it
-                self._epoch = self._model._cancel_epoch
-            yield
-
     @property
     def finish_reason(self) -> str:
         return self.stats.finish_reason
-
-    def _run(self, tokens: Iterator[int], stops: list[str]) -> Generator[str, None, None]:
-        scanner = StopScanner(self._model.tokenizer.stream_decoder(), stops)
-        try:
-            for tok in tokens:
-                self.tokens.append(tok)
-                piece, stopped = scanner.push(tok)
-                yield from self._emit(piece)
-                if stopped:
-                    self.stats.finish_reason = "stop"
-                    return
-            if self.stats.finish_reason != "cancelled":
-                yield from self._emit(scanner.flush())
-        finally:
-            if not self.stats.finish_reason:
-                self.stats.finish_reason = "cancelled"
-
-    def _emit(self, piece: str) -> Iterator[str]:
-        if piece:
-            self.text += piece
-            yield piece
 
     def __iter__(self) -> TextStream:
         return self
 
     def __next__(self) -> str:
-        if self._reader == threading.get_ident():
+        if self._reader == threading.get_ident() or self._batcher.on_worker:
             raise errors.BusyError("the stream was read from inside its own step")
         with self._lock:
             if self._done:
                 raise StopIteration
             self._reader = threading.get_ident()
             try:
-                return next(self._pieces)
+                while True:
+                    piece = self._next_piece()
+                    if piece is None:
+                        raise StopIteration
+                    self._take(piece)
+                    if piece.text:
+                        return piece.text
             except BaseException:
                 self._finish()
                 raise
             finally:
                 self._reader = None
 
+    def _next_piece(self) -> Piece | None:
+        """The request's next piece (None at its end), run in this stream's turn."""
+        r = self._request
+        if r._pieces or r.done:  # one it left at its end (the text held back)
+            return r._next_piece()
+        with self._model._turns.step(self._holder, keep=True):
+            if self._epoch is None:  # model.cancel() stops the streams started before it
+                self._epoch = self._model._cancel_epoch
+            self._batcher.grant(r)
+            return r._next_piece()
+
+    def _take(self, piece: Piece) -> None:
+        if piece.tokens:
+            if self._first is None:
+                self._first = time.perf_counter()
+                self.stats.ttft_s = self._first - self.stats.started
+            self.tokens.extend(piece.tokens)
+            self.stats.generated_tokens = len(self.tokens)
+            self.stats.decode_s = time.perf_counter() - self._first
+        self.text += piece.text
+
     def cancel(self) -> None:
         """Stops this stream after its current step (from any thread)."""
         self._stopped = True
+        self._request._cancelled = True
         self._model._turns.wake()
+        self._batcher._wake()
 
     def close(self) -> None:
         """Stops the generation; the model is free for the next request. From a thread other
@@ -119,20 +125,28 @@ class TextStream:
             self.cancel()
             return
         try:
-            self._pieces.close()
             self._finish()
         finally:
             self._lock.release()
 
     def _finish(self) -> None:
         self._done = True
-        if not self.stats.finish_reason:
-            self.stats.finish_reason = "cancelled"
+        r = self._request
+        if not r.done:  # stopped early: the batcher drops it at its next step
+            r.cancel()
+        s = self.stats
+        s.finish_reason = r.finish_reason or "cancelled"
+        s.cached_tokens = r.usage.cached_tokens
+        if r.admitted is not None and r.first_token is not None:
+            s.prompt_s = r.first_token - r.admitted
         self._model._turns.release(self._holder)
 
     def __del__(self) -> None:
-        # no lock here (the collector may run inside any code): waiting calls see the flag
+        # no lock here (the collector may run inside any code): waiting calls see the flags
         self._holder.abandoned = True
+        request = getattr(self, "_request", None)  # None: __init__ failed before it
+        if request is not None:
+            request._cancelled = True
 
     def __enter__(self) -> TextStream:
         return self

@@ -559,6 +559,8 @@ class ReferenceEngine(SequenceEngine):
         for il in range(cfg.n_layer):
             x = self._layer(il, x, pos)
         x = x[batch.want]  # only the rows whose logits are wanted
+        if not len(x):  # a prompt chunk, or a last token evaluated for the cache only
+            return np.empty((0, cfg.n_vocab), dtype=F32)
         x = rms_norm(x, cfg.norm_eps) * self.vector("output_norm.weight")
         logits = self.linear(x, cfg.output_tensor)
         if cfg.final_logit_softcap:

@@ -72,6 +72,36 @@ def test_requests_together_return_what_they_return_alone(gemma_path, batched):
     assert reasons == {"stop", "length"}
 
 
+def test_the_models_own_streams_run_in_the_same_steps(gemma_path, batched):
+    """Model.generate and stream go through the batcher (one path): their tokens share
+    steps with submitted requests, on the model's own sequence, and equal a model's alone;
+    a conversation's next turn still evaluates only its new tokens."""
+    prompt, follow = "The three primary colours are", " Name a fourth:"
+    with _load(gemma_path) as alone_model:  # no batched sequences at all
+        first = alone_model.generate(prompt, max_tokens=12, temperature=0)
+        again = alone_model.generate(prompt + first.text + follow, max_tokens=8, temperature=0)
+    b = batched.batcher()
+    steps, generated = b.metrics.steps, b.metrics.generated_tokens
+    others = [_run(batched, p, o, n=40) for p, o in REQUESTS[:4]]
+    seen_slots = []
+
+    def greedy_watching(logits, history):  # runs on the batcher's worker, inside its step
+        seen_slots.append(b.slots())
+        return int(np.argmax(logits))
+
+    got = batched.generate(prompt, max_tokens=12, sampler=greedy_watching)
+    turn = batched.generate(prompt + got.text + follow, max_tokens=8, temperature=0)
+    for r in others:
+        r.result(timeout=120)
+    assert (got.tokens, turn.tokens) == (first.tokens, again.tokens)
+    assert turn.stats.cached_tokens >= len(batched.tokenize(prompt)) + len(got.tokens) - 1
+    # the stream's steps carried the submitted requests' tokens too
+    assert any(len(s) > 1 and any(x["seq"] == 0 for x in s) for s in seen_slots)
+    total = sum(len(r.tokens) for r in others) + len(got.tokens) + len(turn.tokens)
+    assert b.metrics.generated_tokens - generated == total
+    assert b.metrics.steps - steps < total
+
+
 def test_a_fixed_small_prefill_chunk_changes_nothing(gemma_path, batched):
     expected = [_outcome(_collect(_run(batched, p, o))) for p, o in REQUESTS[:4]]
     with _load(gemma_path, n_parallel=4) as model:
@@ -181,8 +211,10 @@ def test_bad_requests_are_typed_errors(gemma_path, batched):
         batched.submit("x", logprobs=21)
     with pytest.raises(errors.InvalidOptionError, match="unknown option"):
         batched.submit("x", n=2)
-    with pytest.raises(errors.InvalidOptionError, match="batcher exists"):
-        batched.batcher(max_queue=3)
+    with pytest.raises(errors.InvalidOptionError, match="max_queue"):
+        batched.batcher(max_queue=-1)
+    with pytest.raises(errors.InvalidOptionError, match="step_tokens"):
+        batched.batcher(step_tokens=1)
     with _load(gemma_path) as model, pytest.raises(errors.InvalidOptionError, match="n_parallel"):
         model.submit("x")
     with pytest.raises(errors.InvalidOptionError, match="sequences"):

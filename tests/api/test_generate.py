@@ -293,19 +293,19 @@ def test_cancel_between_prompt_chunks(fixture_model):
     model = fixture_model("llama", n_batch=8)
     engine = model._engine
     calls = []
-    forward = engine.forward
+    decode = engine.decode  # every generation's steps run through the batcher's decode
 
-    def forward_then_cancel(tokens, all_logits=False):
-        calls.append(len(tokens))
+    def decode_then_cancel(batch):
+        calls.append(len(batch))
         model.cancel()  # arrives while the first chunk is being evaluated
-        return forward(tokens, all_logits)
+        return decode(batch)
 
-    engine.forward = forward_then_cancel
+    engine.decode = decode_then_cancel
     prompt = model.tokenize(" ".join(["chunk"] * 60))
     c = model.generate(prompt, max_tokens=10, temperature=0)
     assert c.finish_reason == "cancelled" and c.text == "" and c.tokens == []
     assert calls == [8]
-    engine.forward = forward
+    engine.decode = decode
     # the cache kept what was evaluated; the next request picks up from there
     c = model.generate(prompt, max_tokens=2, temperature=0)
     assert c.stats.cached_tokens == 8 and c.finish_reason == "length"

@@ -123,23 +123,34 @@ def test_cancel_releases_a_waiting_caller_within_one_step(fixture_model):
 
 
 def test_a_reentrant_call_is_a_typed_busy_error(fixture_model):
+    """A call from inside a step (a sampler's, or here the engine's) would wait for that
+    step forever: it is refused instead."""
     model = fixture_model("llama")
-    forward = model.backend.forward
+    decode = model.backend.decode
     seen = []
 
-    def calling_forward(*args, **kwargs):
-        try:
-            model.reset()
-        except errors.EdgeInferError as e:
-            seen.append(e)
-        return forward(*args, **kwargs)
+    def calling_decode(*args, **kwargs):
+        for call in (model.reset, lambda: model.logits([1, 2])):
+            try:
+                call()
+            except errors.EdgeInferError as e:
+                seen.append(e)
+        return decode(*args, **kwargs)
 
-    model.backend.forward = calling_forward  # type: ignore[method-assign]
+    model.backend.decode = calling_decode  # type: ignore[method-assign]
     try:
         model.generate("x", max_tokens=1, temperature=0)
     finally:
-        model.backend.forward = forward  # type: ignore[method-assign]
-    assert seen and all(isinstance(e, errors.BusyError) for e in seen)
+        model.backend.decode = decode  # type: ignore[method-assign]
+    assert len(seen) >= 2 and all(isinstance(e, errors.BusyError) for e in seen)
+
+    def reading_sampler(logits, history):
+        inner = model.stream("y", max_tokens=1)
+        with pytest.raises(errors.BusyError):
+            next(inner)
+        return 5
+
+    assert model.generate("x", max_tokens=2, sampler=reading_sampler).tokens == [5, 5]
     assert model.generate("x", max_tokens=2, temperature=0).stats.generated_tokens == 2
 
 

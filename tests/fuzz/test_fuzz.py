@@ -22,7 +22,11 @@ SMOKE_SECONDS = int(os.environ.get("EDGEINFER_FUZZ_SECONDS", "20"))
 def test_smoke_run_finds_nothing(target: str, tmp_path: Path) -> None:
     pytest.importorskip("atheris")
     artifacts = tmp_path / "findings"
+    # Linux keeps a process's peak RSS across exec, and libFuzzer's rss limit reads it: a
+    # child started straight from this worker (which may have held gigabytes for other
+    # tests) would begin "over" the limit. A shell forks it instead: a fresh peak.
     cmd = [
+        "sh", "-c", '"$0" "$@"; exit $?',
         sys.executable, "-m", f"tests.fuzz.{target}", "--seconds", str(SMOKE_SECONDS),
         "--corpus", str(tmp_path / "corpus"), "--artifacts", str(artifacts),
     ]  # fmt: skip
