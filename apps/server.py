@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import hmac
 import json
 import os
@@ -269,7 +270,9 @@ def _finish(r: Request) -> str:
 
 class _Logprobs:
     """Token log-probabilities in the shape of each route (chat's list of objects, the
-    completions' parallel lists)."""
+    completions' parallel lists). A token's text is its own bytes (``bytes`` gives them
+    exactly: a character that byte-fallback tokens spell in parts shows as U+FFFD in each
+    part's text); the completions' ``text_offset`` counts the characters before it."""
 
     def __init__(self, model: Any, chat: bool) -> None:
         self.tokenizer, self.chat = model.tokenizer, chat
@@ -279,27 +282,29 @@ class _Logprobs:
         self.top: list[dict[str, float]] = []
         self.offsets: list[int] = []
         self._offset = 0
+        self._chars = codecs.getincrementaldecoder("utf-8")("replace")
 
-    def _text(self, token: int) -> str:
-        return str(self.tokenizer.detokenize([token]))
+    def _piece(self, token: int) -> tuple[str, list[int]]:
+        raw = self.tokenizer.token_to_piece(token)
+        return raw.decode("utf-8", "replace"), list(raw)
 
     def add(self, piece: Piece) -> None:
         for lp in piece.logprobs:
-            text = self._text(lp.token)
+            text, raw = self._piece(lp.token)
             if self.chat:
-                self.content.append({
-                    "token": text, "logprob": lp.logprob, "bytes": list(text.encode()),
-                    "top_logprobs": [
-                        {"token": (t := self._text(i)), "logprob": v, "bytes": list(t.encode())}
-                        for i, v in lp.top
-                    ],
-                })  # fmt: skip
+                top = []
+                for i, v in lp.top:
+                    t, b = self._piece(i)
+                    top.append({"token": t, "logprob": v, "bytes": b})
+                self.content.append(
+                    {"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top}
+                )
             else:
                 self.tokens.append(text)
                 self.token_logprobs.append(lp.logprob)
-                self.top.append({self._text(i): v for i, v in lp.top})
+                self.top.append({self._piece(i)[0]: v for i, v in lp.top})
                 self.offsets.append(self._offset)
-                self._offset += len(text)
+                self._offset += len(self._chars.decode(bytes(raw)))
 
     def take(self) -> dict[str, Any]:
         """What was added since the last take, in the route's shape."""

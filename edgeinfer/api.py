@@ -39,6 +39,7 @@ from edgeinfer.kv_cache import (
 )
 from edgeinfer.models import config_from_gguf
 from edgeinfer.models.base import DecoderConfig
+from edgeinfer.options import flags, int_option, max_tokens_option
 from edgeinfer.sampling import Sampler, SamplingParams
 from edgeinfer.system import physical_cores
 from edgeinfer.text_stream import TextStream, stop_strings
@@ -112,22 +113,22 @@ class Model:
         self._batcher: Batcher | None = None
         self._closing = False
         if n_threads is not None:
-            n_threads = _int_option("n_threads", n_threads, 1, MAX_N_THREADS)
-        n_batch = _int_option("n_batch", n_batch, 1, MAX_N_BATCH)
-        self.n_parallel = _int_option("n_parallel", n_parallel, 0, MAX_N_PARALLEL)
+            n_threads = int_option("n_threads", n_threads, 1, MAX_N_THREADS)
+        n_batch = int_option("n_batch", n_batch, 1, MAX_N_BATCH)
+        self.n_parallel = int_option("n_parallel", n_parallel, 0, MAX_N_PARALLEL)
         if n_batch < self.n_parallel + 1:
             raise errors.InvalidOptionError(
                 f"n_batch {n_batch} cannot hold a decoding token of each of {self.n_parallel} "
                 "batched sequences and the model's own"
             )
-        _flags(swa_full=swa_full, fixed_threads=fixed_threads)
+        flags(swa_full=swa_full, fixed_threads=fixed_threads)
         asked_cache_types = _cache_types(kv_type, cache_type_k, cache_type_v)
         policy = ContextPolicy(context_policy, n_keep=n_keep, n_sink=n_sink)
         budget = _kv_budget(kv_budget)
-        kivi_group = _int_option("kivi_group", kivi_group, 1, 1 << 20)
-        kivi_residual = _int_option("kivi_residual", kivi_residual, 0, 1 << 30)
+        kivi_group = int_option("kivi_group", kivi_group, 1, 1 << 20)
+        kivi_residual = int_option("kivi_residual", kivi_residual, 0, 1 << 30)
         if n_ctx is not None:
-            n_ctx = _int_option("n_ctx", n_ctx, 1)
+            n_ctx = int_option("n_ctx", n_ctx, 1)
         self.path = model_path(path)
         model_format = "onnx" if os.path.isdir(self.path) else "gguf"
         spec = engines.select(engine, model_format)
@@ -243,12 +244,12 @@ class Model:
     ) -> list[int]:
         """Token ids of ``text``, with llama.cpp's meaning of the two flags."""
         self._check_open()
-        _flags(add_special=add_special, parse_special=parse_special)
+        flags(add_special=add_special, parse_special=parse_special)
         return self.tokenizer.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, tokens: Sequence[int], remove_special: bool = False) -> str:
         """The text of ``tokens`` (control tokens render as nothing)."""
-        _flags(remove_special=remove_special)
+        flags(remove_special=remove_special)
         return self.tokenizer.detokenize(
             self._check_tokens(tokens, allow_empty=True), remove_special=remove_special
         )
@@ -318,14 +319,10 @@ class Model:
         min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed),
         or a ready ``sampler`` callable ``(logits, history) -> token``."""
         self._check_open()
-        _flags(parse_special=parse_special, add_special=add_special)
+        flags(parse_special=parse_special, add_special=add_special)
         sampler = self._sampler(sampler, sampling)
-        if isinstance(max_tokens, (int, np.integer)) and max_tokens == -1:
-            # until the context is full, or without end where a policy makes room
-            max_tokens = sys.maxsize if self._session.policy.evicts else self.n_ctx
-        elif isinstance(max_tokens, (int, np.integer)) and max_tokens < 0:
-            raise errors.InvalidOptionError(f"max_tokens must be >= 0 or -1, got {max_tokens}")
-        max_tokens = _int_option("max_tokens", max_tokens, 0)
+        unbounded = sys.maxsize if self._session.policy.evicts else self.n_ctx
+        max_tokens = max_tokens_option(max_tokens, unbounded)
         stops = stop_strings(stop)
         ids = self._prompt_ids(prompt, add_special, parse_special)
         return TextStream(self, ids, sampler, max_tokens, stops)
@@ -445,7 +442,7 @@ class Model:
     ) -> Completion | TextStream:
         """Replies to a conversation (a list of {"role", "content"} dicts) with the model's
         chat template; ``stream=True`` returns a :class:`TextStream`."""
-        _flags(stream=stream)
+        flags(stream=stream)
         s = self.stream(self.chat_tokens(messages), **options)
         if stream:
             return s
@@ -633,21 +630,3 @@ def _recommended_cache_types(metadata: Mapping[str, Any], path: str) -> tuple[st
             )
         chosen.append(value)
     return chosen[0], chosen[1]
-
-
-def _int_option(name: str, value: Any, lo: int, hi: int | None = None) -> int:
-    """``value`` as an int in [lo, hi]; bools, floats and strings are refused, not converted."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise errors.InvalidOptionError(f"{name} must be an integer, got {value!r}")
-    if hi is not None and not lo <= value <= hi:
-        raise errors.InvalidOptionError(f"{name} must lie in [{lo}, {hi}], got {value}")
-    if value < lo:
-        raise errors.InvalidOptionError(f"{name} must be >= {lo}, got {value}")
-    return int(value)
-
-
-def _flags(**flags: Any) -> None:
-    """Refuses a flag that is not a bool (a string "no" would count as true)."""
-    for name, value in flags.items():
-        if not isinstance(value, (bool, np.bool_)):
-            raise errors.InvalidOptionError(f"{name} must be True or False, got {value!r}")

@@ -42,6 +42,7 @@ import numpy as np
 from edgeinfer import errors
 from edgeinfer.engines.base import Batch
 from edgeinfer.metrics import LATENCY_BUCKETS, STEP_TOKEN_BUCKETS, Histogram
+from edgeinfer.options import int_option, max_tokens_option
 from edgeinfer.sampling import Sampler
 from edgeinfer.text_stream import StopScanner, stop_strings
 
@@ -306,13 +307,13 @@ class Batcher:
     ) -> None:  # fmt: skip
         """Sets the options given (see the class); they apply from the next step."""
         if max_queue is not None:
-            self.max_queue = _int(max_queue, "max_queue", 0)
+            self.max_queue = int_option("max_queue", max_queue, 0)
         if step_tokens is not None:
             lo = self.n_parallel + 1  # a decoding token for every sequence
-            self.step_tokens = _int(step_tokens, "step_tokens", lo, self._n_batch)
+            self.step_tokens = int_option("step_tokens", step_tokens, lo, self._n_batch)
         fixed = self._sizer.fixed
         if prefill_chunk is not None:
-            fixed = _int(prefill_chunk, "prefill_chunk", 1, self.step_tokens)
+            fixed = int_option("prefill_chunk", prefill_chunk, 1, self.step_tokens)
         self._sizer = _ChunkSizer(fixed, self.step_tokens - self.n_parallel)
 
     @property
@@ -341,11 +342,9 @@ class Batcher:
                 "batching needs sequences of its own: load the model with n_parallel >= 1"
             )
         sampler = model._sampler(sampler, sampling)
-        if isinstance(max_tokens, (int, np.integer)) and max_tokens == -1:
-            max_tokens = model.n_ctx
-        max_tokens = _int(max_tokens, "max_tokens", 0)
+        max_tokens = max_tokens_option(max_tokens, model.n_ctx)  # -1: to the context's end
         if logprobs is not None:
-            logprobs = _int(logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
+            logprobs = int_option("logprobs", logprobs, 0, MAX_TOP_LOGPROBS)
         scanner = StopScanner(model.tokenizer.stream_decoder(), stop_strings(stop))
         ids = model._prompt_ids(prompt, add_special, parse_special)
         if len(ids) >= model.n_ctx:  # the batcher drops no positions, whatever the policy
@@ -766,15 +765,6 @@ def _logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
         ids = ids[np.argsort(-x[ids], kind="stable")]
         best = tuple((int(i), float(x[i] - lse)) for i in ids)
     return TokenLogprob(int(token), float(x[token] - lse), best)
-
-
-def _int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise errors.InvalidOptionError(f"{name} must be an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise errors.InvalidOptionError(f"{name} must be {bound}, got {value}")
-    return int(value)
 
 
 def _typed(e: BaseException) -> BaseException:

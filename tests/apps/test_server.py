@@ -151,6 +151,26 @@ def test_stop_strings_seeds_and_logprobs(server, gemma_model):
     assert all(len(t) == 2 for t in r.choices[0].logprobs.top_logprobs)
 
 
+def test_logprob_tokens_carry_their_own_bytes(gemma_model):
+    """A character spelled by byte-fallback tokens: each token's ``bytes`` are its own, and
+    they join to the text (the per-token text can only show U+FFFD for a part)."""
+    from edgeinfer.apps.server import _Logprobs
+    from edgeinfer.batching import Piece, TokenLogprob
+
+    ids = [gemma_model.tokenizer.vocab.token_to_id[f"<0x{b:02X}>"] for b in "€".encode()]
+    ids.append(gemma_model.tokenize(" ok", add_special=False)[0])
+    pieces = [Piece("", (t,), (TokenLogprob(t, -1.0, ((t, -1.0),)),)) for t in ids]
+    chat, legacy = _Logprobs(gemma_model, chat=True), _Logprobs(gemma_model, chat=False)
+    for p in pieces:
+        chat.add(p)
+        legacy.add(p)
+    content = chat.take()["content"]
+    assert [c["bytes"] for c in content[:3]] == [[0xE2], [0x82], [0xAC]]
+    assert bytes(b for c in content for b in c["bytes"]).decode() == "€ ok"
+    assert content[0]["top_logprobs"][0]["bytes"] == [0xE2]
+    assert legacy.take()["text_offset"] == [0, 0, 0, 1]
+
+
 CONCURRENT = [
     (
         f"Item {i}: " + "a story about the sea and the wind " * (i % 5 * 4),
