@@ -8,6 +8,7 @@ leaves out.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import weakref
@@ -87,6 +88,25 @@ class TextStream:
                 raise
             finally:
                 self._reader = None
+
+    def __aiter__(self) -> TextStream:
+        return self
+
+    async def __anext__(self) -> str:
+        """``async for piece in model.stream(...)``: each piece is read on a thread of the
+        loop's executor (the model's turns are thread locks), so the loop goes on meanwhile;
+        a consumer task cancelled while it waits cancels the stream."""
+        try:
+            piece = await asyncio.to_thread(self._next_or_none)
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        if piece is None:
+            raise StopAsyncIteration
+        return piece
+
+    def _next_or_none(self) -> str | None:
+        return next(self, None)  # StopIteration cannot cross into a future
 
     def _next_piece(self) -> Piece | None:
         """The request's next piece (None at its end), run in this stream's turn."""

@@ -102,6 +102,36 @@ def test_the_models_own_streams_run_in_the_same_steps(gemma_path, batched):
     assert b.metrics.steps - steps < total
 
 
+def test_the_models_own_stream_reads_with_async_for(batched):
+    """``async for`` over Model.stream, beside a submitted request read the same way: the
+    same text as the blocking calls, and the loop is not blocked while they run."""
+    prompt = "The three primary colours are"
+    want = batched.generate(prompt, max_tokens=12, temperature=0).text
+    other = batched.submit("Once upon a time", max_tokens=12, temperature=0)
+    ticks = 0
+
+    async def stream_text():
+        return "".join([p async for p in batched.stream(prompt, max_tokens=12, temperature=0)])
+
+    async def submitted_text():
+        return "".join([p.text async for p in other])
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.001)
+            ticks += 1
+
+    async def main():
+        tick = asyncio.create_task(ticker())
+        got = await asyncio.gather(stream_text(), submitted_text())
+        tick.cancel()
+        return got
+
+    got, submitted = asyncio.run(main())
+    assert got == want and submitted == other.text and ticks > 5
+
+
 def test_a_fixed_small_prefill_chunk_changes_nothing(gemma_path, batched):
     expected = [_outcome(_collect(_run(batched, p, o))) for p, o in REQUESTS[:4]]
     with _load(gemma_path, n_parallel=4) as model:
