@@ -26,7 +26,14 @@ from edgeinfer.chat import ChatTemplate, builtin_template
 from edgeinfer.context_policy import DEFAULT_N_SINK, ContextPolicy
 from edgeinfer.engines.base import MAX_N_BATCH, MAX_N_THREADS
 from edgeinfer.engines.onnxruntime import OnnxFolder
-from edgeinfer.generation import GenerationStats, Holder, KVSession, Turns, typed_memory_errors
+from edgeinfer.generation import (
+    FairLock,
+    GenerationStats,
+    Holder,
+    KVSession,
+    Turns,
+    typed_memory_errors,
+)
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.reader import model_path
 from edgeinfer.kv_cache import (
@@ -194,7 +201,7 @@ class Model:
             self.source.close()
             raise
         self._turns = Turns()  # who uses the model's own sequence (seq 0) now
-        self._engine_lock = threading.Lock()  # held for each engine call: a step or a job
+        self._engine_lock = FairLock()  # held for each engine step, and each call between
         self._batcher_lock = threading.Lock()
         self._cancel_epoch = 0  # cancel() counts up; a call started before it stops
         self._template: ChatTemplate | None = None
@@ -362,6 +369,8 @@ class Model:
         Calls still waiting for their turn, and later ones, run normally. Never blocks."""
         self._cancel_epoch += 1
         self._turns.wake()
+        if self._batcher is not None:
+            self._batcher._wake()
 
     def reset(self) -> None:
         """Forgets the cached conversation (the next prompt is evaluated from scratch)."""
@@ -464,6 +473,7 @@ class Model:
     def _worker(self) -> Batcher:
         self._check_open()
         with self._batcher_lock:
+            self._check_open()  # close() marks the model closed under this lock
             if self._batcher is None:
                 self._batcher = Batcher(self)
             return self._batcher
@@ -498,12 +508,14 @@ class Model:
         away once the step running now has finished."""
         if self._engine is None or self._closing:
             return
-        self._closing = True  # no new call starts from now on; running ones see a cancel
+        with self._batcher_lock:  # no batcher is made after this
+            self._closing = True  # no new call starts from now on; running ones see a cancel
+            batcher = self._batcher
         self.cancel()
-        if self._batcher is not None:
-            self._batcher.close()
-            if self._batcher.on_worker:  # inside a step (a sampler, the collector): the
-                return  # worker stops after it, and the engine goes with the last reference
+        if batcher is not None:
+            batcher.close()
+            if batcher.on_worker:  # inside a step (a sampler, the collector): the worker
+                return  # stops after it, and the engine goes with the last reference
         with self._turns.step(Holder()), self._engine_lock:
             engine, self._engine = self._engine, None
             if engine is not None:  # not closed by a concurrent close() meanwhile

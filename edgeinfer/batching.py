@@ -54,6 +54,7 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 DEFAULT_MAX_QUEUE = 64
 FIRST_CHUNK = 64  # prompt tokens per step beside decoding ones, before any step was timed
 MIN_CHUNK = 16
+IDLE_REAP_S = 0.1  # how often an idle worker looks for streams ended without a wake-up
 MIXED_STEP_FACTOR = 1.5  # a prompt chunk may add this many decoding steps' time to a step
 OUTCOMES = ("stop", "length", "cancelled", "error")
 
@@ -143,6 +144,11 @@ class Request:
     def _schedulable(self) -> bool:
         """Whether a step has something to do for it (a stream: only while it is read)."""
         return self._session is None or self._credit or self._is_cancelled()
+
+    @property
+    def _holds_room(self) -> bool:
+        """Whether its blocks are in use: a submitted request, or a stream being read."""
+        return self._session is None or (self._credit and not self._is_cancelled())
 
     @property
     def done(self) -> bool:
@@ -468,7 +474,10 @@ class Batcher:
             while True:
                 with self._cond:
                     while not self._closing and not self._has_work():
-                        self._cond.wait()
+                        # a stream cancelled without a wake-up (its collector, a signal
+                        # handler: _wake never blocks) is reaped within this while idle
+                        idle = any(r._session is not None for r in self._running)
+                        self._cond.wait(IDLE_REAP_S if idle else None)
                     if self._closing:
                         break
                 with self._engine_lock:
@@ -564,8 +573,10 @@ class Batcher:
                     return
                 r = self._waiting[0]
                 if not self._fits(len(r._context) + 1):
-                    if any(x._session is None for x in self._running):
-                        return  # wait for room (the model's own sequence keeps its blocks)
+                    if any(x._holds_room for x in self._running):
+                        return  # wait for room
+                    if self._release_own_sequence():
+                        continue  # its blocks went back to the pool
                     self._waiting.popleft()
                     self._end(r, "error", errors.OutOfMemoryError(
                         f"the KV cache pool cannot hold {len(r._context) + 1} positions "
@@ -589,6 +600,16 @@ class Batcher:
                 r.usage.cached_tokens = r._evaluated
                 self.metrics.cached_prompt_tokens += r._evaluated
 
+    def _release_own_sequence(self) -> bool:
+        """Empties the model's own sequence, which keeps the last stream's cache for the
+        next turn, to make room (its keyed blocks stay cached in the pool; a stream read
+        again re-evaluates what it lost); False when it holds nothing."""
+        model = self._model_ref()
+        if model is None or self._engine.seq_length(0) == 0:
+            return False
+        model._session.reset()
+        return True
+
     def _fits(self, positions: int) -> bool:
         """Whether the pool's free and cached blocks hold ``positions`` more in each group
         of full-attention layers (a window's group needs at most its window)."""
@@ -603,23 +624,27 @@ class Batcher:
         budget (a chunk of the size the sizer allows while anything decodes). An entry is
         (request, tokens, whether the last one's logits are wanted, the first's position)."""
         with self._cond:
-            running = [r for r in self._running if r._schedulable()]
-        decoding = [r for r in running if r.state == "decode" and r._session is None]
+            running = [r for r in self._running if r._session is None]
+            # the stream being read, if any (a cancelled one waits for the next reap; only
+            # the reader holding the model's turn has credit, so there is one at most)
+            stream = next((r for r in self._running if r._credit and not r._is_cancelled()
+                           and r._session is not None), None)  # fmt: skip
+        decoding = [r for r in running if r.state == "decode"]
         plan = [(r, r._context[r._evaluated :], True, r._evaluated) for r in decoding]
+        # what the rest of the step may take: at most the sizer's chunk while anything
+        # decodes; the stream's token or chunk first, so that the step stays in step_tokens
         budget = self.step_tokens - len(plan)
-        if any(r.state == "decode" for r in running):
+        if decoding or (stream is not None and stream.state == "decode"):
             budget = min(budget, self._sizer.chunk())
-        for r in running:
-            if r._session is not None:
-                try:
-                    entry = self._session_entry(r, max(budget, 1))
-                except Exception as e:  # its sequence's bookkeeping failed: it alone ends
-                    self._end(r, "error", _typed(e))
-                    continue
+        if stream is not None:
+            try:
+                entry = self._session_entry(stream, budget)
                 plan.append(entry)
-                if r.state == "prefill":
-                    budget -= len(entry[1])
-            elif r.state == "prefill" and budget > 0:
+                budget -= len(entry[1])
+            except Exception as e:  # its sequence's bookkeeping failed: it alone ends
+                self._end(stream, "error", _typed(e))
+        for r in running:
+            if r.state == "prefill" and budget > 0:
                 todo = r._context[r._evaluated :]
                 chunk = todo[:budget]
                 plan.append((r, chunk, len(chunk) == len(todo), r._evaluated))

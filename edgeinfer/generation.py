@@ -258,6 +258,42 @@ class KVSession:
         return out
 
 
+class FairLock:
+    """A lock taken in arrival order. The batcher's worker takes the engine's lock for every
+    step, and lets it go only to take it again: with a plain lock another caller (``logits``,
+    ``reset``) could lose that race for seconds."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = 0  # the ticket the next caller takes
+        self._serving = 0  # the ticket that holds the lock, or whose turn it is
+        self._abandoned: set[int] = set()  # tickets whose callers gave up waiting
+
+    def __enter__(self) -> FairLock:
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            try:
+                while self._serving != ticket:
+                    self._cond.wait()
+            except BaseException:  # interrupted while waiting: its turn passes
+                self._abandoned.add(ticket)
+                self._skip_abandoned()
+                raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._serving += 1
+            self._skip_abandoned()
+
+    def _skip_abandoned(self) -> None:
+        while self._serving in self._abandoned:
+            self._abandoned.remove(self._serving)
+            self._serving += 1
+        self._cond.notify_all()
+
+
 class Holder:
     """One call's claim on a model's turns: a stream keeps its turn between its steps."""
 

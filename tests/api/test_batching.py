@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -34,7 +35,8 @@ def _load(path, **options):
     import edgeinfer
 
     options.setdefault("n_ctx", 1024)
-    return edgeinfer.load(path, n_threads=2, **options)
+    options.setdefault("n_threads", 2)
+    return edgeinfer.load(path, **options)
 
 
 def _run(model, prompt, options, n=20):
@@ -219,6 +221,78 @@ def test_a_full_pool_preempts_the_newest_and_recomputes_it(gemma_path):
         assert model.batcher().metrics.preemptions > 0
         assert [len(t) for t in got] == [n, n]
     assert got == alone
+
+
+def test_the_models_own_sequence_gives_its_blocks_back_for_a_waiting_request(gemma_path):
+    """A conversation's cache stays on the model's own sequence after its stream; a request
+    the pool cannot hold beside it takes those blocks rather than failing."""
+    with _load(gemma_path, n_parallel=1, n_ctx=512) as model:
+        block = model.backend.pool_stats()["groups"][0]["block_bytes"]
+    with _load(gemma_path, n_parallel=1, n_ctx=512, kv_budget=block * 12) as model:
+        model.generate("The history of Rome " * 40, max_tokens=40, temperature=0)
+        assert model.backend.seq_length(0) > 6 * 32  # the conversation holds 7 blocks
+        r = model.submit("The history of Greece " * 40, max_tokens=100, temperature=0)
+        assert r.result(timeout=120).finish_reason == "length"
+
+
+def test_steps_stay_within_step_tokens_with_a_stream_beside_prompts(gemma_path):
+    with _load(gemma_path, n_parallel=1, n_batch=64) as model:
+        sizes = []
+        decode = model.backend.decode
+
+        def recording(batch):
+            sizes.append(len(batch))
+            return decode(batch)
+
+        model.backend.decode = recording
+        other = model.submit("The history of the printing press begins. " * 30, max_tokens=5)
+        while model.batcher().running == 0:
+            pass
+        "".join(model.stream("A long story about the sea and ships. " * 20, max_tokens=3))
+        other.result(timeout=60)
+        assert max(sizes) == 64
+
+
+def test_a_stream_cancelled_just_before_a_step_is_reaped_not_run(gemma_path):
+    """Two streams of the model's own sequence: the idle one cancelled between a step's reap
+    and its plan must not join the step (both would write the same positions)."""
+    with _load(gemma_path, n_parallel=1, n_ctx=512) as model:
+        b = model.batcher()
+        idle = model.stream("The history of Rome", max_tokens=50, temperature=0)
+        next(idle)
+        read = model.stream("Water boils at", max_tokens=4, temperature=0)
+        next(read)  # the same thread: it takes the model's turn from the idle stream
+        other = model.submit("Once upon a time", max_tokens=30, temperature=0)
+        admit = b._admit
+
+        def admit_then_cancel():
+            admit()
+            idle._request._cancelled = True  # as model.cancel() or a collector would
+
+        b._admit = admit_then_cancel
+        rest = "".join(read)
+        assert read.finish_reason == "length" and rest
+        assert other.result(timeout=60).finish_reason == "length"
+
+
+def test_a_call_between_steps_waits_for_one_step_at_most(gemma_path):
+    """The engine's lock is taken in arrival order: reset() while requests decode runs after
+    the step in progress, not after a lucky gap between steps (with a plain lock the worker,
+    which lets it go only to take it again, won for seconds)."""
+    with _load(gemma_path, n_parallel=2, n_threads=1) as model:
+        b = model.batcher()
+        rs = [model.submit("Once", max_tokens=400, temperature=0.8, seed=i) for i in range(2)]
+        while b.metrics.generated_tokens < 4:
+            time.sleep(0.01)
+        waits = []
+        for _ in range(10):
+            before = b.metrics.steps
+            model.reset()
+            waits.append(b.metrics.steps - before)
+            time.sleep(0.02)
+        for r in rs:
+            r.cancel()
+        assert max(waits) <= 1, waits
 
 
 def test_asyncio_consumers_stream_concurrently(batched):
