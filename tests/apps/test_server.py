@@ -378,3 +378,13 @@ def test_health_is_503_while_loading_and_a_bad_file_is_reported(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+def test_a_context_policy_the_server_cannot_apply_is_refused(gemma_path):
+    """Submitted requests end at the context: a policy that would drop positions is refused
+    at the start, not accepted and ignored."""
+    run = subprocess.run(
+        [EDGEINFER, "serve", str(gemma_path), "--port", "0", "--context-policy", "shift"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2 and "--context-policy shift" in run.stderr
