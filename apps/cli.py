@@ -774,12 +774,6 @@ def _kl_lines(r: Any) -> list[str]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    if args.context_policy != "error":  # the batcher's requests end at the context
-        raise errors.InvalidOptionError(
-            f"--context-policy {args.context_policy}: the server's requests end at the end of "
-            "the context (finish_reason length, or a 400 for a prompt over it); context "
-            "policies apply to a model's own conversation (run, chat), not yet to the server"
-        )
     load_options = dict(
         n_threads=args.threads, n_ctx=args.ctx, engine=args.engine, **_cache_options(args)
     )

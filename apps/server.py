@@ -156,8 +156,9 @@ def _options(
     for name in max_tokens_names:
         v = _typed(body, name, int, "an integer")
         if v is not None:
-            if not 1 <= v <= model.n_ctx:
-                raise HTTPError(400, f"'{name}' must lie in [1, {model.n_ctx}] (the context), "
+            if not 1 <= v <= model.max_request_tokens:
+                raise HTTPError(400, f"'{name}' must lie in [1, {model.max_request_tokens}] "
+                                     "(the context, or 64 contexts under a context policy), "
                                 f"got {v}", param=name)  # fmt: skip
             out["max_tokens"] = v
     stop = body.get("stop")

@@ -426,6 +426,12 @@ class Model:
         )  # fmt: skip
 
     @property
+    def max_request_tokens(self) -> int:
+        """The most tokens a served request may ask for: the context, or where a context
+        policy drops old tokens to make room, HISTORY_CONTEXTS contexts."""
+        return self.n_ctx * self._history_factor
+
+    @property
     def _history_factor(self) -> int:
         """How many contexts a conversation may span: one, or where a context policy drops
         old tokens, HISTORY_CONTEXTS (the cap on the template's text guards against a

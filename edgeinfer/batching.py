@@ -41,6 +41,7 @@ import numpy as np
 
 from edgeinfer import errors
 from edgeinfer.engines.base import Batch
+from edgeinfer.generation import KVSession
 from edgeinfer.metrics import LATENCY_BUCKETS, STEP_TOKEN_BUCKETS, Histogram
 from edgeinfer.options import int_option, max_tokens_option
 from edgeinfer.sampling import Sampler
@@ -48,7 +49,6 @@ from edgeinfer.text_stream import StopScanner, stop_strings
 
 if TYPE_CHECKING:
     from edgeinfer.api import Model
-    from edgeinfer.generation import KVSession
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 DEFAULT_MAX_QUEUE = 64
@@ -123,6 +123,9 @@ class Request:
         # sequence's tokens; it runs a step only while its reader waits (credit), and a
         # token that ends it by length is still evaluated (the next turn reuses it)
         self._session: KVSession | None = None
+        self._stream = False  # Model.stream's, on the model's own sequence (pulled)
+        self._seg_end = 0  # where the context's segment whose room is made ends
+        self._counted = False  # its cached prompt tokens are counted
         self._version = -1  # the session's version after this request's last step
         self._credit = False
         self._final = False
@@ -143,12 +146,12 @@ class Request:
 
     def _schedulable(self) -> bool:
         """Whether a step has something to do for it (a stream: only while it is read)."""
-        return self._session is None or self._credit or self._is_cancelled()
+        return not self._stream or self._credit or self._is_cancelled()
 
     @property
     def _holds_room(self) -> bool:
         """Whether its blocks are in use: a submitted request, or a stream being read."""
-        return self._session is None or (self._credit and not self._is_cancelled())
+        return not self._stream or (self._credit and not self._is_cancelled())
 
     @property
     def done(self) -> bool:
@@ -273,9 +276,9 @@ class Batcher:
     load option) while they run. Sequence 0 is the model's own: ``Model.stream`` and
     ``chat`` run there, one stream at a time (the model's turns decide which), in the same
     steps as the submitted requests; its cache is kept after the stream, so the next turn
-    of a conversation evaluates only its new tokens, and the model's context policy makes
-    room in it. Other calls of the model (``logits``, ``reset``, saved sessions) run between
-    steps.
+    of a conversation evaluates only its new tokens. The model's context policy makes room
+    in every sequence, by segments that keep results batch-invariant (``_session_entry``).
+    Other calls of the model (``logits``, ``reset``, saved sessions) run between steps.
 
     ``max_queue`` bounds the requests waiting for a sequence (QueueFullError beyond);
     ``step_tokens`` the tokens of one step (the model's n_batch); ``prefill_chunk`` fixes the
@@ -288,6 +291,7 @@ class Batcher:
         self._engine_lock = model._engine_lock
         self._n_ctx = model.n_ctx
         self._n_batch = model._session.n_batch
+        self._policy = model._session.policy  # submitted requests follow it too
         self.n_parallel = model.n_parallel
         self._engine = model.backend
         self._is_eog = model.tokenizer.is_eog
@@ -353,11 +357,6 @@ class Batcher:
             logprobs = int_option("logprobs", logprobs, 0, MAX_TOP_LOGPROBS)
         scanner = StopScanner(model.tokenizer.stream_decoder(), stop_strings(stop))
         ids = model._prompt_ids(prompt, add_special, parse_special)
-        if len(ids) >= model.n_ctx:  # the batcher drops no positions, whatever the policy
-            raise errors.ContextOverflowError(
-                f"the prompt has {len(ids)} tokens; the context holds {model.n_ctx} "
-                "(room is needed for at least one generated token)"
-            )
         with self._cond:
             if self._closing:
                 raise errors.ModelClosedError("the batcher is closed")
@@ -384,7 +383,7 @@ class Batcher:
         """A request on the model's own sequence (``session``), for ``Model.stream``: it runs
         a step only while :meth:`grant` lets it, and ``cancelled()`` ends it."""
         r = Request(self, next(self._ids), prompt, sampler, max_tokens, scanner, None)
-        r._session, r._cancel_check = session, cancelled
+        r._session, r._cancel_check, r._stream = session, cancelled, True
         return r
 
     def grant(self, r: Request) -> None:
@@ -476,7 +475,7 @@ class Batcher:
                     while not self._closing and not self._has_work():
                         # a stream cancelled without a wake-up (its collector, a signal
                         # handler: _wake never blocks) is reaped within this while idle
-                        idle = any(r._session is not None for r in self._running)
+                        idle = any(r._stream for r in self._running)
                         self._cond.wait(IDLE_REAP_S if idle else None)
                     if self._closing:
                         break
@@ -572,7 +571,8 @@ class Batcher:
                 if not self._waiting or not self._free:
                     return
                 r = self._waiting[0]
-                if not self._fits(len(r._context) + 1):
+                need = len(r._context) + 1
+                if not self._fits(min(need, self._n_ctx) if self._policy.evicts else need):
                     if any(x._holds_room for x in self._running):
                         return  # wait for room
                     if self._release_own_sequence():
@@ -589,7 +589,11 @@ class Batcher:
                 r.state = "prefill"
                 self._running.append(r)
             reuse = getattr(self._engine, "reuse", None)
-            if reuse is not None:
+            if self._policy.evicts:  # a session keeps its sequence (see _session_entry)
+                self._engine.seq_clear(r._seq)
+                r._session = KVSession(self._engine, self._n_batch, self._policy, r._seq)
+                r._version, r._evaluated = -1, 0
+            elif reuse is not None:
                 r._evaluated = int(reuse(r._seq, r._context))
             else:
                 self._engine.seq_clear(r._seq)
@@ -597,6 +601,8 @@ class Batcher:
             if r.admitted is None:  # its first admission (not a recompute after preemption)
                 r.admitted = time.monotonic()
                 self.metrics.queue_wait.observe(r.admitted - r.submitted)
+            if r._session is None and not r._counted:
+                r._counted = True
                 r.usage.cached_tokens = r._evaluated
                 self.metrics.cached_prompt_tokens += r._evaluated
 
@@ -624,59 +630,91 @@ class Batcher:
         budget (a chunk of the size the sizer allows while anything decodes). An entry is
         (request, tokens, whether the last one's logits are wanted, the first's position)."""
         with self._cond:
-            running = [r for r in self._running if r._session is None]
+            running = [r for r in self._running if not r._stream]
             # the stream being read, if any (a cancelled one waits for the next reap; only
             # the reader holding the model's turn has credit, so there is one at most)
             stream = next((r for r in self._running if r._credit and not r._is_cancelled()
-                           and r._session is not None), None)  # fmt: skip
+                           and r._stream), None)  # fmt: skip
         decoding = [r for r in running if r.state == "decode"]
-        plan = [(r, r._context[r._evaluated :], True, r._evaluated) for r in decoding]
+        plan: list[tuple[Request, list[int], bool, int]] = []
+        for r in decoding:
+            if r._session is None:
+                plan.append((r, r._context[r._evaluated :], True, r._evaluated))
+            else:
+                self._add_session_entry(plan, r, 1)
         # what the rest of the step may take: at most the sizer's chunk while anything
         # decodes; the stream's token or chunk first, so that the step stays in step_tokens
-        budget = self.step_tokens - len(plan)
+        budget = self.step_tokens - len(decoding)
         if decoding or (stream is not None and stream.state == "decode"):
             budget = min(budget, self._sizer.chunk())
         if stream is not None:
-            try:
-                entry = self._session_entry(stream, budget)
-                plan.append(entry)
-                budget -= len(entry[1])
-            except Exception as e:  # its sequence's bookkeeping failed: it alone ends
-                self._end(stream, "error", _typed(e))
+            budget -= self._add_session_entry(plan, stream, budget)
         for r in running:
-            if r.state == "prefill" and budget > 0:
-                todo = r._context[r._evaluated :]
-                chunk = todo[:budget]
-                plan.append((r, chunk, len(chunk) == len(todo), r._evaluated))
-                budget -= len(chunk)
+            if r.state != "prefill" or budget <= 0:
+                continue
+            if r._session is not None:
+                budget -= self._add_session_entry(plan, r, budget)
+                continue
+            todo = r._context[r._evaluated :]
+            chunk = todo[:budget]
+            plan.append((r, chunk, len(chunk) == len(todo), r._evaluated))
+            budget -= len(chunk)
         return plan
 
+    def _add_session_entry(self, plan: list[Any], r: Request, budget: int) -> int:
+        """Adds ``r``'s session entry to ``plan``; the tokens it takes (0 if it failed)."""
+        try:
+            entry = self._session_entry(r, budget)
+        except Exception as e:  # its sequence's bookkeeping failed: it alone ends
+            self._end(r, "error", _typed(e))
+            return 0
+        plan.append(entry)
+        return len(entry[1])
+
     def _session_entry(self, r: Request, budget: int) -> tuple[Request, list[int], bool, int]:
-        """A stream's part of the step, on the model's own sequence: its context from what
-        the session holds of it (all of it again after another call used the sequence), a
-        chunk at most, with room made for it as the context policy says."""
+        """The step's part of a request whose sequence a session keeps (a stream of the
+        model's own sequence, or a request under a context policy): its context from what
+        the session holds of it (all of it again after another call used the sequence),
+        a piece of its current segment at most.
+
+        Room is made per segment, as the context policy says, before its first piece: the
+        prompt's segments are chunk_step tokens, and each token after the prompt is one.
+        Where a policy drops positions depends on those segments alone, not on the step
+        budget that cuts them into pieces, so a request returns the same tokens whatever
+        shares its steps (and after a preemption, which replays the same segments)."""
         s = r._session
         assert s is not None
         if r._version != s.version:  # its first step, or another call used the sequence
-            r._evaluated = s.start(r._context)
-            if r.admitted is None:
-                r.admitted = time.monotonic()
+            r._evaluated = r._seg_end = s.start(r._context)
+            if not r._counted:
+                r._counted = True
+                if r.admitted is None:  # a stream: admitted at its first step
+                    r.admitted = time.monotonic()
                 r.usage.cached_tokens = r._evaluated
                 self.metrics.cached_prompt_tokens += r._evaluated
-        todo = r._context[r._evaluated :]
+        i = r._evaluated
+        todo = r._context[i:]
         if len(todo) > 1 or not r.tokens:
             r.state = "prefill"
-        chunk = todo[: min(budget, s.chunk_step)]
-        s.make_room(len(chunk))
+        if r._seg_end <= i:  # a segment begins: room for all of it
+            if not s.policy.evicts:
+                n = min(len(todo), s.chunk_step)
+            elif i < len(r.prompt):
+                n = min(len(r.prompt) - i, s.chunk_step)
+            else:
+                n = 1
+            s.make_room(n)
+            r._seg_end = i + n
+        chunk = todo[: min(budget, r._seg_end - i)]
         r._version = s.version
         last = len(chunk) == len(todo) and not r._final
-        return r, chunk, last, self._engine.seq_length(0)
+        return r, chunk, last, self._engine.seq_length(r._seq)
 
     def _preempt(self) -> bool:
         """Frees the newest running request's sequence and queues it first again (to be
         recomputed); False when only one runs (nothing would make room)."""
         with self._cond:
-            mine = [x for x in self._running if x._session is None]
+            mine = [x for x in self._running if not x._stream]
             if len(self._running) < 2 or not mine:
                 return False
             r = max(mine, key=lambda x: x._order)
@@ -686,6 +724,7 @@ class Batcher:
         with self._cond:
             self._free.append(r._seq)
         r._seq, r._evaluated, r.state = -1, 0, "queued"
+        r._session, r._version = None, -1  # a new one at its readmission
         self.metrics.preemptions += 1
         return True
 
@@ -738,7 +777,7 @@ class Batcher:
         elif len(r._context) > self._n_ctx and not evicts:
             self._end(r, "length")  # the context is full
         elif r.usage.completion_tokens >= r._max_tokens:
-            if r._session is None:
+            if not r._stream:
                 self._end(r, "length")
             else:  # evaluated at the reader's next call, which ends the stream
                 r._final, r.state = True, "decode"
@@ -762,7 +801,7 @@ class Batcher:
             if r in self._waiting:
                 self._waiting.remove(r)
             seq, r._seq = r._seq, -1
-        if seq >= 0 and r._session is None:  # the model's own sequence keeps its cache
+        if seq >= 0 and not r._stream:  # the model's own sequence keeps its cache
             try:
                 if clear:
                     self._engine.seq_clear(seq)

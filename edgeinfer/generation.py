@@ -20,7 +20,7 @@ import numpy as np
 
 from edgeinfer import errors
 from edgeinfer.context_policy import ContextPolicy, make_room
-from edgeinfer.engines.base import Engine
+from edgeinfer.engines.base import Batch, Engine
 
 
 @dataclass
@@ -85,9 +85,11 @@ class KVSession:
     evaluates its new tokens."""
 
     def __init__(
-        self, engine: Engine, n_batch: int = 512, policy: ContextPolicy | None = None
-    ) -> None:
+        self, engine: Engine, n_batch: int = 512, policy: ContextPolicy | None = None,
+        seq: int = 0,
+    ) -> None:  # fmt: skip
         self.engine = engine
+        self.seq = seq  # the engine's sequence this session keeps
         self.n_batch = n_batch
         self.policy = policy or ContextPolicy()
         self.policy.check(engine.n_ctx)
@@ -100,7 +102,7 @@ class KVSession:
 
     def reset(self) -> None:
         self.version += 1
-        self.engine.truncate(0)
+        self.engine.truncate(0, self.seq)
         self.tokens, self.history, self._dropped = [], [], []
 
     @property
@@ -169,9 +171,9 @@ class KVSession:
                 n_common = start
         self._dropped = [(a, n) for a, n in self._dropped if a < n_common]
         keep = n_common - sum(n for _, n in self._dropped)  # the cache position of it
-        self.engine.truncate(keep)
-        if self.engine.n_past < keep:  # a ring lost the window behind: from the start
-            self.engine.truncate(0)
+        self.engine.truncate(keep, self.seq)
+        if self.engine.seq_length(self.seq) < keep:  # a ring lost the window: from the start
+            self.engine.truncate(0, self.seq)
             keep = n_common = 0
             self._dropped = []
         self.tokens = self.tokens[:keep]
@@ -183,11 +185,17 @@ class KVSession:
 
     def _reuse(self, tokens: list[int]) -> int:
         """Positions of ``tokens`` the engine takes from its cached blocks (the native pool's
-        prefix cache; none elsewhere, nor under h2o, whose scores a cached block lacks)."""
+        prefix cache; none elsewhere, nor under h2o, whose scores a cached block lacks).
+
+        Not for a prompt that overflows the context under a policy that drops positions:
+        where it drops them depends on where its chunks begin, so a prompt must be cut the
+        same way whatever happened to be cached (batch-invariant results)."""
         reuse = getattr(self.engine, "reuse", None)
         if reuse is None or self.policy.tracks_attention:
             return 0
-        return int(reuse(0, tokens))
+        if self.policy.evicts and len(tokens) >= self.engine.n_ctx:
+            return 0
+        return int(reuse(self.seq, tokens))
 
     def decode(self, token: int) -> np.ndarray:
         self.version += 1
@@ -218,14 +226,20 @@ class KVSession:
             chunk = new[start : start + step]
             self.make_room(len(chunk))
             with typed_memory_errors():
-                logits = self.engine.forward(chunk)
+                logits = self._forward(chunk)
             self.commit(chunk)
         assert logits is not None
         return logits
 
+    def _forward(self, chunk: list[int]) -> np.ndarray:
+        if self.seq == 0:
+            return self.engine.forward(chunk)
+        start = self.engine.seq_length(self.seq)
+        return self.engine.decode(Batch.sequence(chunk, start, self.seq))[0]
+
     def make_room(self, n_new: int) -> None:
         """Drops cached positions, as the policy says, so that ``n_new`` more fit."""
-        runs = make_room(self.engine, self.policy, n_new)
+        runs = make_room(self.engine, self.policy, n_new, self.seq)
         if not runs:
             return
         added = self._history_runs(runs)

@@ -134,6 +134,42 @@ def test_the_models_own_stream_reads_with_async_for(batched):
     assert got == want and submitted == other.text and ticks > 5
 
 
+@pytest.mark.parametrize("policy", ["shift", "streaming", "h2o"])
+def test_context_policies_keep_results_batch_invariant(gemma_path, policy):
+    """Under a policy that drops positions, prompts over the context and generations past
+    it: submitted requests among others (and beside a stream of the model's own sequence)
+    return exactly what each returns alone, and a stream returns what a request does."""
+    text = "The history of the printing press begins in the fifteenth century. " * 30
+    prompts = [text[:n] for n in (120, 400, 900, 1500)]  # about 25 to 300 tokens
+    opts = dict(n_ctx=128, context_policy=policy)
+    with _load(gemma_path, n_parallel=1, **opts) as model:
+        alone = [model.submit(p, max_tokens=90, temperature=0).result().tokens for p in prompts]
+        streamed = model.generate(prompts[3], max_tokens=90, temperature=0).tokens
+    assert streamed == alone[3]
+    with _load(gemma_path, n_parallel=4, **opts) as model:
+        rs = [model.submit(p, max_tokens=90, temperature=0) for p in prompts]
+        mine = model.generate(prompts[2], max_tokens=90, temperature=0).tokens
+        got = [r.result(timeout=120).tokens for r in rs]
+    assert [len(t) for t in got] == [90] * 4
+    assert got == alone and mine == alone[2]
+
+
+def test_a_preempted_request_under_a_policy_replays_to_the_same_tokens(gemma_path):
+    """A pool too small for two sequences that each fill the context and drop positions: the
+    preempted one is recomputed by the same segments and ends as it does alone."""
+    text = "The history of the printing press begins in the fifteenth century. " * 30
+    prompts = [text[:1400], "Once upon a time, " + text[:1200]]
+    opts = dict(n_ctx=128, context_policy="shift")
+    with _load(gemma_path, n_parallel=1, **opts) as model:
+        alone = [model.submit(p, max_tokens=120, temperature=0).result().tokens for p in prompts]
+        block_bytes = model.backend.pool_stats()["groups"][0]["block_bytes"]
+    with _load(gemma_path, n_parallel=2, kv_budget=6 * block_bytes, **opts) as model:
+        rs = [model.submit(p, max_tokens=120, temperature=0) for p in prompts]
+        got = [r.result(timeout=120).tokens for r in rs]
+        assert model.batcher().metrics.preemptions > 0
+    assert got == alone
+
+
 def test_a_fixed_small_prefill_chunk_changes_nothing(gemma_path, batched):
     expected = [_outcome(_collect(_run(batched, p, o))) for p, o in REQUESTS[:4]]
     with _load(gemma_path, n_parallel=4) as model:

@@ -380,11 +380,21 @@ def test_health_is_503_while_loading_and_a_bad_file_is_reported(tmp_path):
         assert proc.wait(timeout=30) == 0
 
 
-def test_a_context_policy_the_server_cannot_apply_is_refused(gemma_path):
-    """Submitted requests end at the context: a policy that would drop positions is refused
-    at the start, not accepted and ignored."""
-    run = subprocess.run(
-        [EDGEINFER, "serve", str(gemma_path), "--port", "0", "--context-policy", "shift"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert run.returncode == 2 and "--context-policy shift" in run.stderr
+def test_a_context_policy_serves_prompts_over_the_context(gemma_path):
+    """With --context-policy a prompt over the context is served (not a 400) and generation
+    goes on past the context's end: the same tokens as the model's own stream."""
+    import edgeinfer
+
+    prompt = "The history of the printing press begins in the fifteenth century. " * 20
+    with edgeinfer.load(gemma_path, n_threads=2, n_ctx=128, context_policy="streaming") as m:
+        assert len(m.tokenize(prompt)) > 128
+        want = m.generate(prompt, max_tokens=150, temperature=0).text
+    s = Server(gemma_path, "--parallel", "2", "-c", "128", "--context-policy", "streaming",
+               "--api-key", KEY)  # fmt: skip
+    try:
+        r = s.client().completions.create(model=MODEL, prompt=prompt, max_tokens=150, temperature=0)
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 150
+        assert r.choices[0].text == want
+    finally:
+        rc, err = s.stop()
+    assert rc == 0, err
