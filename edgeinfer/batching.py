@@ -148,7 +148,6 @@ class Request:
         """Whether a step has something to do for it (a stream: only while it is read)."""
         return not self._stream or self._credit or self._is_cancelled()
 
-    @property
     def _holds_room(self) -> bool:
         """Whether its blocks are in use: a submitted request, or a stream being read."""
         return not self._stream or (self._credit and not self._is_cancelled())
@@ -159,6 +158,16 @@ class Request:
 
     def __iter__(self) -> Iterator[Piece]:
         return self
+
+    def _next_piece(self) -> Piece | None:
+        """The next piece; None once the request has ended (its error raised)."""
+        with self._cond:
+            while not self._pieces and not self.finish_reason:
+                self._cond.wait()
+            if self._pieces:
+                return self._pieces.popleft()
+        self._raise_error()
+        return None
 
     def __next__(self) -> Piece:
         piece = self._next_piece()
@@ -196,16 +205,6 @@ class Request:
             raise self.error
 
     # --- the worker's side -----------------------------------------------------------------
-
-    def _next_piece(self) -> Piece | None:
-        """The next piece; None once the request has ended (its error raised)."""
-        with self._cond:
-            while not self._pieces and not self.finish_reason:
-                self._cond.wait()
-            if self._pieces:
-                return self._pieces.popleft()
-        self._raise_error()
-        return None
 
     def _deliver(self, piece: Piece | None, finish: str = "", error: BaseException | None = None):
         with self._cond:
@@ -573,7 +572,7 @@ class Batcher:
                 r = self._waiting[0]
                 need = len(r._context) + 1
                 if not self._fits(min(need, self._n_ctx) if self._policy.evicts else need):
-                    if any(x._holds_room for x in self._running):
+                    if any(x._holds_room() for x in self._running):
                         return  # wait for room
                     if self._release_own_sequence():
                         continue  # its blocks went back to the pool

@@ -226,16 +226,11 @@ class KVSession:
             chunk = new[start : start + step]
             self.make_room(len(chunk))
             with typed_memory_errors():
-                logits = self._forward(chunk)
+                start = self.engine.seq_length(self.seq)
+                logits = self.engine.decode(Batch.sequence(chunk, start, self.seq))[0]
             self.commit(chunk)
         assert logits is not None
         return logits
-
-    def _forward(self, chunk: list[int]) -> np.ndarray:
-        if self.seq == 0:
-            return self.engine.forward(chunk)
-        start = self.engine.seq_length(self.seq)
-        return self.engine.decode(Batch.sequence(chunk, start, self.seq))[0]
 
     def make_room(self, n_new: int) -> None:
         """Drops cached positions, as the policy says, so that ``n_new`` more fit."""

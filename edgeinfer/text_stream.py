@@ -132,9 +132,8 @@ class TextStream:
     def cancel(self) -> None:
         """Stops this stream after its current step (from any thread)."""
         self._stopped = True
-        self._request._cancelled = True
+        self._request.cancel()
         self._model._turns.wake()
-        self._batcher._wake()
 
     def close(self) -> None:
         """Stops the generation; the model is free for the next request. From a thread other
