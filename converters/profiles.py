@@ -11,12 +11,13 @@ its numbers.
 
 from __future__ import annotations
 
-import re
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgeinfer import options
 from edgeinfer._native import ISA_NAMES
 from edgeinfer.converters import errors
 from edgeinfer.converters.recipes import type_by_name
@@ -29,27 +30,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
-_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
-          "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}  # fmt: skip
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from "8GiB", "1.5 GB", "512M" or a plain number of bytes."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text <= 0:
-            raise errors.InvalidSizeError(f"memory size must be positive, not {text}")
-        return text
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS:
-        raise errors.InvalidSizeError(
-            f"cannot read {text!r} as a memory size (e.g. 4GiB, 1.5GB, 800MB)"
-        )
-    value = int(float(m.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise errors.InvalidSizeError(f"memory size {text!r} must be positive")
-    return value
+# a memory size ("8GiB", "1.5 GB"); a size that cannot be read is an InvalidSizeError
+parse_size = functools.partial(options.parse_size, error=errors.InvalidSizeError)
 
 
 @dataclass(frozen=True)

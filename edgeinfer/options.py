@@ -3,6 +3,7 @@ value out of range is an InvalidOptionError naming the option, never a silent co
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -36,3 +37,27 @@ def flags(**given: Any) -> None:
     for name, value in given.items():
         if not isinstance(value, (bool, np.bool_)):
             raise errors.InvalidOptionError(f"{name} must be True or False, got {value!r}")
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
+          "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}  # fmt: skip
+
+
+def parse_size(
+    text: str | int, error: type[errors.InvalidOptionError] = errors.InvalidOptionError
+) -> int:
+    """Bytes from "8GiB", "1.5 GB", "512M" or a plain number of bytes; ``error`` for a size
+    that cannot be read or is not positive."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise error(f"memory size must be positive, not {text}")
+        return text
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise error(f"cannot read {text!r} as a memory size (e.g. 4GiB, 1.5GB, 800MB)")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise error(f"memory size {text!r} must be positive")
+    return value

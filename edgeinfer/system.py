@@ -118,6 +118,28 @@ def memory_info() -> dict[str, int]:
     return out
 
 
+CGROUP_MEMORY = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current")
+
+
+def available_memory() -> int:
+    """Bytes a new allocation can get without paging: psutil's "available" (free memory
+    plus what the page cache can give back), capped by the room left under this process's
+    cgroup memory limit (a container's)."""
+    import psutil
+
+    available = int(psutil.virtual_memory().available)
+    try:
+        with open(CGROUP_MEMORY[0], encoding="ascii") as f:
+            limit = f.read().strip()
+        with open(CGROUP_MEMORY[1], encoding="ascii") as f:
+            current = int(f.read().strip())
+        if limit != "max":
+            available = min(available, max(0, int(limit) - current))
+    except (OSError, ValueError):
+        pass
+    return available
+
+
 def backends() -> list[dict[str, Any]]:
     """Every registered engine, whether it is usable here and why not; the native engine's
     entry lists its instruction-set variants and which one is chosen."""
@@ -131,6 +153,7 @@ def backends() -> list[dict[str, Any]]:
             entry["isa"] = _native.isa_report()
             chosen = [v["name"] for v in entry["isa"] if v["chosen"]]
             entry["detail"] = f"{', '.join(chosen)} kernels ({_native.cpu_features()})"
+            entry["library"] = str(_native.library_path_looked_for())
     return found
 
 
@@ -142,6 +165,8 @@ def doctor() -> dict[str, Any]:
         "cpu": cpu_info(),
         "memory": memory_info(),
         "backends": backends(),
+        # a PyInstaller bundle's folder (where edgeinfer found its library), else ""
+        "frozen": str(getattr(sys, "_MEIPASS", "")) if getattr(sys, "frozen", False) else "",
     }
 
 

@@ -1,5 +1,7 @@
-"""onnxruntime is an optional backend, imported on first use. Its package reaches torch and
-transformers (through onnxruntime.transformers): followed from here, it grew a bundle from 91 MB
-to 861 MB. An app that runs ONNX folders imports onnxruntime itself and gets it from there."""
+"""The ONNX engine is optional, and imported on first use. onnxruntime reaches torch and
+transformers (through onnxruntime.transformers): followed from here, it grew a bundle from
+91 MB to 861 MB. The converters (which read an exported folder's Hugging Face tokenizer)
+stay out too. An app that runs ONNX folders imports both itself (see the README's "Frozen
+apps"), and gets them from there."""
 
-excludedimports = ["onnxruntime"]
+excludedimports = ["onnxruntime", "edgeinfer.converters"]

@@ -1,5 +1,4 @@
-"""onnxruntime is an optional backend, imported on first use. Its package reaches torch and
-transformers (through onnxruntime.transformers): followed from here, it grew a bundle from 91 MB
-to 861 MB. An app that runs ONNX folders imports onnxruntime itself and gets it from there."""
+"""The engine registry names the optional ONNX engine's package; it stays out of a bundle
+unless the app imports it (why: hook-edgeinfer.engines.onnxruntime.py)."""
 
 excludedimports = ["onnxruntime"]

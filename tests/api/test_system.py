@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
-from edgeinfer import system
+from edgeinfer import _native, system
 from edgeinfer.engines import ENGINES
 from tests.api.conftest import load
 
@@ -36,7 +37,8 @@ def test_cgroup_quota_caps_the_usable_cpus(monkeypatch, tmp_path, content, cap):
 
 def test_doctor_report_shape():
     report = system.doctor()
-    assert set(report) == {"edgeinfer", "python", "os", "cpu", "memory", "backends"}
+    assert set(report) == {"edgeinfer", "python", "os", "cpu", "memory", "backends", "frozen"}
+    assert report["frozen"] == ""  # not a PyInstaller bundle
     names = [b["name"] for b in report["backends"]]
     assert names == list(ENGINES)  # doctor reads the one registry
     assert all(b["formats"] and b["detail"] for b in report["backends"])
@@ -45,5 +47,6 @@ def test_doctor_report_shape():
         chosen = [v for v in native["isa"] if v["chosen"]]
         assert len(chosen) == 1 and chosen[0]["supported"]
         assert chosen[0]["name"] in native["detail"]
+        assert Path(native["library"]) == _native.library_path_looked_for()  # the file loaded
     else:
         assert native["detail"]  # says why not
