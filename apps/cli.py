@@ -127,13 +127,14 @@ def _load(args: argparse.Namespace, path: str) -> Any:
     )
 
 
-def _add_sampling_options(p: argparse.ArgumentParser, n_default: int) -> None:
+def _add_sampling_options(p: argparse.ArgumentParser, n_default: int | None) -> None:
     p.add_argument(
         "-n",
         "--max-tokens",
         type=int,
         default=n_default,
-        help="tokens to generate (-1: until the context is full)",
+        help="tokens to generate (-1: until the context is full)"
+        + ("" if n_default is not None else "; default: what suits the model (/stats says)"),
     )
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
     p.add_argument("--top-k", type=int, default=40)
@@ -162,10 +163,22 @@ def _restore_prompt_cache(model: Any, args: argparse.Namespace) -> None:
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(
+    """Generation options from the command line; those left unset (chat's --max-tokens,
+    --repetition-guard) are left to the defaults of the command (the chat's suit its model)."""
+    options = dict(
         max_tokens=args.max_tokens, stop=args.stop, temperature=args.temp, top_k=args.top_k,
         top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
         repeat_last_n=args.repeat_last_n, seed=args.seed,
+        repetition_guard=getattr(args, "repetition_guard", None),
+    )  # fmt: skip
+    return {k: v for k, v in options.items() if v is not None or k == "seed"}
+
+
+def _add_repetition_guard_option(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument(
+        "--repetition-guard", action=argparse.BooleanOptionalAction, default=None,
+        help="end a reply once it loops (the same n-gram over and over), with finish reason "
+        f"'repetition' (default: {default})",
     )  # fmt: skip
 
 
@@ -179,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-p", "--prompt", required=True, help="prompt text ('-' reads stdin)")
     _add_model_options(run)
     _add_sampling_options(run, 128)
+    _add_repetition_guard_option(run, "off")
     run.add_argument(
         "--no-special", action="store_true", help="do not parse special tokens in the prompt"
     )
@@ -188,7 +202,8 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("model", nargs="?", help="GGUF file (default: the embedded Gemma 3 270M)")
     chat.add_argument("-s", "--system", default=None, help="system prompt")
     _add_model_options(chat)
-    _add_sampling_options(chat, 512)
+    _add_sampling_options(chat, None)
+    _add_repetition_guard_option(chat, "on")
     _add_prompt_cache_option(chat, "at the end of the chat")
 
     info = sub.add_parser("info", help="describe a model file")
@@ -251,6 +266,8 @@ def _parser() -> argparse.ArgumentParser:
         "agreement, RMS of the observed token's probability change",
     )  # fmt: skip
 
+    desktop = sub.add_parser("desktop", help="the desktop chat app (a window)")
+    desktop.add_argument("rest", nargs=argparse.REMAINDER, help="its options (--help)")
     doctor = sub.add_parser("doctor", help="describe this machine and the backends found")
     doctor.add_argument("--json", action="store_true")
     return p
@@ -270,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {
         "run": cmd_run, "chat": cmd_chat, "info": cmd_info, "doctor": cmd_doctor,
         "bench": cmd_bench, "convert": convert_cmd.main, "perplexity": cmd_perplexity,
-        "serve": cmd_serve,
+        "serve": cmd_serve, "desktop": cmd_desktop,
     }[args.command]  # fmt: skip
     signal.signal(signal.SIGTERM, _terminate)  # unwind (and clean up) as Ctrl-C does
     try:
@@ -396,16 +413,22 @@ class _ProgressBar:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from edgeinfer.conversation import Conversation
+
     path = args.model or _default_model()
     with _load(args, path) as model:
         _restore_prompt_cache(model, args)
+        conversation = Conversation(model, system=args.system, **_sampling(args))
+        name = model.metadata.get("general.name", model.config.arch)
         print(
-            f"{model.metadata.get('general.name', model.config.arch)} ready "
-            f"({model.engine} engine, {model.n_threads} threads, context {model.n_ctx}, "
-            f"template {model.chat_template.name}); {CHAT_HELP}",
+            f"{name} ready ({model.engine} engine, {model.n_threads} threads, context "
+            f"{model.n_ctx}, template {conversation.defaults.template}); {CHAT_HELP}",
             file=sys.stderr, flush=True,
         )  # fmt: skip
-        status = _chat_loop(model, args)
+        notice = conversation.defaults.notice(name)
+        if notice:
+            print(f"note: {notice}", file=sys.stderr, flush=True)
+        status = _chat_loop(_ChatSession(conversation))
         if args.prompt_cache:
             model.save_state(args.prompt_cache)
         return status
@@ -419,10 +442,9 @@ def _read_line() -> str | None:
         return None
 
 
-def _chat_loop(model: Any, args: argparse.Namespace) -> int:
+def _chat_loop(session: _ChatSession) -> int:
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401 (imported for its effect: line editing and history for input())
-    session = _ChatSession(model, args)
     while True:
         try:
             line = _read_line()
@@ -442,12 +464,10 @@ def _chat_loop(model: Any, args: argparse.Namespace) -> int:
 
 
 class _ChatSession:
-    """The conversation so far, and what /reset and /stats act on."""
+    """The terminal's side of a conversation: /commands, the streamed replies, Ctrl-C."""
 
-    def __init__(self, model: Any, args: argparse.Namespace) -> None:
-        self.model, self.sampling = model, _sampling(args)
-        self.system = [{"role": "system", "content": args.system}] if args.system else []
-        self.history: list[dict[str, str]] = []
+    def __init__(self, conversation: Any) -> None:
+        self.conversation = conversation
         self.last: Any = None
 
     def command(self, text: str) -> bool:
@@ -456,10 +476,10 @@ class _ChatSession:
         if cmd in ("/exit", "/quit", "/bye"):
             return False
         if cmd == "/reset":
-            self.history.clear()
-            self.model.reset()
+            self.conversation.reset()
             print("(conversation cleared)", file=sys.stderr, flush=True)
         elif cmd == "/stats":
+            print(f"chat: {self.conversation.defaults.describe()}", file=sys.stderr, flush=True)
             if self.last is None:
                 print("(no reply yet)", file=sys.stderr, flush=True)
             else:
@@ -470,34 +490,31 @@ class _ChatSession:
 
     def reply(self, text: str) -> None:
         """Streams the model's reply to ``text``; Ctrl-C cuts it short and keeps what came."""
-        self.history.append({"role": "user", "content": text})
         stream = None
         try:
-            stream = self.model.chat(self.system + self.history, stream=True, **self.sampling)
+            stream = self.conversation.send(text)
             for piece in stream:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
         except errors.ContextOverflowError:
-            self.history.pop()
             print(
                 "(the conversation no longer fits the context: /reset to start over)",
                 file=sys.stderr,
             )
             return
         except (errors.TokenizerError, errors.TemplateError) as e:  # this line only: not sent
-            self.history.pop()
             print(f"(not sent: {exit_status.one_line(e)})", file=sys.stderr, flush=True)
             return
         except KeyboardInterrupt:
             if stream is None:  # before the reply began: as if the line was never sent
-                self.history.pop()
+                self.conversation.retract()
                 print(file=sys.stderr)
                 return
             stream.close()
             sys.stdout.write(" [interrupted]")
         sys.stdout.write("\n")
         sys.stdout.flush()
-        self.history.append({"role": "assistant", "content": stream.text})
+        self.conversation.finish(stream)
         self.last = stream.stats
         _print_stats(self.last)
 
@@ -780,6 +797,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return server_cmd.main(args, load_options, _sampling(args))
 
 
+def cmd_desktop(args: argparse.Namespace) -> int:
+    from edgeinfer.apps.desktop.app import main as desktop_main
+
+    return desktop_main(args.rest)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from edgeinfer.system import doctor
 
@@ -802,6 +825,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for b in report["backends"]:
         state = "yes" if b["available"] else "no"
         print(f"backend   {b['name']:<12} {state:<4} {b.get('detail', '')}")
+        if b.get("library"):
+            print(f"          {'':<12} {'':<4} library {b['library']}")
+    if report["frozen"]:
+        print(f"frozen    yes (bundle {report['frozen']})")
     return 0
 
 

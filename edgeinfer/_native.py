@@ -491,6 +491,15 @@ class NativeEngine(SequenceEngine):
         rather than add to the mapping)."""
         return int(library().ei_engine_weight_copies(self._handle)) if self._handle else 0
 
+    @property
+    def committed_bytes(self) -> int:
+        """memory_bytes, and the whole budget of the KV pool, whose slabs are allocated as
+        sequences fill (at load none are: memory_bytes then holds only the pool's tables)."""
+        if not self._handle:
+            return 0
+        groups = self.pool_stats()["groups"]
+        return self.memory_bytes + sum(g["blocks"] * g["block_bytes"] for g in groups)
+
     def _check_open(self) -> None:
         if not self._handle:
             raise errors.ModelClosedError("the engine is closed")

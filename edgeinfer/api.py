@@ -9,18 +9,20 @@ never prints or exits: it is meant to be embedded in other programs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from edgeinfer import engines, errors, session_state
+from edgeinfer import engines, errors, session_state, system
 from edgeinfer.batching import Batcher, Request
 from edgeinfer.chat import ChatTemplate, builtin_template
 from edgeinfer.context_policy import DEFAULT_N_SINK, ContextPolicy
@@ -46,9 +48,10 @@ from edgeinfer.kv_cache import (
 )
 from edgeinfer.models import config_from_gguf
 from edgeinfer.models.base import DecoderConfig
-from edgeinfer.options import flags, int_option, max_tokens_option
+from edgeinfer.options import flags, int_option, max_tokens_option, parse_size
+from edgeinfer.repetition import RepetitionGuard
+from edgeinfer.repetition import repetition_guard as repetition_guard_option
 from edgeinfer.sampling import Sampler, SamplingParams
-from edgeinfer.system import physical_cores
 from edgeinfer.text_stream import TextStream, stop_strings
 from edgeinfer.tokenizer import Tokenizer
 
@@ -114,8 +117,11 @@ class Model:
         kivi_residual: int = KIVI_RESIDUAL,
         fixed_threads: bool = False,
         n_parallel: int = 0,
+        progress: Callable[[float], Any] | None = None,
+        memory_check: bool = True,
     ) -> None:
         t0 = time.perf_counter()
+        report = _LoadProgress(progress)
         self._engine: engines.Engine | None = None
         self._batcher: Batcher | None = None
         self._closing = False
@@ -128,7 +134,7 @@ class Model:
                 f"n_batch {n_batch} cannot hold a decoding token of each of {self.n_parallel} "
                 "batched sequences and the model's own"
             )
-        flags(swa_full=swa_full, fixed_threads=fixed_threads)
+        flags(swa_full=swa_full, fixed_threads=fixed_threads, memory_check=memory_check)
         asked_cache_types = _cache_types(kv_type, cache_type_k, cache_type_v)
         policy = ContextPolicy(context_policy, n_keep=n_keep, n_sink=n_sink)
         budget = _kv_budget(kv_budget)
@@ -144,12 +150,14 @@ class Model:
                 f"n_parallel {self.n_parallel} needs {1 + self.n_parallel} sequences; the "
                 f"{spec.name} engine holds {spec.max_sequences}"
             )
+        report(0.0)
         self.source: GGUFFile | OnnxFolder
         if model_format == "onnx":  # an exported ONNX folder: edgeinfer.engines.onnxruntime
             self.source = OnnxFolder(self.path)
         else:
             self.source = GGUFFile(self.path)
         try:
+            report(0.4)
             self.config = (
                 self.source.config if isinstance(self.source, OnnxFolder)
                 else config_from_gguf(self.source)
@@ -160,13 +168,14 @@ class Model:
                     f"{self.path}: vocabulary has {self.tokenizer.n_vocab} tokens, "
                     f"the embedding {self.config.n_vocab} rows"
                 )
+            report(0.6)
             if n_ctx is None:
                 n_ctx = min(self.config.n_ctx_train, DEFAULT_N_CTX)
             n_ctx_max = max(self.config.n_ctx_train, MAX_N_CTX)
             if n_ctx > n_ctx_max:
                 raise errors.InvalidOptionError(f"n_ctx must lie in [1, {n_ctx_max}], got {n_ctx}")
             self.n_ctx = n_ctx
-            self.n_threads = n_threads or physical_cores()
+            self.n_threads = n_threads or system.physical_cores()
             self._kv_types = asked_cache_types or _recommended_cache_types(
                 self.source.metadata, self.path
             )
@@ -185,6 +194,9 @@ class Model:
             raise
         self._engine_name = self._engine.name
         try:
+            report(0.9)
+            if memory_check:
+                _check_memory(self._engine, _model_bytes(self.path))
             if policy.evicts and not self._engine.can_discard:
                 raise errors.InvalidOptionError(
                     f"context_policy {policy.name} needs an engine that drops cached positions "
@@ -206,6 +218,11 @@ class Model:
         self._cancel_epoch = 0  # cancel() counts up; a call started before it stops
         self._template: ChatTemplate | None = None
         self.load_s = time.perf_counter() - t0
+        try:
+            report(1.0)
+        except BaseException:
+            self.close()
+            raise
 
     # --- properties ------------------------------------------------------------------------
 
@@ -318,21 +335,25 @@ class Model:
         stop: str | Sequence[str] = (),
         parse_special: bool = False,
         add_special: bool = True,
+        repetition_guard: bool | RepetitionGuard = False,
         sampler: Any = None,
         **sampling: Any,
     ) -> TextStream:
         """An iterator of text pieces. Options: max_tokens (-1: until the context is full),
-        stop strings, and the fields of :class:`SamplingParams` (temperature, top_k, top_p,
-        min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed),
-        or a ready ``sampler`` callable ``(logits, history) -> token``."""
+        stop strings, ``repetition_guard`` (True, or a :class:`RepetitionGuard`: the reply
+        ends with finish_reason "repetition" once it loops), and the fields of
+        :class:`SamplingParams` (temperature, top_k, top_p, min_p, repeat_penalty,
+        repeat_last_n, presence_penalty, frequency_penalty, seed), or a ready ``sampler``
+        callable ``(logits, history) -> token``."""
         self._check_open()
         flags(parse_special=parse_special, add_special=add_special)
+        guard = repetition_guard_option(repetition_guard)
         sampler = self._sampler(sampler, sampling)
         unbounded = sys.maxsize if self._session.policy.evicts else self.n_ctx
         max_tokens = max_tokens_option(max_tokens, unbounded)
         stops = stop_strings(stop)
         ids = self._prompt_ids(prompt, add_special, parse_special)
-        return TextStream(self, ids, sampler, max_tokens, stops)
+        return TextStream(self, ids, sampler, max_tokens, stops, guard)
 
     def _sampler(self, sampler: Any, sampling: dict[str, Any]) -> Any:
         unknown = set(sampling) - _SAMPLING_FIELDS
@@ -416,11 +437,15 @@ class Model:
         return self._template
 
     def render_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        template: ChatTemplate | None = None,
     ) -> str:
-        """The template's text for ``messages``: at most CHARS_PER_TOKEN characters per token
-        of the context (longer text cannot fit, and tokenizing it would cost seconds)."""
-        return self.chat_template.render(
+        """The text of ``template`` (by default :attr:`chat_template`) for ``messages``: at
+        most CHARS_PER_TOKEN characters per token of the context (longer text cannot fit,
+        and tokenizing it would cost seconds)."""
+        return (template or self.chat_template).render(
             messages, add_generation_prompt=add_generation_prompt,
             max_chars=CHARS_PER_TOKEN * self.n_ctx * self._history_factor,
         )  # fmt: skip
@@ -438,16 +463,20 @@ class Model:
         hostile template's output, which tokenizing would take seconds over)."""
         return HISTORY_CONTEXTS if self._session.policy.evicts else 1
 
-    def chat_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """The prompt tokens of a conversation: its template rendering, special tokens parsed."""
+    def chat_tokens(
+        self, messages: Sequence[Mapping[str, Any]], template: ChatTemplate | None = None
+    ) -> list[int]:
+        """The prompt tokens of a conversation: its rendering by ``template`` (by default
+        :attr:`chat_template`), special tokens parsed."""
         if (
             isinstance(messages, Sequence)
             and not isinstance(messages, (str, bytes))
             and not messages
         ):
             raise errors.InvalidOptionError("the conversation has no messages")
-        text = self.render_chat(messages)
-        bos = self.chat_template.bos_token
+        template = template or self.chat_template
+        text = self.render_chat(messages, template=template)
+        bos = template.bos_token
         # templates usually write the BOS text themselves; do not add a second one
         add = not (bos and text.startswith(bos))
         return self.tokenize(text, add_special=add, parse_special=True)
@@ -463,6 +492,25 @@ class Model:
             return s
         text = "".join(s)
         return Completion(text, s.tokens, s.stats.finish_reason, s.stats)
+
+    # --- asyncio: the same generations, awaited ---------------------------------------------
+
+    def astream(self, prompt: str | Sequence[int], **options: Any) -> TextStream:
+        """:meth:`stream` for asyncio: ``async for piece in model.astream(...)``. Each piece
+        is computed on a thread of the loop's executor, so the loop goes on meanwhile;
+        cancelling the task that reads it cancels the generation (within one step)."""
+        return self.stream(prompt, **options)
+
+    async def agenerate(self, prompt: str | Sequence[int], **options: Any) -> Completion:
+        """``await model.agenerate(...)``: :meth:`generate` without blocking the loop; a
+        cancelled task cancels the generation."""
+        stream = await asyncio.to_thread(self.stream, prompt, **options)  # tokenizing takes time
+        return await _completion(stream)
+
+    async def achat(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> Completion:
+        """``await model.achat(messages)``: :meth:`chat` without blocking the loop."""
+        tokens = await asyncio.to_thread(self.chat_tokens, messages)
+        return await self.agenerate(tokens, **options)
 
     # --- batching: many requests at once (edgeinfer.batching) -----------------------------
 
@@ -541,6 +589,14 @@ class Model:
             pass
 
 
+async def _completion(stream: TextStream) -> Completion:
+    """Reads ``stream`` to its end in a loop (its pieces computed on the executor)."""
+    with stream:
+        async for _ in stream:
+            pass
+    return Completion(stream.text, stream.tokens, stream.stats.finish_reason, stream.stats)
+
+
 class _CheckedSampler:
     """A caller's sampler, whose answers must be token ids of the model."""
 
@@ -583,7 +639,12 @@ def load(
     engine), ``n_parallel`` (sequences for :meth:`Model.batcher`'s requests, which run
     together; 0, the default, makes none) and ``fixed_threads`` (every decoding step on
     ``n_threads``; by default the native engine times its decoding steps and runs them on
-    fewer threads while that is faster, as when another program holds a core).
+    fewer threads while that is faster, as when another program holds a core), ``progress``
+    (a callable given the fraction loaded, 0.0 to 1.0, at each stage, from the calling
+    thread; returning False cancels the load with CancelledError) and ``memory_check``
+    (True, the default: refuse with InsufficientMemoryError a model whose KV cache, buffers
+    and weight copies, which cannot page, exceed the memory available, and warn with
+    MemoryPressureWarning when the memory-mapped weights beside them do not fit either).
     """
     unknown = set(options) - _LOAD_OPTIONS
     if unknown:
@@ -594,16 +655,65 @@ def load(
 _LOAD_OPTIONS = frozenset({
     "n_batch", "engine", "kv_type", "isa", "cache_type_k", "cache_type_v", "swa_full",
     "context_policy", "n_keep", "n_sink", "kv_budget", "kivi_group", "kivi_residual",
-    "fixed_threads", "n_parallel",
+    "fixed_threads", "n_parallel", "progress", "memory_check",
 })  # fmt: skip
+
+
+class _LoadProgress:
+    """Calls load()'s ``progress(fraction)`` at each stage; a False answer cancels the load
+    (CancelledError), anything else goes on."""
+
+    def __init__(self, callback: Callable[[float], Any] | None) -> None:
+        if callback is not None and not callable(callback):
+            raise errors.InvalidOptionError(f"progress must be a callable, got {callback!r}")
+        self.callback = callback
+
+    def __call__(self, fraction: float) -> None:
+        if self.callback is not None and self.callback(fraction) is False:
+            raise errors.CancelledError(
+                f"the load was cancelled by its progress callback at {fraction:.0%}"
+            )
+
+
+def _model_bytes(path: str) -> int:
+    """The bytes of the model's file (a folder's files): what its weights map."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(
+        os.path.getsize(os.path.join(folder, name))
+        for folder, _, names in os.walk(path)
+        for name in names
+    )
+
+
+def _check_memory(engine: engines.Engine, model_bytes: int) -> None:
+    """Refuses an engine whose committed memory cannot fit the memory available; warns when
+    it fits but the mapped weights beside it do not (they will page from the disk)."""
+    available = system.available_memory()
+    committed = engine.committed_bytes
+    mib = 1 << 20
+    if committed > available:
+        raise errors.InsufficientMemoryError(
+            f"the model needs {committed / mib:.0f} MiB of memory that cannot page (KV cache, "
+            f"buffers, weight copies) and {available / mib:.0f} MiB are available: lower "
+            "n_ctx, n_parallel or kv_budget, or use a smaller KV cache type "
+            "(load(memory_check=False) loads it anyway)",
+            committed, available,
+        )  # fmt: skip
+    mapped = max(0, model_bytes - engine.weight_copy_bytes)
+    if mapped + committed > available:
+        warnings.warn(
+            f"the weights ({mapped / mib:.0f} MiB, memory-mapped) and the committed memory "
+            f"({committed / mib:.0f} MiB) exceed the {available / mib:.0f} MiB available: "
+            "generation will page the weights from the disk, and run far slower",
+            errors.MemoryPressureWarning, stacklevel=4,
+        )  # fmt: skip
 
 
 def _kv_budget(value: int | str | None) -> int:
     """Bytes from an int or a size such as "512MiB"; 0 (what n_ctx needs) for None."""
     if value is None:
         return 0
-    from edgeinfer.converters.profiles import parse_size
-
     if isinstance(value, bool) or not isinstance(value, (int, str, np.integer)):
         raise errors.InvalidOptionError(f"kv_budget must be bytes or a size, got {value!r}")
     return parse_size(value if isinstance(value, str) else int(value))

@@ -44,6 +44,8 @@ from edgeinfer.engines.base import Batch
 from edgeinfer.generation import KVSession
 from edgeinfer.metrics import LATENCY_BUCKETS, STEP_TOKEN_BUCKETS, Histogram
 from edgeinfer.options import int_option, max_tokens_option
+from edgeinfer.repetition import RepetitionGuard
+from edgeinfer.repetition import repetition_guard as repetition_guard_option
 from edgeinfer.sampling import Sampler
 from edgeinfer.text_stream import StopScanner, stop_strings
 
@@ -56,7 +58,7 @@ FIRST_CHUNK = 64  # prompt tokens per step beside decoding ones, before any step
 MIN_CHUNK = 16
 IDLE_REAP_S = 0.1  # how often an idle worker looks for streams ended without a wake-up
 MIXED_STEP_FACTOR = 1.5  # a prompt chunk may add this many decoding steps' time to a step
-OUTCOMES = ("stop", "length", "cancelled", "error")
+OUTCOMES = ("stop", "length", "repetition", "cancelled", "error")
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,9 @@ class Usage:
 class Request:
     """One generation in a :class:`Batcher`: iterate it (``for`` or ``async for``) for its
     :class:`Piece` s, or wait for ``result()``. Afterwards ``text``, ``tokens``, ``usage``
-    and ``finish_reason`` ("stop", "length", "cancelled" or "error") describe it; a request
-    that ended in an error raises it at the end of its iteration and from ``result()``."""
+    and ``finish_reason`` ("stop", "length", "repetition", "cancelled" or "error") describe
+    it; a request that ended in an error raises it at the end of its iteration and from
+    ``result()``."""
 
     def __init__(
         self, batcher: Batcher, request_id: int, prompt: list[int], sampler: Any,
@@ -130,6 +133,7 @@ class Request:
         self._credit = False
         self._final = False
         self._cancel_check: Callable[[], bool] | None = None
+        self._guard: RepetitionGuard | None = None  # ends the request once it loops
         self._cond = threading.Condition()
         self._pieces: deque[Piece] = deque()
         self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
@@ -335,7 +339,8 @@ class Batcher:
     def submit(
         self, prompt: str | Sequence[int], *, max_tokens: int = 256,
         stop: str | Sequence[str] = (), add_special: bool = True, parse_special: bool = False,
-        logprobs: int | None = None, sampler: Any = None, **sampling: Any,
+        logprobs: int | None = None, repetition_guard: Any = False, sampler: Any = None,
+        **sampling: Any,
     ) -> Request:  # fmt: skip
         """Queues a generation of ``prompt`` (text or token ids) and returns its request.
         Options as :meth:`Model.stream`'s, plus ``logprobs``: None, or how many of the most
@@ -354,6 +359,7 @@ class Batcher:
         max_tokens = max_tokens_option(max_tokens, model.n_ctx)  # -1: to the context's end
         if logprobs is not None:
             logprobs = int_option("logprobs", logprobs, 0, MAX_TOP_LOGPROBS)
+        guard = repetition_guard_option(repetition_guard)
         scanner = StopScanner(model.tokenizer.stream_decoder(), stop_strings(stop))
         ids = model._prompt_ids(prompt, add_special, parse_special)
         with self._cond:
@@ -368,6 +374,7 @@ class Batcher:
                     retry_after_s=self._retry_after(),
                 )
             request = Request(self, next(self._ids), ids, sampler, max_tokens, scanner, logprobs)
+            request._guard = guard
             if max_tokens == 0:  # nothing to generate: as Model.stream, no step at all
                 self._end(request, "length")
                 return request
@@ -377,12 +384,12 @@ class Batcher:
 
     def stream_request(
         self, session: KVSession, prompt: list[int], sampler: Any, max_tokens: int,
-        scanner: StopScanner, cancelled: Callable[[], bool],
+        scanner: StopScanner, cancelled: Callable[[], bool], guard: RepetitionGuard | None,
     ) -> Request:  # fmt: skip
         """A request on the model's own sequence (``session``), for ``Model.stream``: it runs
         a step only while :meth:`grant` lets it, and ``cancelled()`` ends it."""
         r = Request(self, next(self._ids), prompt, sampler, max_tokens, scanner, None)
-        r._session, r._cancel_check, r._stream = session, cancelled, True
+        r._session, r._cancel_check, r._stream, r._guard = session, cancelled, True, guard
         return r
 
     def grant(self, r: Request) -> None:
@@ -773,6 +780,8 @@ class Batcher:
         evicts = r._session is not None and r._session.policy.evicts
         if stopped:
             self._end(r, "stop", flush=False)
+        elif r._guard is not None and r._guard.loops(r.tokens):
+            self._end(r, "repetition")
         elif len(r._context) > self._n_ctx and not evicts:
             self._end(r, "length")  # the context is full
         elif r.usage.completion_tokens >= r._max_tokens:
@@ -808,7 +817,7 @@ class Batcher:
                 with self._cond:
                     self._free.append(seq)
         piece = None
-        if flush and reason in ("stop", "length"):
+        if flush and reason in ("stop", "length", "repetition"):
             piece = Piece(r._scanner.flush())
             r.text = r._scanner.text
         r.finished = time.monotonic()

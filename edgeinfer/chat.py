@@ -86,6 +86,21 @@ LLAMA2_TEMPLATE = """
 {%- endfor -%}"""  # noqa: E501 (a template is verbatim text: wrapping its lines changes it)
 
 
+# a plain transcript, for base models (no chat template, not instruction-tuned): they
+# continue a dialogue written as text far better than one in special tokens they never
+# learned; a reply ends where the model starts the user's next turn (TRANSCRIPT_TURN)
+TRANSCRIPT_PREAMBLE = "A conversation between a user and a helpful, knowledgeable assistant."
+TRANSCRIPT_TEMPLATE = """
+{%- set ns = namespace(system='PREAMBLE') -%}
+{%- for m in messages if m['role'] == 'system' -%}{%- set ns.system = m['content'] | trim -%}{%- endfor -%}
+{{ ns.system }}
+
+{% for m in messages if m['role'] != 'system' -%}
+{{ 'User' if m['role'] == 'user' else 'Assistant' }}: {{ m['content'] | trim }}
+{% endfor -%}
+{%- if add_generation_prompt %}Assistant:{% endif -%}""".replace("PREAMBLE", TRANSCRIPT_PREAMBLE)  # noqa: E501
+TRANSCRIPT_TURN = "\nUser:"
+
 # name -> (template, the special tokens whose presence in a vocabulary selects it), in the
 # order they are tried; an architecture names its own (edgeinfer.models) for the other files
 BUILTIN_TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -93,6 +108,7 @@ BUILTIN_TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "llama3": (LLAMA3_TEMPLATE, ("<|start_header_id|>", "<|eot_id|>")),
     "chatml": (CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>")),
     "llama2": (LLAMA2_TEMPLATE, ()),
+    "transcript": (TRANSCRIPT_TEMPLATE, ()),
 }
 FALLBACK_TEMPLATE = "llama2"  # for an architecture the runtime does not know
 

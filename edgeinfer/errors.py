@@ -107,8 +107,25 @@ class OutOfMemoryError(EdgeInferError, MemoryError):
     The model stays usable (a smaller request may still fit) or, where it cannot, is closed."""
 
 
+class InsufficientMemoryError(OutOfMemoryError):
+    """load() refused a model whose committed memory (KV cache, buffers, weight copies: what
+    cannot page back to the file) exceeds the memory available; the message and the fields
+    give the numbers (``load(memory_check=False)`` loads it anyway)."""
+
+    def __init__(self, message: str, committed_bytes: int, available_bytes: int) -> None:
+        super().__init__(message)
+        self.committed_bytes = committed_bytes
+        self.available_bytes = available_bytes
+
+
+class MemoryPressureWarning(UserWarning):
+    """The mapped weights and the committed memory exceed the memory available: the model
+    runs, but its weights page from the disk while it generates, many times slower."""
+
+
 class CancelledError(EdgeInferError):
-    """``cancel()`` stopped a call that has no partial result to return (``logits()``)."""
+    """``cancel()`` stopped a call that has no partial result to return (``logits()``), or a
+    load's progress callback returned False."""
 
 
 class BusyError(EdgeInferError):

@@ -20,6 +20,7 @@ from edgeinfer.generation import GenerationStats, Holder
 if TYPE_CHECKING:
     from edgeinfer.api import Model
     from edgeinfer.batching import Piece
+    from edgeinfer.repetition import RepetitionGuard
     from edgeinfer.tokenizer.tokenizer import StreamDecoder
 
 
@@ -33,8 +34,9 @@ class TextStream:
     stream is read (a reader holds the model's turn)."""
 
     def __init__(
-        self, model: Model, prompt: list[int], sampler: Any, max_tokens: int, stops: list[str]
-    ) -> None:
+        self, model: Model, prompt: list[int], sampler: Any, max_tokens: int, stops: list[str],
+        guard: RepetitionGuard | None = None,
+    ) -> None:  # fmt: skip
         self._model = model
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self.tokens: list[int] = []
@@ -48,7 +50,7 @@ class TextStream:
         self._batcher = model._worker()
         scanner = StopScanner(model.tokenizer.stream_decoder(), stops)
         self._request = self._batcher.stream_request(
-            model._session, prompt, sampler, max_tokens, scanner, cancelled
+            model._session, prompt, sampler, max_tokens, scanner, cancelled, guard
         )
         self._done = False
         self._first: float | None = None  # when the first token came

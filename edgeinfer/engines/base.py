@@ -164,6 +164,12 @@ class Engine(Protocol):
         """Of memory_bytes, copies of weights the engine made (0: reads the file in place)."""
         ...
 
+    @property
+    def committed_bytes(self) -> int:
+        """The most memory the engine will hold that cannot page back to the model file:
+        memory_bytes, and what its KV cache may still grow to."""
+        ...
+
     def threads(self, n_tokens: int = 1) -> int | None:
         """The threads a step of ``n_tokens`` tokens runs on now (None: the engine does not
         say; the native engine may run decoding steps on fewer than it was given)."""
@@ -333,6 +339,10 @@ class SequenceEngine:
     @property
     def weight_copy_bytes(self) -> int:
         return 0
+
+    @property
+    def committed_bytes(self) -> int:
+        return self.memory_bytes
 
     def threads(self, n_tokens: int = 1) -> int | None:
         return None

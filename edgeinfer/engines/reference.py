@@ -399,6 +399,13 @@ class ReferenceEngine(SequenceEngine):
             arrays.extend(w if isinstance(w, tuple) else (w,))
         return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
 
+    @property
+    def committed_bytes(self) -> int:
+        """The KV cache, and every weight dequantized to float32 (each is kept once used; a
+        tied output head dequantizes the embedding too)."""
+        kv = sum(a.nbytes for a in (*self.k_cache, *self.v_cache) if isinstance(a, np.ndarray))
+        return kv + sum(4 * t.n_elements for t in self.gguf.tensors.values())
+
     def close(self) -> None:
         self._weights = {}
 

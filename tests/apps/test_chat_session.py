@@ -7,6 +7,7 @@ import re
 import pexpect
 import pytest
 
+from edgeinfer.conversation import Conversation
 from tests.api.conftest import load
 from tests.apps.conftest import EDGEINFER, cli, engine_args
 
@@ -75,8 +76,12 @@ def test_replies_equal_the_api(fixture_models):
     child.expect(STATS)
     shown = _clean(child.before)
     with load(path) as model:
-        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-        expected = model.chat(messages, max_tokens=10, temperature=0).text
+        # a model without a chat template talks through a plain transcript, which ends at
+        # the user's next turn, with the repetition guard on
+        transcript = "Be brief.\n\nUser: Hi\nAssistant:"
+        expected = model.generate(
+            transcript, max_tokens=10, temperature=0, stop="\nUser:", repetition_guard=True
+        ).text
     assert expected.strip() and expected.strip() in shown
     child.sendeof()
     child.expect(pexpect.EOF)
@@ -140,12 +145,15 @@ def test_piped_chat_prints_only_replies(fixture_models):
     path = fixture_models["gemma3"]
     proc = cli("chat", path, "--temp", "0", "-n", "6", *engine_args(), input="Hello\n/stats\nBye\n")
     assert proc.returncode == 0, proc.stderr
-    with load(path) as model:
-        first = model.chat([{"role": "user", "content": "Hello"}], max_tokens=6, temperature=0).text
-        second = model.chat(
-            [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": first},
-             {"role": "user", "content": "Bye"}],
-            max_tokens=6, temperature=0,
-        ).text  # fmt: skip
+    with load(path) as model:  # the chat is a Conversation of the API
+        conversation = Conversation(model, max_tokens=6, temperature=0)
+        replies = []
+        for line in ("Hello", "Bye"):
+            stream = conversation.send(line)
+            replies.append("".join(stream))
+            conversation.finish(stream)
+        first, second = replies
     assert proc.stdout == f"{first}\n{second}\n"
     assert len(re.findall(STATS, proc.stderr)) == 3  # two replies and /stats
+    # a model without a chat template: the chat says so, and /stats shows its defaults
+    assert "is a base model" in proc.stderr and "repetition guard on" in proc.stderr
