@@ -490,33 +490,64 @@ class _ChatSession:
 
     def reply(self, text: str) -> None:
         """Streams the model's reply to ``text``; Ctrl-C cuts it short and keeps what came."""
-        stream = None
-        try:
-            stream = self.conversation.send(text)
-            for piece in stream:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-        except errors.ContextOverflowError:
-            print(
-                "(the conversation no longer fits the context: /reset to start over)",
-                file=sys.stderr,
-            )
-            return
-        except (errors.TokenizerError, errors.TemplateError) as e:  # this line only: not sent
-            print(f"(not sent: {exit_status.one_line(e)})", file=sys.stderr, flush=True)
-            return
-        except KeyboardInterrupt:
-            if stream is None:  # before the reply began: as if the line was never sent
+        with _ctrl_c_cancels() as interrupt:
+            try:
+                stream = self.conversation.send(text)
+            except errors.ContextOverflowError:
+                print(
+                    "(the conversation no longer fits the context: /reset to start over)",
+                    file=sys.stderr,
+                )
+                return
+            except (errors.TokenizerError, errors.TemplateError) as e:  # this line only: not sent
+                print(f"(not sent: {exit_status.one_line(e)})", file=sys.stderr, flush=True)
+                return
+            interrupt.stream = stream
+            if interrupt.pressed:  # before the reply began: as if the line was never sent
+                stream.close()
                 self.conversation.retract()
                 print(file=sys.stderr)
                 return
-            stream.close()
+            for piece in stream:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        if interrupt.pressed:
             sys.stdout.write(" [interrupted]")
         sys.stdout.write("\n")
         sys.stdout.flush()
         self.conversation.finish(stream)
         self.last = stream.stats
         _print_stats(self.last)
+
+
+class _Interrupt:
+    """Ctrl-C while a reply streams: whether it was pressed, and the stream it cancels."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self.stream: Any = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.pressed = True
+        if self.stream is not None:
+            self.stream.cancel()  # sets flags and wakes waiters; never blocks or raises
+
+
+@contextlib.contextmanager
+def _ctrl_c_cancels() -> Any:
+    """Ctrl-C cancels the reply (it ends after its current step) instead of raising
+    KeyboardInterrupt inside the library, which could land while the model's turn is half
+    taken or half given back and leave the next call waiting for ever."""
+    interrupt = _Interrupt()
+    try:
+        previous = signal.signal(signal.SIGINT, interrupt)
+    except ValueError:  # not the main thread: Ctrl-C stays KeyboardInterrupt
+        yield interrupt
+        return
+    try:
+        yield interrupt
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # --- info ------------------------------------------------------------------------------------

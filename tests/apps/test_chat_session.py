@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import threading
 
 import pexpect
 import pytest
@@ -111,6 +114,55 @@ def test_ctrl_c_interrupts_the_reply_and_returns_to_the_prompt(fixture_models):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0 and child.signalstatus is None
+
+
+class _PressesCtrlC:
+    """A reply stream: after its third piece Ctrl-C (SIGINT) comes from another thread,
+    most likely while the reading thread is inside the library waiting for a step."""
+
+    def __init__(self, stream):
+        self.stream, self.pieces, self.raised_inside = stream, 0, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            piece = next(self.stream)
+        except KeyboardInterrupt:
+            self.raised_inside = True
+            raise
+        self.pieces += 1
+        if self.pieces == 3:
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return piece
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def test_ctrl_c_cancels_the_reply_without_raising_inside_the_library(fixture_models, capsys):
+    """Ctrl-C during a reply cancels its stream (a KeyboardInterrupt raised inside the
+    library could land while the model's turn is half given back, and the next call would
+    wait for ever: seen once as /reset hanging after Ctrl-C on a loaded machine)."""
+    from edgeinfer.apps.cli import _ChatSession
+
+    with load(fixture_models["qwen3"], n_ctx=2048) as model:
+        conversation = Conversation(model, max_tokens=5000, temperature=0, repetition_guard=False)
+        send, streams = conversation.send, []
+        conversation.send = lambda text: streams.append(_PressesCtrlC(send(text))) or streams[-1]  # type: ignore[method-assign]
+        session = _ChatSession(conversation)
+        session.reply("Tell me everything")
+        assert not streams[0].raised_inside
+        assert session.last.finish_reason == "cancelled"
+        assert 3 <= session.last.generated_tokens < 5000
+        assert capsys.readouterr().out.endswith(" [interrupted]\n")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+        done = threading.Event()
+        threading.Thread(target=lambda: (model.reset(), done.set()), daemon=True).start()
+        assert done.wait(60), "the model's next call waits for the interrupted reply's turn"
+        following = Conversation(model, max_tokens=4, temperature=0)
+        assert "".join(following.send("Hi")), "the next reply comes"
 
 
 def test_ctrl_c_at_the_prompt_exits_cleanly(fixture_models):
