@@ -103,7 +103,8 @@ class BuildNative(build_ext):
                 groups.append(
                     (_sources("arm_neon"), gnu, [("EI_NEON_LEVEL", str(level))], f"neon{level}")
                 )
-        groups.insert(0, (_sources("common") + _sources("ref"), [], defines, "base"))
+        base_sources = _sources("common") + _sources("ref") + _sources("gpu_vulkan")
+        groups.insert(0, (base_sources, [], defines, "base"))
 
         def compile_one(job: tuple[str, list[str], list[tuple[str, str | None]], str]) -> list[str]:
             source, flags, macros, tag = job
@@ -120,7 +121,8 @@ class BuildNative(build_ext):
         ]
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             objects = [obj for objs in pool.map(compile_one, jobs) for obj in objs]
-        libraries = [] if msvc or sys.platform == "darwin" else ["m", "pthread"]
+        # dl: the Vulkan loader is opened at run time (simd/gpu_vulkan), never linked
+        libraries = [] if msvc or sys.platform == "darwin" else ["m", "pthread", "dl"]
         cc.link_shared_object(
             objects, self.get_ext_fullpath(ext.name), libraries=libraries,
             export_symbols=self.get_export_symbols(ext), build_temp=self.build_temp,

@@ -858,9 +858,29 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"backend   {b['name']:<12} {state:<4} {b.get('detail', '')}")
         if b.get("library"):
             print(f"          {'':<12} {'':<4} library {b['library']}")
+    _print_gpus(report["gpus"])
     if report["frozen"]:
         print(f"frozen    yes (bundle {report['frozen']})")
     return 0
+
+
+def _print_gpus(gpus: dict[str, Any]) -> None:
+    if not gpus["devices"]:
+        print(f"gpu       none ({gpus['none']})")
+    for i, d in enumerate(gpus["devices"]):
+        budget = d["budget_bytes"]
+        free = f", {budget / 2**20:.0f} MiB free (budget)" if budget is not None else ""
+        print(f"gpu {i:<5} {d['name']} ({d['type']}), Vulkan {d['api_version']}")
+        print(f"          driver {d['driver'] or '?'} {d['driver_version']} {d['driver_info']}")
+        print(
+            f"          memory {d['device_local_bytes'] / 2**20:.0f} MiB device-local{free}; "
+            f"one buffer up to {d['max_storage_buffer_bytes'] / 2**20:.0f} MiB"
+        )
+        features = [n for n in ("fp16", "int8", "storage16", "integer_dot_product") if d[n]]
+        print(
+            f"          features {' '.join(features) or '(none)'}; subgroups of "
+            f"{d['subgroup_size']} ({' '.join(d['subgroup_ops']) or 'no operations'})"
+        )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import importlib.machinery
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from edgeinfer.kv_cache import (
 from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 12
+API_VERSION = 13
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = (
@@ -115,9 +116,23 @@ class ProfileEntry(ctypes.Structure):
     ]  # fmt: skip
 
 
+class VkDevice(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char * 256), ("driver_name", ctypes.c_char * 256),
+        ("driver_info", ctypes.c_char * 256), ("type", c_int32),
+        *[(n, ctypes.c_uint32)
+          for n in ("api_version", "driver_version", "vendor_id", "device_id", "subgroup_size",
+                    "subgroup_ops", "max_storage_buffer_range", "pad")],
+        *[(n, ctypes.c_uint64)
+          for n in ("max_allocation_bytes", "device_local_bytes", "budget_bytes")],
+        *[(n, c_int32)
+          for n in ("memory_budget", "fp16", "int8", "storage16", "integer_dot_product", "pad2")],
+    ]  # fmt: skip
+
+
 # ei_struct_size(which) -> the struct mirrored here, in the order of the C EI_STRUCT_* enum
 _STRUCTS: tuple[type[ctypes.Structure], ...] = (
-    Tensor, LayerDesc, ModelDesc, EngineParams, ProfileEntry,
+    Tensor, LayerDesc, ModelDesc, EngineParams, ProfileEntry, VkDevice,
 )  # fmt: skip
 
 # cache element types the native attention reads and writes, as rows (CacheLayout.ROWS)
@@ -140,6 +155,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_isa_reason": (c_char_p, [c_int]),
     "ei_isa_best": (c_int, []),
     "ei_cpu_features": (c_char_p, []),
+    "ei_vk_devices": (c_int, [_P(VkDevice), c_int32, _P(c_int32)]),
     "ei_engine_create": (c_int, [_P(ModelDesc), _P(EngineParams), _P(c_void_p)]),
     "ei_engine_decode": (
         c_int,
@@ -195,6 +211,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_partner_type_of": (c_int, [c_int]),
 }
 
+_UNSUPPORTED = 3  # EI_ERR_UNSUPPORTED
 _STATUS = {
     1: errors.InvalidOptionError,
     2: errors.OutOfMemoryError,
@@ -341,6 +358,62 @@ def isa_report() -> list[dict[str, Any]]:
 
 def cpu_features() -> str:
     return library().ei_cpu_features().decode()
+
+
+VK_DEVICE_TYPES = ("other", "integrated GPU", "discrete GPU", "virtual GPU", "CPU")
+VK_SUBGROUP_OPS = ("basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative",
+                   "clustered", "quad")  # fmt: skip
+VK_MAX_DEVICES = 16
+_VK_LOCK = threading.Lock()
+
+
+def _vk_version(v: int) -> str:
+    return f"{(v >> 22) & 0x7F}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
+
+
+def _vk_device(d: VkDevice) -> dict[str, Any]:
+    nvidia = d.vendor_id == 0x10DE  # NVIDIA numbers its drivers 10.8.8.6 bits
+    driver = (
+        f"{d.driver_version >> 22}.{(d.driver_version >> 14) & 0xFF}."
+        f"{(d.driver_version >> 6) & 0xFF}.{d.driver_version & 0x3F}"
+        if nvidia
+        else _vk_version(d.driver_version)
+    )
+    return {
+        "name": d.name.decode(errors="replace"),
+        "type": VK_DEVICE_TYPES[d.type] if 0 <= d.type < len(VK_DEVICE_TYPES) else "other",
+        "api_version": _vk_version(d.api_version),
+        "driver": d.driver_name.decode(errors="replace"),
+        "driver_info": d.driver_info.decode(errors="replace"),
+        "driver_version": driver,
+        "vendor_id": d.vendor_id,
+        "device_id": d.device_id,
+        "device_local_bytes": d.device_local_bytes,
+        "budget_bytes": d.budget_bytes if d.memory_budget else None,
+        "max_allocation_bytes": d.max_allocation_bytes,
+        "max_storage_buffer_bytes": d.max_storage_buffer_range,
+        "subgroup_size": d.subgroup_size,
+        "subgroup_ops": [n for i, n in enumerate(VK_SUBGROUP_OPS) if d.subgroup_ops >> i & 1],
+        "fp16": bool(d.fp16),
+        "int8": bool(d.int8),
+        "storage16": bool(d.storage16),
+        "integer_dot_product": bool(d.integer_dot_product),
+    }
+
+
+def vulkan_devices() -> tuple[list[dict[str, Any]], str]:
+    """The Vulkan devices, and why there are none ("" when there are). No loader or no driver
+    is an answer ("no GPU"), not an error: libvulkan is opened at run time, never linked."""
+    lib = library()
+    out = (VkDevice * VK_MAX_DEVICES)()
+    count = c_int32(0)
+    with _VK_LOCK:  # the C side opens the loader once, unguarded
+        status = lib.ei_vk_devices(out, VK_MAX_DEVICES, ctypes.byref(count))
+    if status == _UNSUPPORTED:
+        return [], lib.ei_last_error().decode(errors="replace")
+    check(status)
+    devices = [_vk_device(out[i]) for i in range(min(count.value, VK_MAX_DEVICES))]
+    return devices, "" if devices else "the Vulkan loader lists no device"
 
 
 def resolve_isa(name: str | None = None) -> int:

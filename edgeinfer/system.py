@@ -157,6 +157,20 @@ def backends() -> list[dict[str, Any]]:
     return found
 
 
+def gpus() -> dict[str, Any]:
+    """The Vulkan devices the native library finds (``devices``), and why there are none
+    (``none``: no native library, no Vulkan loader, no driver; "" when there are)."""
+    from edgeinfer import engines
+
+    native = next((e for e in engines.report() if e["name"] == "native"), None)
+    if not native or not native["available"]:
+        return {"devices": [], "none": "the native library is not available"}
+    from edgeinfer import _native
+
+    devices, why = _native.vulkan_devices()
+    return {"devices": devices, "none": why}
+
+
 def doctor() -> dict[str, Any]:
     return {
         "edgeinfer": _version(),
@@ -165,6 +179,7 @@ def doctor() -> dict[str, Any]:
         "cpu": cpu_info(),
         "memory": memory_info(),
         "backends": backends(),
+        "gpus": gpus(),
         # a PyInstaller bundle's folder (where edgeinfer found its library), else ""
         "frozen": str(getattr(sys, "_MEIPASS", "")) if getattr(sys, "frozen", False) else "",
     }

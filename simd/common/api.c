@@ -19,6 +19,7 @@ size_t ei_struct_size(int which) {
     case EI_STRUCT_MODEL_DESC: return sizeof(ei_model_desc);
     case EI_STRUCT_ENGINE_PARAMS: return sizeof(ei_engine_params);
     case EI_STRUCT_PROFILE_ENTRY: return sizeof(ei_profile_entry);
+    case EI_STRUCT_VK_DEVICE: return sizeof(ei_vk_device);
     default: return 0;
     }
 }

@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 12
+#define EI_API_VERSION 13
 
 /* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
 #define EI_MAX_THREADS 512
@@ -136,7 +136,7 @@ EI_EXPORT const char *ei_last_error(void);
 
 /* the structs Python mirrors, for ei_struct_size(): a mismatch means the library is not used */
 enum { EI_STRUCT_TENSOR = 0, EI_STRUCT_LAYER_DESC, EI_STRUCT_MODEL_DESC, EI_STRUCT_ENGINE_PARAMS,
-       EI_STRUCT_PROFILE_ENTRY, EI_STRUCT_COUNT };
+       EI_STRUCT_PROFILE_ENTRY, EI_STRUCT_VK_DEVICE, EI_STRUCT_COUNT };
 EI_EXPORT size_t ei_struct_size(int which); /* sizeof of an EI_STRUCT_*, 0 for another number */
 /* the name of layer tensor i in EI_LAYER_TENSORS order, NULL past the last */
 EI_EXPORT const char *ei_layer_tensor_name(int i);
@@ -305,5 +305,29 @@ EI_EXPORT ei_status ei_kernel_kivi_quantize_v(int isa, int bits, int group, int 
                                               void *row);
 EI_EXPORT ei_status ei_kernel_kivi_decode_v(int isa, int bits, int group, int head_dim_v, const void *rows,
                                             size_t row_bytes, int m, float *out);
+
+/* ---- Vulkan devices (simd/gpu_vulkan/): libvulkan is opened at run time, so the library
+ * builds and loads without it. One device as Python reports it (edgeinfer doctor). */
+typedef struct {
+    char name[256];
+    char driver_name[256]; /* VK_KHR_driver_properties (Vulkan 1.2); "" before that */
+    char driver_info[256];
+    int32_t type; /* VkPhysicalDeviceType: 0 other, 1 integrated GPU, 2 discrete GPU, 3 virtual, 4 CPU */
+    uint32_t api_version, driver_version, vendor_id, device_id;
+    uint32_t subgroup_size, subgroup_ops;  /* VkSubgroupFeatureFlags of compute shaders */
+    uint32_t max_storage_buffer_range;     /* the most bytes one storage buffer binding spans */
+    uint32_t pad;
+    uint64_t max_allocation_bytes;         /* maxMemoryAllocationSize (Vulkan 1.1) */
+    uint64_t device_local_bytes;           /* the size of the device-local heaps */
+    uint64_t budget_bytes;                 /* their budget less their usage (VK_EXT_memory_budget); 0 without it */
+    int32_t memory_budget;                 /* whether budget_bytes was measured */
+    int32_t fp16, int8, storage16, integer_dot_product; /* shader features the backend can use */
+    int32_t pad2;
+} ei_vk_device;
+
+/* The Vulkan devices: up to cap into out, their number in *count. EI_ERR_UNSUPPORTED when no
+ * Vulkan loader can be opened or no instance created (ei_last_error says which; that means
+ * "no GPU", not a failure of the library). EDGEINFER_VULKAN_LOADER names another loader file. */
+EI_EXPORT ei_status ei_vk_devices(ei_vk_device *out, int32_t cap, int32_t *count);
 
 #endif

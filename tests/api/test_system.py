@@ -37,7 +37,9 @@ def test_cgroup_quota_caps_the_usable_cpus(monkeypatch, tmp_path, content, cap):
 
 def test_doctor_report_shape():
     report = system.doctor()
-    assert set(report) == {"edgeinfer", "python", "os", "cpu", "memory", "backends", "frozen"}
+    keys = {"edgeinfer", "python", "os", "cpu", "memory", "backends", "gpus", "frozen"}
+    assert set(report) == keys
+    assert set(report["gpus"]) == {"devices", "none"}  # tests/gpu compare them with vulkaninfo
     assert report["frozen"] == ""  # not a PyInstaller bundle
     names = [b["name"] for b in report["backends"]]
     assert names == list(ENGINES)  # doctor reads the one registry
