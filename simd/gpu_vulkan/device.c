@@ -181,6 +181,17 @@ static void describe_features(ei_vk_instance inst, ei_vk_physical dev, vk_has ha
     d->integer_dot_product = (int32_t)dot.shader_integer_dot_product;
 }
 
+static int instance_has_extension(const char *name) {
+    ei_vk_enumerate_instance_extensions_fn list =
+        VK_FN(NULL, ei_vk_enumerate_instance_extensions_fn, "vkEnumerateInstanceExtensionProperties");
+    uint32_t n = 0;
+    if (!list || list(NULL, &n, NULL) != 0 || n == 0) return 0;
+    ei_vk_extension *ext = calloc(n, sizeof *ext);
+    const int found = ext && list(NULL, &n, ext) >= 0 && has_extension(ext, n, name);
+    free(ext);
+    return found;
+}
+
 static ei_status create_instance(ei_vk_instance *inst) {
     ei_vk_enumerate_instance_version_fn version = VK_FN(NULL, ei_vk_enumerate_instance_version_fn, "vkEnumerateInstanceVersion");
     ei_vk_create_instance_fn create = VK_FN(NULL, ei_vk_create_instance_fn, "vkCreateInstance");
@@ -191,7 +202,11 @@ static ei_status create_instance(ei_vk_instance *inst) {
                        (have >> 12) & 0x3ffu);
     const ei_vk_application_info app = {EI_VK_ST_APPLICATION_INFO, NULL, "edgeinfer", 1, "edgeinfer", 1,
                                         have < EI_VK_MAKE_API_VERSION(1, 3, 0) ? have : EI_VK_MAKE_API_VERSION(1, 3, 0)};
-    const ei_vk_instance_create_info info = {EI_VK_ST_INSTANCE_CREATE_INFO, NULL, 0, &app, 0, NULL, 0, NULL};
+    /* loaders since 1.3.216 list portability drivers (MoltenVK on Apple GPUs) only when asked */
+    const char *const portability[] = {"VK_KHR_portability_enumeration"};
+    const int asked = instance_has_extension(portability[0]);
+    const ei_vk_instance_create_info info = {EI_VK_ST_INSTANCE_CREATE_INFO, NULL, asked ? EI_VK_INSTANCE_ENUMERATE_PORTABILITY : 0,
+                                             &app, 0, NULL, asked ? 1u : 0u, asked ? portability : NULL};
     const ei_vk_result r = create(&info, NULL, inst);
     if (r != 0) return ei_fail(EI_ERR_UNSUPPORTED, "no Vulkan driver: vkCreateInstance returned %d (loader %s)", (int)r, g_loader.path);
     return EI_OK;

@@ -36,6 +36,7 @@ enum { /* VkStructureType values */
 
 #define EI_VK_MAKE_API_VERSION(major, minor, patch) (((uint32_t)(major) << 22) | ((uint32_t)(minor) << 12) | (uint32_t)(patch))
 #define EI_VK_MEMORY_HEAP_DEVICE_LOCAL 0x1u
+#define EI_VK_INSTANCE_ENUMERATE_PORTABILITY 0x1u /* VK_KHR_portability_enumeration's instance flag */
 #define EI_VK_MAX_MEMORY_TYPES 32
 #define EI_VK_MAX_MEMORY_HEAPS 16
 
@@ -155,6 +156,7 @@ typedef struct { /* VkPhysicalDeviceShaderIntegerDotProductFeatures */
 
 typedef ei_vk_void_fn (EI_VKAPI *ei_vk_get_instance_proc_addr_fn)(ei_vk_instance, const char *);
 typedef ei_vk_result (EI_VKAPI *ei_vk_enumerate_instance_version_fn)(uint32_t *);
+typedef ei_vk_result (EI_VKAPI *ei_vk_enumerate_instance_extensions_fn)(const char *, uint32_t *, ei_vk_extension *);
 typedef ei_vk_result (EI_VKAPI *ei_vk_create_instance_fn)(const ei_vk_instance_create_info *, const void *, ei_vk_instance *);
 typedef void (EI_VKAPI *ei_vk_destroy_instance_fn)(ei_vk_instance, const void *);
 typedef ei_vk_result (EI_VKAPI *ei_vk_enumerate_physical_devices_fn)(ei_vk_instance, uint32_t *, ei_vk_physical *);
