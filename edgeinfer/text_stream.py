@@ -9,6 +9,7 @@ leaves out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import weakref
@@ -98,10 +99,16 @@ class TextStream:
         """``async for piece in model.stream(...)``: each piece is read on a thread of the
         loop's executor (the model's turns are thread locks), so the loop goes on meanwhile;
         a consumer task cancelled while it waits cancels the stream."""
+        step = asyncio.ensure_future(asyncio.to_thread(self._next_or_none))
         try:
-            piece = await asyncio.to_thread(self._next_or_none)
+            piece = await asyncio.shield(step)
         except asyncio.CancelledError:
+            # the step in flight ends (within one step) and the stream is finished before the
+            # task's cancellation completes: its finish reason is then "cancelled"
             self.cancel()
+            with contextlib.suppress(BaseException):
+                await step
+            self.close()
             raise
         if piece is None:
             raise StopAsyncIteration
