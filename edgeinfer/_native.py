@@ -215,7 +215,7 @@ _UNSUPPORTED = 3  # EI_ERR_UNSUPPORTED
 _STATUS = {
     1: errors.InvalidOptionError,
     2: errors.OutOfMemoryError,
-    3: errors.UnsupportedModelError,
+    _UNSUPPORTED: errors.UnsupportedModelError,
     4: errors.ContextOverflowError,
     5: errors.BackendError,
 }

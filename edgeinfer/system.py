@@ -160,13 +160,11 @@ def backends() -> list[dict[str, Any]]:
 def gpus() -> dict[str, Any]:
     """The Vulkan devices the native library finds (``devices``), and why there are none
     (``none``: no native library, no Vulkan loader, no driver; "" when there are)."""
-    from edgeinfer import engines
-
-    native = next((e for e in engines.report() if e["name"] == "native"), None)
-    if not native or not native["available"]:
-        return {"devices": [], "none": "the native library is not available"}
     from edgeinfer import _native
 
+    loaded, why = _native.available()
+    if not loaded:
+        return {"devices": [], "none": f"the native library is not available: {why}"}
     devices, why = _native.vulkan_devices()
     return {"devices": devices, "none": why}
 
