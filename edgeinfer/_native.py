@@ -50,7 +50,7 @@ from edgeinfer.kv_cache import (
 from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 13
+API_VERSION = 14
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = (
@@ -144,6 +144,8 @@ _P = ctypes.POINTER
 _ATTN_ARGS = (
     [c_int] * 4 + [c_void_p] + [c_int] * 2 + [c_size_t] * 2 + [c_float] * 2 + [c_void_p] * 4
 )
+_I64 = ctypes.c_int64
+_VK_KERNEL_ARGS = [c_void_p, c_int, c_void_p, _I64, _I64, c_void_p, _I64, c_void_p]
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_api_version": (c_int, []),
     "ei_last_error": (c_char_p, []),
@@ -156,6 +158,15 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_isa_best": (c_int, []),
     "ei_cpu_features": (c_char_p, []),
     "ei_vk_devices": (c_int, [_P(VkDevice), c_int32, _P(c_int32)]),
+    "ei_vk_open": (c_int, [c_int32, _P(c_void_p)]),
+    "ei_vk_close": (None, [c_void_p]),
+    "ei_vk_context_info": (
+        c_int,
+        [c_void_p, _P(VkDevice), _P(c_int32)] + [_P(ctypes.c_uint64)] * 3,
+    ),
+    # context, weight type, weight, rows, cols, input (x or row ids), n, output
+    "ei_vk_kernel_gemm": (c_int, _VK_KERNEL_ARGS),
+    "ei_vk_kernel_get_rows": (c_int, _VK_KERNEL_ARGS),
     "ei_engine_create": (c_int, [_P(ModelDesc), _P(EngineParams), _P(c_void_p)]),
     "ei_engine_decode": (
         c_int,
@@ -218,6 +229,7 @@ _STATUS = {
     _UNSUPPORTED: errors.UnsupportedModelError,
     4: errors.ContextOverflowError,
     5: errors.BackendError,
+    6: errors.BackendError,  # EI_ERR_DEVICE: the GPU failed
 }
 
 _lib: ctypes.CDLL | None = None
@@ -414,6 +426,76 @@ def vulkan_devices() -> tuple[list[dict[str, Any]], str]:
     check(status)
     devices = [_vk_device(out[i]) for i in range(min(count.value, VK_MAX_DEVICES))]
     return devices, "" if devices else "the Vulkan loader lists no device"
+
+
+class VulkanKernels:
+    """A Vulkan compute context running single GPU kernels from host arrays, for tests and
+    benchmarks. ``device`` -1 picks the first discrete GPU, else integrated, else the first.
+    Raises UnsupportedModelError ("no GPU: ...") where there is no loader, driver or device."""
+
+    def __init__(self, device: int = -1) -> None:
+        self.lib = library()
+        self._ctx = c_void_p()
+        with _VK_LOCK:
+            check(self.lib.ei_vk_open(device, ctypes.byref(self._ctx)))
+
+    def info(self) -> dict[str, Any]:
+        """The device as vulkan_devices() describes it, plus ``subgroups`` (the subgroup shader
+        variants run), ``max_binding_bytes``, ``weight_part_bytes`` (the most one part of a
+        split weight spans) and ``allocated_bytes`` (device memory held)."""
+        d, sg = VkDevice(), c_int32()
+        most, part, held = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+        outs = [ctypes.byref(v) for v in (d, sg, most, part, held)]
+        check(self.lib.ei_vk_context_info(self._live(), *outs))
+        info = _vk_device(d)
+        info.update(subgroups=bool(sg.value), max_binding_bytes=most.value,
+                    weight_part_bytes=part.value, allocated_bytes=held.value)  # fmt: skip
+        return info
+
+    def _live(self) -> ctypes.c_void_p:
+        if not self._ctx:
+            raise errors.InvalidOptionError("the Vulkan context is closed")
+        return self._ctx
+
+    def gemm(
+        self, ggml_type: int, w: np.ndarray, rows: int, cols: int, x: np.ndarray
+    ) -> np.ndarray:
+        """x (n, cols) float32 times the (rows, cols) weight whose GGUF bytes are w -> (n, rows)."""
+        w = np.ascontiguousarray(w, dtype=np.uint8)
+        x = np.ascontiguousarray(np.atleast_2d(x), dtype=np.float32)
+        if x.shape[1] != cols:
+            raise errors.InvalidOptionError(f"inputs of {x.shape[1]} values for rows of {cols}")
+        y = np.zeros((x.shape[0], rows), dtype=np.float32)
+        check(self.lib.ei_vk_kernel_gemm(
+            self._live(), ggml_type, _ptr(w), rows, cols, _ptr(x), x.shape[0], _ptr(y)
+        ))  # fmt: skip
+        return y
+
+    def get_rows(
+        self, ggml_type: int, w: np.ndarray, rows: int, cols: int, ids: Sequence[int]
+    ) -> np.ndarray:
+        """The rows ``ids`` of the (rows, cols) weight whose GGUF bytes are w, decoded."""
+        w = np.ascontiguousarray(w, dtype=np.uint8)
+        idx = np.ascontiguousarray(ids, dtype=np.int32)
+        y = np.zeros((idx.size, cols), dtype=np.float32)
+        check(self.lib.ei_vk_kernel_get_rows(
+            self._live(), ggml_type, _ptr(w), rows, cols, _ptr(idx), idx.size, _ptr(y)
+        ))  # fmt: skip
+        return y
+
+    def close(self) -> None:
+        if self._ctx:
+            self.lib.ei_vk_close(self._ctx)
+            self._ctx = c_void_p()
+
+    def __enter__(self) -> VulkanKernels:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def resolve_isa(name: str | None = None) -> int:

@@ -13,8 +13,7 @@
 #include <dlfcn.h>
 #endif
 
-#include "../common/ei_internal.h"
-#include "vk_min.h"
+#include "vk_internal.h"
 
 typedef struct {
     void *library;
@@ -41,7 +40,7 @@ static void *library_symbol(void *library, const char *name) {
 #endif
 }
 
-static ei_status open_loader(void) {
+ei_status ei_vk_loader_open(void) {
     if (g_loader.get_proc) return EI_OK;
     const char *given = getenv("EDGEINFER_VULKAN_LOADER");
 #if defined(_WIN32)
@@ -66,7 +65,9 @@ static ei_status open_loader(void) {
     return ei_fail(EI_ERR_UNSUPPORTED, "no Vulkan loader: %s cannot be opened", list[0]);
 }
 
-#define VK_FN(instance, type, name) ((type)(uintptr_t)g_loader.get_proc(instance, name))
+ei_vk_void_fn ei_vk_instance_proc(ei_vk_instance inst, const char *name) { return g_loader.get_proc(inst, name); }
+
+#define VK_FN(instance, type, name) ((type)(uintptr_t)ei_vk_instance_proc(instance, name))
 
 static int has_extension(const ei_vk_extension *ext, uint32_t n, const char *name) {
     for (uint32_t i = 0; i < n; i++)
@@ -192,7 +193,7 @@ static int instance_has_extension(const char *name) {
     return found;
 }
 
-static ei_status create_instance(ei_vk_instance *inst) {
+ei_status ei_vk_instance_create(ei_vk_instance *inst) {
     ei_vk_enumerate_instance_version_fn version = VK_FN(NULL, ei_vk_enumerate_instance_version_fn, "vkEnumerateInstanceVersion");
     ei_vk_create_instance_fn create = VK_FN(NULL, ei_vk_create_instance_fn, "vkCreateInstance");
     uint32_t have = EI_VK_MAKE_API_VERSION(1, 0, 0);
@@ -212,12 +213,25 @@ static ei_status create_instance(ei_vk_instance *inst) {
     return EI_OK;
 }
 
+void ei_vk_describe(ei_vk_instance inst, ei_vk_physical dev, ei_vk_device *d) {
+    memset(d, 0, sizeof *d);
+    uint32_t n_ext = 0;
+    ei_vk_extension *ext = device_extensions(inst, dev, &n_ext);
+    ei_vk_properties2 *core = get_properties(inst, dev, NULL); /* its version says what is core */
+    const vk_has has = device_has(core ? core->properties.api_version : 0, ext, n_ext);
+    free(core);
+    describe_properties(inst, dev, has, d);
+    describe_memory(inst, dev, has.budget, d);
+    describe_features(inst, dev, has, d);
+    free(ext);
+}
+
 ei_status ei_vk_devices(ei_vk_device *out, int32_t cap, int32_t *count) {
     if (!count || cap < 0 || (cap > 0 && !out)) return ei_fail(EI_ERR_INVALID, "ei_vk_devices: bad arguments");
     *count = 0;
-    ei_status st = open_loader();
+    ei_status st = ei_vk_loader_open();
     ei_vk_instance inst = NULL;
-    if (st == EI_OK) st = create_instance(&inst);
+    if (st == EI_OK) st = ei_vk_instance_create(&inst);
     if (st != EI_OK) return st;
     ei_vk_enumerate_physical_devices_fn enumerate = VK_FN(inst, ei_vk_enumerate_physical_devices_fn, "vkEnumeratePhysicalDevices");
     ei_vk_destroy_instance_fn destroy = VK_FN(inst, ei_vk_destroy_instance_fn, "vkDestroyInstance");
@@ -227,19 +241,7 @@ ei_status ei_vk_devices(ei_vk_device *out, int32_t cap, int32_t *count) {
         devs = calloc(n, sizeof *devs);
         if (!devs || enumerate(inst, &n, devs) < 0) n = 0;
     }
-    for (uint32_t i = 0; i < n && (int32_t)i < cap; i++) {
-        ei_vk_device *d = &out[i];
-        memset(d, 0, sizeof *d);
-        uint32_t n_ext = 0;
-        ei_vk_extension *ext = device_extensions(inst, devs[i], &n_ext);
-        ei_vk_properties2 *core = get_properties(inst, devs[i], NULL); /* its version says what is core */
-        const vk_has has = device_has(core ? core->properties.api_version : 0, ext, n_ext);
-        free(core);
-        describe_properties(inst, devs[i], has, d);
-        describe_memory(inst, devs[i], has.budget, d);
-        describe_features(inst, devs[i], has, d);
-        free(ext);
-    }
+    for (uint32_t i = 0; i < n && (int32_t)i < cap; i++) ei_vk_describe(inst, devs[i], &out[i]);
     *count = (int32_t)n;
     free(devs);
     if (destroy) destroy(inst, NULL);

@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 13
+#define EI_API_VERSION 14
 
 /* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
 #define EI_MAX_THREADS 512
@@ -27,7 +27,8 @@ typedef enum {
     EI_ERR_NOMEM = 2,       /* an allocation failed */
     EI_ERR_UNSUPPORTED = 3, /* a type or feature this build cannot compute */
     EI_ERR_CONTEXT = 4,     /* a position lies outside the context */
-    EI_ERR_ISA = 5          /* the instruction set is not available here */
+    EI_ERR_ISA = 5,         /* the instruction set is not available here */
+    EI_ERR_DEVICE = 6       /* the GPU failed: a Vulkan call other than an allocation returned an error */
 } ei_status;
 
 /* instruction-set variants, in the order ei_isa_name() reports them */
@@ -329,5 +330,23 @@ typedef struct {
  * Vulkan loader can be opened or no instance created (ei_last_error says which; that means
  * "no GPU", not a failure of the library). EDGEINFER_VULKAN_LOADER names another loader file. */
 EI_EXPORT ei_status ei_vk_devices(ei_vk_device *out, int32_t cap, int32_t *count);
+
+/* A compute context on device index (-1: the first discrete GPU, else integrated, else the
+ * first), for one thread at a time; EI_ERR_UNSUPPORTED as above when there is none. Its
+ * description, whether it runs the subgroup shader variants (EDGEINFER_VULKAN_SUBGROUPS=0
+ * turns them off), the most bytes one binding spans, the most one part of a weight spans
+ * (that, or less with EDGEINFER_VULKAN_MAX_BUFFER: it exercises the splitting of large
+ * weights) and the device memory it holds. */
+EI_EXPORT ei_status ei_vk_open(int32_t device, void **ctx);
+EI_EXPORT void ei_vk_close(void *ctx);
+EI_EXPORT ei_status ei_vk_context_info(void *ctx, ei_vk_device *info, int32_t *subgroups, uint64_t *max_binding_bytes,
+                                       uint64_t *weight_part_bytes, uint64_t *allocated_bytes);
+/* The GPU kernels from host arrays, each uploading its weight (rows x cols of a GGML type, as
+ * GGUF stores it), running and reading back: y (n, rows) = x (n, cols) W^T; y (n, cols) = the
+ * rows ids of W, decoded. */
+EI_EXPORT ei_status ei_vk_kernel_gemm(void *ctx, int type, const void *w, int64_t rows, int64_t cols, const float *x,
+                                      int64_t n, float *y);
+EI_EXPORT ei_status ei_vk_kernel_get_rows(void *ctx, int type, const void *w, int64_t rows, int64_t cols,
+                                          const int32_t *ids, int64_t n, float *y);
 
 #endif

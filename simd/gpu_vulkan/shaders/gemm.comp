@@ -1,0 +1,73 @@
+#version 450
+// y = W x for up to TOKENS tokens per workgroup: one workgroup per weight row, its invocations
+// taking the row's 32-value sub-blocks in turn, each decoded once and used for every token of
+// the tile. The sums are reduced in a fixed order (subgroupAdd, then the subgroups in index
+// order; or a shared-memory tree), so a token's result does not depend on the other tokens.
+// Rows beyond the first EI_VK_MAX_GROUPS go in gl_WorkGroupID.y, token tiles in .z.
+#extension GL_GOOGLE_include_directive : require
+#if defined(SUBGROUPS)
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
+
+#define THREADS 64u
+#define TOKENS 8u
+layout(local_size_x = 64) in;
+
+layout(std430, binding = 0) readonly buffer Weights { uint W[]; };       // (rows, row_bytes / 4)
+layout(std430, binding = 1) readonly buffer Input { float x[]; };        // (n_tokens, x_stride)
+layout(std430, binding = 2) writeonly buffer Output { float y[]; };      // (n_tokens, y_stride)
+
+layout(push_constant) uniform Push {
+    uint cols;      // values per row, a multiple of 32
+    uint rows;      // rows of W (this part of the weight)
+    uint row_bytes;
+    uint n_tokens;
+    uint x_stride;  // floats from one token's input to the next
+    uint y_stride;
+    uint y_first;   // the output index of W's first row
+} p;
+
+#include "quants.glsl"
+
+shared float partial[THREADS * TOKENS];
+
+void main() {
+    const uint row = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    if (row >= p.rows) return; // the whole workgroup: no barrier is left waiting
+    const uint t0 = gl_WorkGroupID.z * TOKENS, nt = min(TOKENS, p.n_tokens - t0);
+    const uint tid = gl_LocalInvocationID.x;
+    float acc[TOKENS];
+    for (uint t = 0u; t < TOKENS; t++) acc[t] = 0.0;
+    float w[32];
+    for (uint s = tid; s < p.cols / 32u; s += THREADS) {
+        dequant32(row * p.row_bytes, s, w);
+        for (uint t = 0u; t < nt; t++) {
+            const uint o = (t0 + t) * p.x_stride + 32u * s;
+            float a = 0.0;
+            for (uint i = 0u; i < 32u; i++) a += w[i] * x[o + i];
+            acc[t] += a;
+        }
+    }
+#if defined(SUBGROUPS)
+    for (uint t = 0u; t < nt; t++) {
+        const float v = subgroupAdd(acc[t]);
+        if (subgroupElect()) partial[t * THREADS + gl_SubgroupID] = v;
+    }
+    barrier();
+    if (tid < nt) {
+        float sum = 0.0;
+        for (uint g = 0u; g < gl_NumSubgroups; g++) sum += partial[tid * THREADS + g];
+        y[(t0 + tid) * p.y_stride + p.y_first + row] = sum;
+    }
+#else
+    for (uint t = 0u; t < nt; t++) partial[t * THREADS + tid] = acc[t];
+    barrier();
+    for (uint half_ = THREADS / 2u; half_ > 0u; half_ >>= 1) {
+        if (tid < half_)
+            for (uint t = 0u; t < nt; t++) partial[t * THREADS + tid] += partial[t * THREADS + tid + half_];
+        barrier();
+    }
+    if (tid < nt) y[(t0 + tid) * p.y_stride + p.y_first + row] = partial[tid * THREADS];
+#endif
+}

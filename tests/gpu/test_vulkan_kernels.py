@@ -1,0 +1,143 @@
+"""The Vulkan kernels (simd/gpu_vulkan/shaders/) against the scalar reference (simd/ref/) on
+Mesa's lavapipe in CI: every weight type's decoder bit for bit (get_rows), the products
+(gemm) within float32 rounding of the reference's float64 product, in both the subgroup and
+the shared-memory variants; weights split over several bindings; and the typed errors.
+Without a Vulkan driver these skip, saying so; in CI they must run."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from edgeinfer import _native, errors
+from edgeinfer.gguf.constants import GGMLType
+from tests.simd.test_native_kernels import WEIGHT_TYPES, assert_same_floats, row_bytes, weight_rows
+
+pytestmark = pytest.mark.skipif(not _native.available()[0], reason="no native library")
+
+# every type the CPU kernels decode but Q2_K and Q3_K (no shader yet)
+GPU_TYPES = [t for t in WEIGHT_TYPES if t not in (GGMLType.Q2_K, GGMLType.Q3_K)]
+COLS = 768  # three K-quant super-blocks, 24 legacy blocks
+ROWS = 67  # not a multiple of anything the shaders group by
+
+
+def _open(monkeypatch: pytest.MonkeyPatch | None = None, **env: str) -> _native.VulkanKernels:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return _native.VulkanKernels()
+    except errors.UnsupportedModelError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must have a Vulkan driver (lavapipe): {e}")
+        pytest.skip(f"no Vulkan driver here: {e}")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return _native.Kernels("scalar")
+
+
+@pytest.fixture(scope="module", params=["subgroups", "shared"])
+def gpu(request):
+    ctx = _open(EDGEINFER_VULKAN_SUBGROUPS="1" if request.param == "subgroups" else "0")
+    if request.param == "subgroups" and not ctx.info()["subgroups"]:
+        ctx.close()
+        pytest.skip("this device has no subgroup arithmetic in compute shaders")
+    assert ctx.info()["subgroups"] == (request.param == "subgroups")
+    yield ctx
+    ctx.close()
+
+
+def _decoded(ref, t: GGMLType, w: np.ndarray, cols: int) -> np.ndarray:
+    return np.stack([ref.to_float(t, row, cols) for row in w])
+
+
+@pytest.mark.parametrize("kind", ["quantized", "random"])
+@pytest.mark.parametrize("t", GPU_TYPES, ids=lambda t: t.name)
+def test_get_rows_decodes_like_the_reference(gpu, ref, t, kind):
+    rng = np.random.default_rng(int(t) * 7 + len(kind))
+    w = weight_rows(t, COLS, ROWS, kind, rng)
+    ids = [4, 0, ROWS - 1, 4, 33]
+    got = gpu.get_rows(t, w, ROWS, COLS, ids)
+    want = _decoded(ref, t, w[ids], COLS)
+    assert_same_floats(got.ravel(), want.ravel(), f"{t.name} rows {ids}")
+
+
+def _check_product(got: np.ndarray, w: np.ndarray, x: np.ndarray, what: str) -> None:
+    """Within float32 rounding of the float64 product: a bound from the sum of |w x| terms, far
+    below what one wrongly decoded weight among COLS would move."""
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    scale = np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T
+    bad = np.abs(got - want) > 4e-6 * scale + 1e-30
+    assert not bad.any(), (
+        f"{what}: {int(bad.sum())} of {bad.size} off, worst "
+        f"{float(np.max(np.abs(got - want) / (scale + 1e-30))):.3g} of the |w x| sum"
+    )
+
+
+@pytest.mark.parametrize("n_tokens", [1, 3, 9])
+@pytest.mark.parametrize("t", GPU_TYPES, ids=lambda t: t.name)
+def test_gemm_matches_the_reference(gpu, ref, t, n_tokens):
+    rng = np.random.default_rng(int(t) * 11 + n_tokens)
+    w = weight_rows(t, COLS, ROWS, "quantized", rng)
+    x = rng.standard_normal((n_tokens, COLS)).astype(np.float32)
+    got = gpu.gemm(t, w, ROWS, COLS, x)
+    _check_product(got, _decoded(ref, t, w, COLS), x, f"{t.name} x {n_tokens} tokens")
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.F16], ids=lambda t: t.name)
+def test_a_tokens_result_does_not_depend_on_the_batch(gpu, t):
+    rng = np.random.default_rng(5)
+    w = weight_rows(t, COLS, ROWS, "quantized", rng)
+    x = rng.standard_normal((11, COLS)).astype(np.float32)
+    batch = gpu.gemm(t, w, ROWS, COLS, x)
+    for i in (0, 7, 8, 10):  # first and last of a tile of 8, and of the next one
+        assert_same_floats(gpu.gemm(t, w, ROWS, COLS, x[i]).ravel(), batch[i], f"token {i}")
+
+
+def test_weights_over_the_binding_limit_are_split_by_rows(ref):
+    """A binding cap of 8 KiB (EDGEINFER_VULKAN_MAX_BUFFER) makes a Q4_0 weight of 67 rows of
+    432 bytes four parts: the same results, bit for bit, as in one binding."""
+    rng = np.random.default_rng(9)
+    t = GGMLType.Q4_0
+    w = weight_rows(t, COLS, ROWS, "quantized", rng)
+    x = rng.standard_normal((3, COLS)).astype(np.float32)
+    with _open() as whole, _open(EDGEINFER_VULKAN_MAX_BUFFER="8192") as split:
+        assert split.info()["weight_part_bytes"] == 8192 < row_bytes(t, COLS) * ROWS
+        assert whole.info()["weight_part_bytes"] >= row_bytes(t, COLS) * ROWS
+        parts, one = split.gemm(t, w, ROWS, COLS, x), whole.gemm(t, w, ROWS, COLS, x)
+        assert_same_floats(parts.ravel(), one.ravel(), "gemm")
+        ids = [0, 17, 18, 66, 35, 36]  # on both sides of the part boundaries (18 rows a part)
+        got = split.get_rows(t, w, ROWS, COLS, ids)
+        assert_same_floats(got.ravel(), _decoded(ref, t, w[ids], COLS).ravel(), "get_rows")
+        assert split.info()["allocated_bytes"] == 0  # every buffer freed
+
+
+def test_bad_requests_give_typed_errors():
+    with _open() as gpu:
+        w = np.zeros(row_bytes(GGMLType.Q2_K, 256) * 2, np.uint8)
+        with pytest.raises(errors.UnsupportedModelError, match="no kernel for type"):
+            gpu.gemm(GGMLType.Q2_K, w, 2, 256, np.zeros((1, 256), np.float32))
+        with pytest.raises(errors.UnsupportedModelError, match="40 columns"):
+            w = np.zeros(2 * 40 * 4, np.uint8)
+            gpu.gemm(GGMLType.F32, w, 2, 40, np.zeros((1, 40), np.float32))
+        w = np.zeros(row_bytes(GGMLType.Q8_0, 64) * 3, np.uint8)
+        with pytest.raises(errors.InvalidOptionError, match="row 3 of 3"):
+            gpu.get_rows(GGMLType.Q8_0, w, 3, 64, [0, 3])
+        with pytest.raises(errors.InvalidOptionError, match="inputs of 32 values"):
+            gpu.gemm(GGMLType.Q8_0, w, 3, 64, np.zeros((1, 32), np.float32))
+    with _open(EDGEINFER_VULKAN_MAX_BUFFER="4096") as small:
+        w = np.zeros(row_bytes(GGMLType.F32, 2048) * 2, np.uint8)  # 8 KiB rows
+        with pytest.raises(errors.UnsupportedModelError, match="storage binding limit"):
+            small.gemm(GGMLType.F32, w, 2, 2048, np.zeros((1, 2048), np.float32))
+        small.close()
+        with pytest.raises(errors.InvalidOptionError, match="closed"):
+            small.info()
