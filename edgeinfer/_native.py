@@ -167,6 +167,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     # context, weight type, weight, rows, cols, input (x or row ids), n, output
     "ei_vk_kernel_gemm": (c_int, _VK_KERNEL_ARGS),
     "ei_vk_kernel_get_rows": (c_int, _VK_KERNEL_ARGS),
+    "ei_vk_kernel_rms_norm": (c_int, [c_void_p, c_int32, c_int32] + [c_void_p] * 3 + [c_float]),
+    "ei_vk_kernel_rope": (c_int, [c_void_p] + [c_int32] * 4 + [c_void_p, c_void_p, c_int32]),
+    "ei_vk_kernel_glu": (c_int, [c_void_p, c_int32, c_int32] + [c_void_p] * 3),
+    "ei_vk_kernel_op": (c_int, [c_void_p, c_int32, c_int32, c_void_p, c_void_p, c_float]),
     "ei_engine_create": (c_int, [_P(ModelDesc), _P(EngineParams), _P(c_void_p)]),
     "ei_engine_decode": (
         c_int,
@@ -482,6 +486,42 @@ class VulkanKernels:
             self._live(), ggml_type, _ptr(w), rows, cols, _ptr(idx), idx.size, _ptr(y)
         ))  # fmt: skip
         return y
+
+    def rms_norm(self, x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+        """Each row of x (rows, n) normalised, times w (n,) when given."""
+        x = np.ascontiguousarray(np.atleast_2d(x), dtype=np.float32)
+        y = np.empty_like(x)
+        wp = _ptr(np.ascontiguousarray(w, dtype=np.float32)) if w is not None else None
+        n, rows = x.shape[1], x.shape[0]
+        check(self.lib.ei_vk_kernel_rms_norm(self._live(), n, rows, _ptr(y), _ptr(x), wp, eps))
+        return y
+
+    def rope(self, x: np.ndarray, cs: np.ndarray, neox: bool) -> np.ndarray:
+        """x (n_tokens, n_heads, head_dim) with each token's first n_rot values of each head
+        rotated by its (cos, sin) pairs cs (n_tokens, n_rot)."""
+        y = np.array(x, dtype=np.float32, copy=True, order="C")
+        cs = np.ascontiguousarray(cs, dtype=np.float32)
+        n_tokens, n_heads, head_dim = y.shape
+        check(self.lib.ei_vk_kernel_rope(
+            self._live(), n_tokens, n_heads, head_dim, cs.shape[1], _ptr(y), _ptr(cs), int(neox)
+        ))  # fmt: skip
+        return y
+
+    def glu(self, gelu: bool, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+        g, u = np.ascontiguousarray(g, dtype=np.float32), np.ascontiguousarray(u, dtype=np.float32)
+        y = np.empty_like(g)
+        check(self.lib.ei_vk_kernel_glu(self._live(), int(gelu), g.size, _ptr(y), _ptr(g), _ptr(u)))
+        return y
+
+    def op(
+        self, name: str, y: np.ndarray, x: np.ndarray | None = None, s: float = 0.0
+    ) -> np.ndarray:
+        """``add`` (y + x), ``scale`` (y * s) or ``softcap`` (tanh(y / s) * s)."""
+        out = np.array(y, dtype=np.float32, copy=True)
+        xp = _ptr(np.ascontiguousarray(x, dtype=np.float32)) if x is not None else None
+        op = ("add", "scale", "softcap").index(name)
+        check(self.lib.ei_vk_kernel_op(self._live(), op, out.size, _ptr(out), xp, s))
+        return out
 
     def close(self) -> None:
         if self._ctx:

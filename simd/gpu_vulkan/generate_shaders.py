@@ -41,6 +41,8 @@ def variants() -> list[tuple[str, str, list[str]]]:
         out.append((f"gemm_{t}", "gemm.comp", [type_define]))
         out.append((f"gemm_{t}_sg", "gemm.comp", [type_define, "SUBGROUPS"]))
         out.append((f"get_rows_{t}", "get_rows.comp", [type_define]))
+    out += [("rms_norm", "norm.comp", []), ("rope", "rope.comp", []), ("glu", "glu.comp", [])]
+    out += [(f"op_{op}", "ops.comp", [f"OP_{op.upper()}"]) for op in ("add", "scale", "softcap")]
     return out
 
 

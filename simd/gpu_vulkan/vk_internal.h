@@ -106,4 +106,17 @@ ei_status ei_vk_gemm(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffer *x
 /* y[i] = row ids[i] of w as floats (ids: n uint32) */
 ei_status ei_vk_get_rows(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffer *ids, int64_t n, ei_vk_buffer *y, int64_t y_stride);
 
+/* ops.c: the non-matmul steps. rms_norm: rows of n values, row_stride apart, each normalised
+ * (times w, n values, when w is not NULL); rope: the first n_rot values of each of n_heads heads
+ * (head_dim apart, a token token_stride floats after the previous) rotated by the token's
+ * (cos, sin) pairs cs (n_tokens, n_rot); glu: g = act(g) * u (GELU from the fp16 table, else
+ * SiLU); op: y += x, y *= s or y = tanh(y / s) * s over n values */
+enum { EI_VK_OP_ADD = 0, EI_VK_OP_SCALE = 1, EI_VK_OP_SOFTCAP = 2 };
+ei_status ei_vk_rms_norm(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *w, ei_vk_buffer *y, int64_t n, int64_t rows,
+                         int64_t x_stride, int64_t y_stride, float eps);
+ei_status ei_vk_rope(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                     int64_t n_rot, int64_t token_stride, int neox);
+ei_status ei_vk_glu(ei_vk_context *ctx, ei_vk_buffer *g, ei_vk_buffer *u, ei_vk_buffer *gelu_table, int64_t n, int gelu);
+ei_status ei_vk_op(ei_vk_context *ctx, int op, ei_vk_buffer *y, ei_vk_buffer *x, int64_t n, float s);
+
 #endif

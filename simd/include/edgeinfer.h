@@ -348,5 +348,15 @@ EI_EXPORT ei_status ei_vk_kernel_gemm(void *ctx, int type, const void *w, int64_
                                       int64_t n, float *y);
 EI_EXPORT ei_status ei_vk_kernel_get_rows(void *ctx, int type, const void *w, int64_t rows, int64_t cols,
                                           const int32_t *ids, int64_t n, float *y);
+/* and the steps between the products, each the GPU twin of an ei_kernel_* above: rms_norm of
+ * rows of n values (w may be NULL); rope in place on (n_tokens, n_heads, head_dim) values with
+ * each token's (cos, sin) pairs (n_tokens, n_rot); glu (gelu 1: the fp16 table's GELU, 0:
+ * SiLU); op 0 y += x, 1 y *= s, 2 y = tanh(y / s) * s (x unused but by 0; may be NULL then) */
+EI_EXPORT ei_status ei_vk_kernel_rms_norm(void *ctx, int32_t n, int32_t rows, float *y, const float *x, const float *w,
+                                          float eps);
+EI_EXPORT ei_status ei_vk_kernel_rope(void *ctx, int32_t n_tokens, int32_t n_heads, int32_t head_dim, int32_t n_rot,
+                                      float *x, const float *cs, int32_t neox);
+EI_EXPORT ei_status ei_vk_kernel_glu(void *ctx, int32_t gelu, int32_t n, float *y, const float *g, const float *u);
+EI_EXPORT ei_status ei_vk_kernel_op(void *ctx, int32_t op, int32_t n, float *y, const float *x, float s);
 
 #endif

@@ -141,3 +141,70 @@ def test_bad_requests_give_typed_errors():
         small.close()
         with pytest.raises(errors.InvalidOptionError, match="closed"):
             small.info()
+
+
+# ---- the steps between the products ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_rms_norm_matches_the_reference(gpu, ref, weighted):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((5, 640)) * [[1], [1e-3], [30], [1], [0.1]]).astype(np.float32)
+    w = rng.standard_normal(640).astype(np.float32) if weighted else None
+    got = gpu.rms_norm(x, w, 1e-6)
+    want = np.stack([ref.rms_norm(row, w, 1e-6) for row in x])
+    # the squares are summed in float32 here, in double on the CPU
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
+
+
+def test_head_norms_share_one_weight(gpu, ref):
+    """q_norm / k_norm: rows of head_dim values (every head of every token) with one weight."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3 * 4, 256)).astype(np.float32)
+    w = rng.standard_normal(256).astype(np.float32)
+    want = np.stack([ref.rms_norm(row, w, 1e-6) for row in x])
+    np.testing.assert_allclose(gpu.rms_norm(x, w, 1e-6), want, rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("n_rot", [64, 32])
+def test_rope_matches_the_reference_bit_for_bit(gpu, ref, neox, n_rot):
+    rng = np.random.default_rng(n_rot + neox)
+    n_tokens, n_heads, head_dim = 5, 4, 64
+    x = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32)
+    angles = rng.uniform(-100, 100, (n_tokens, n_rot // 2))
+    cs = np.stack([np.cos(angles), np.sin(angles)], axis=-1).reshape(n_tokens, n_rot)
+    cs = cs.astype(np.float32)
+    got = gpu.rope(x, cs, neox)
+    want = np.stack([[ref.rope(x[t, h], cs[t], neox) for h in range(n_heads)] for t in range(5)])
+    assert_same_floats(got.ravel(), want.ravel(), "rope")
+
+
+def test_geglu_matches_the_reference_bit_for_bit(gpu, ref):
+    """GELU through the CPU's fp16 table, the lookups rounded to nearest even as on the CPU:
+    every fp16 value in (-10, 10) and halfway cases between them."""
+    h = np.arange(0, 65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    h = h[np.isfinite(h) & (np.abs(h) < 12)]
+    mid = (h[:-1] + np.nextafter(h[:-1], np.float32(np.inf))) / 2  # ties and near-ties
+    g = np.concatenate([h, mid, [-10.0, 10.0, 1e-30, -3e-8]]).astype(np.float32)
+    u = np.random.default_rng(2).standard_normal(g.size).astype(np.float32)
+    assert_same_floats(gpu.glu(True, g, u), ref.glu(True, g, u), "geglu")
+
+
+def test_swiglu_matches_the_reference(gpu, ref):
+    rng = np.random.default_rng(6)
+    g = (rng.standard_normal(5000) * 6).astype(np.float32)
+    u = rng.standard_normal(5000).astype(np.float32)
+    np.testing.assert_allclose(gpu.glu(False, g, u), ref.glu(False, g, u), rtol=1e-6, atol=1e-30)
+
+
+def test_elementwise_ops(gpu):
+    rng = np.random.default_rng(8)
+    y = (rng.standard_normal(1000) * 50).astype(np.float32)
+    x = rng.standard_normal(1000).astype(np.float32)
+    assert_same_floats(gpu.op("add", y, x), y + x, "add")
+    assert_same_floats(gpu.op("scale", y, s=25.3), y * np.float32(25.3), "scale")
+    want = (np.tanh(y.astype(np.float64) / 30.0) * 30.0).astype(np.float32)
+    np.testing.assert_allclose(gpu.op("softcap", y, s=30.0), want, rtol=2e-6, atol=1e-6)
+    with pytest.raises(errors.InvalidOptionError):
+        gpu.op("softcap", y, s=0.0)

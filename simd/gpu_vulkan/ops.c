@@ -1,0 +1,157 @@
+/* The non-matmul steps of a layer on the GPU (shaders norm.comp, rope.comp, glu.comp and
+ * ops.comp), recorded into the context like gemm; and their ei_vk_kernel_* entry points from
+ * host arrays, which the tests hold against the scalar reference's ops (simd/ref/ops.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "vk_internal.h"
+
+static void groups_for(uint64_t n, uint32_t per_group, uint32_t *gx, uint32_t *gy) {
+    const uint64_t groups = (n + per_group - 1) / per_group;
+    *gx = groups < EI_VK_MAX_GROUPS ? (uint32_t)(groups ? groups : 1) : EI_VK_MAX_GROUPS;
+    *gy = (uint32_t)((groups + *gx - 1) / *gx);
+}
+
+static ei_status shader(const char *name, int *index) { return ei_vk_shader_index(name, index); }
+
+ei_status ei_vk_rms_norm(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *w, ei_vk_buffer *y, int64_t n, int64_t rows,
+                         int64_t x_stride, int64_t y_stride, float eps) {
+    if (n <= 0 || rows <= 0 || x_stride < n || y_stride < n || (w && w->bytes / 4 < (uint64_t)n) ||
+        (uint64_t)(rows - 1) * (uint64_t)x_stride + (uint64_t)n > x->bytes / 4 ||
+        (uint64_t)(rows - 1) * (uint64_t)y_stride + (uint64_t)n > y->bytes / 4)
+        return ei_fail(EI_ERR_INVALID, "ei_vk_rms_norm: shapes do not fit the buffers");
+    struct {
+        uint32_t n, rows, x_stride, y_stride, has_weight;
+        float eps;
+    } push = {(uint32_t)n, (uint32_t)rows, (uint32_t)x_stride, (uint32_t)y_stride, w != NULL, eps};
+    int s;
+    ei_status st = shader("rms_norm", &s);
+    uint32_t gx, gy;
+    groups_for((uint64_t)rows, 1, &gx, &gy);
+    ei_vk_buffer *bind[EI_VK_BINDINGS] = {x, w ? w : x, y, NULL};
+    return st != EI_OK ? st : ei_vk_dispatch(ctx, s, bind, &push, sizeof push, gx, gy, 1);
+}
+
+ei_status ei_vk_rope(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                     int64_t n_rot, int64_t token_stride, int neox) {
+    if (n_tokens <= 0 || n_tokens > (int64_t)EI_VK_MAX_GROUPS || n_heads <= 0 || n_rot <= 0 || n_rot % 2 || n_rot > head_dim ||
+        token_stride < n_heads * head_dim || (uint64_t)(n_tokens * n_rot) > cs->bytes / 4 ||
+        (uint64_t)((n_tokens - 1) * token_stride + n_heads * head_dim) > x->bytes / 4)
+        return ei_fail(EI_ERR_INVALID, "ei_vk_rope: shapes do not fit the buffers");
+    struct {
+        uint32_t n_tokens, n_heads, head_dim, n_rot, token_stride, neox;
+    } push = {(uint32_t)n_tokens, (uint32_t)n_heads, (uint32_t)head_dim, (uint32_t)n_rot, (uint32_t)token_stride, neox != 0};
+    int s;
+    ei_status st = shader("rope", &s);
+    const uint32_t gx = (uint32_t)((n_heads * n_rot / 2 + 63) / 64);
+    ei_vk_buffer *bind[EI_VK_BINDINGS] = {x, cs, NULL, NULL};
+    return st != EI_OK ? st : ei_vk_dispatch(ctx, s, bind, &push, sizeof push, gx, (uint32_t)n_tokens, 1);
+}
+
+ei_status ei_vk_glu(ei_vk_context *ctx, ei_vk_buffer *g, ei_vk_buffer *u, ei_vk_buffer *gelu_table, int64_t n, int gelu) {
+    if (n <= 0 || (uint64_t)n > g->bytes / 4 || (uint64_t)n > u->bytes / 4 || (gelu && (!gelu_table || gelu_table->bytes < 131072)))
+        return ei_fail(EI_ERR_INVALID, "ei_vk_glu: shapes do not fit the buffers");
+    struct {
+        uint32_t n, gelu;
+    } push = {(uint32_t)n, gelu != 0};
+    int s;
+    ei_status st = shader("glu", &s);
+    uint32_t gx, gy;
+    groups_for((uint64_t)n, 64, &gx, &gy);
+    ei_vk_buffer *bind[EI_VK_BINDINGS] = {g, u, gelu_table ? gelu_table : g, NULL};
+    return st != EI_OK ? st : ei_vk_dispatch(ctx, s, bind, &push, sizeof push, gx, gy, 1);
+}
+
+static const char *const op_names[] = {"op_add", "op_scale", "op_softcap"};
+
+ei_status ei_vk_op(ei_vk_context *ctx, int op, ei_vk_buffer *y, ei_vk_buffer *x, int64_t n, float s) {
+    if (op < 0 || op > EI_VK_OP_SOFTCAP || n <= 0 || (uint64_t)n > y->bytes / 4 || (op == EI_VK_OP_ADD && (!x || (uint64_t)n > x->bytes / 4)) ||
+        (op == EI_VK_OP_SOFTCAP && s == 0.0f))
+        return ei_fail(EI_ERR_INVALID, "ei_vk_op: bad arguments");
+    struct {
+        uint32_t n;
+        float s;
+    } push = {(uint32_t)n, s};
+    int index;
+    ei_status st = shader(op_names[op], &index);
+    uint32_t gx, gy;
+    groups_for((uint64_t)n, 64, &gx, &gy);
+    ei_vk_buffer *bind[EI_VK_BINDINGS] = {y, x ? x : y, NULL, NULL};
+    return st != EI_OK ? st : ei_vk_dispatch(ctx, index, bind, &push, sizeof push, gx, gy, 1);
+}
+
+/* ---- from host arrays ---------------------------------------------------------------------- */
+
+#define HOST_MAX 3
+
+/* buffers holding copies of the host arrays in[i] (bytes[i] each; NULL: uninitialised) */
+typedef struct {
+    ei_vk_buffer b[HOST_MAX];
+    int n;
+} host_set;
+
+static ei_status host_upload(ei_vk_context *ctx, host_set *h, int n, const void *const *in, const uint64_t *bytes) {
+    memset(h, 0, sizeof *h);
+    ei_status st = EI_OK;
+    for (int i = 0; i < n && st == EI_OK; i++, h->n++) {
+        st = ei_vk_buffer_alloc(ctx, bytes[i], 1, &h->b[i]);
+        if (st == EI_OK && in[i]) st = ei_vk_buffer_write(ctx, &h->b[i], 0, in[i], bytes[i]);
+    }
+    return st;
+}
+
+static ei_status host_finish(ei_vk_context *ctx, host_set *h, ei_status st, int out, void *dst, uint64_t bytes) {
+    if (st == EI_OK) st = ei_vk_submit(ctx);
+    if (st == EI_OK) st = ei_vk_buffer_read(ctx, &h->b[out], 0, dst, bytes);
+    for (int i = 0; i < h->n; i++) ei_vk_buffer_free(ctx, &h->b[i]);
+    return st;
+}
+
+ei_status ei_vk_kernel_rms_norm(void *ctx, int32_t n, int32_t rows, float *y, const float *x, const float *w, float eps) {
+    if (!ctx || n <= 0 || rows <= 0 || !y || !x) return ei_fail(EI_ERR_INVALID, "ei_vk_kernel_rms_norm: bad arguments");
+    host_set h;
+    const uint64_t bytes = (uint64_t)n * (uint64_t)rows * 4;
+    const void *in[2] = {x, w};
+    const uint64_t sizes[2] = {bytes, (uint64_t)n * 4};
+    ei_status st = host_upload(ctx, &h, w ? 2 : 1, in, sizes);
+    if (st == EI_OK) st = ei_vk_rms_norm(ctx, &h.b[0], w ? &h.b[1] : NULL, &h.b[0], n, rows, n, n, eps);
+    return host_finish(ctx, &h, st, 0, y, bytes);
+}
+
+ei_status ei_vk_kernel_rope(void *ctx, int32_t n_tokens, int32_t n_heads, int32_t head_dim, int32_t n_rot, float *x,
+                            const float *cs, int32_t neox) {
+    if (!ctx || !x || !cs || n_tokens <= 0 || n_heads <= 0 || head_dim <= 0) return ei_fail(EI_ERR_INVALID, "ei_vk_kernel_rope: bad arguments");
+    host_set h;
+    const uint64_t bytes = (uint64_t)n_tokens * (uint64_t)n_heads * (uint64_t)head_dim * 4;
+    const void *in[2] = {x, cs};
+    const uint64_t sizes[2] = {bytes, (uint64_t)n_tokens * (uint64_t)(n_rot > 0 ? n_rot : 1) * 4};
+    ei_status st = host_upload(ctx, &h, 2, in, sizes);
+    if (st == EI_OK) st = ei_vk_rope(ctx, &h.b[0], &h.b[1], n_tokens, n_heads, head_dim, n_rot, (int64_t)n_heads * head_dim, neox);
+    return host_finish(ctx, &h, st, 0, x, bytes);
+}
+
+ei_status ei_vk_kernel_glu(void *ctx, int32_t gelu, int32_t n, float *y, const float *g, const float *u) {
+    if (!ctx || n <= 0 || !y || !g || !u) return ei_fail(EI_ERR_INVALID, "ei_vk_kernel_glu: bad arguments");
+    ei_f16 *table = gelu ? malloc(65536 * sizeof *table) : NULL;
+    if (gelu && !table) return ei_fail(EI_ERR_NOMEM, "ei_vk_kernel_glu: out of memory");
+    if (table) ei_gelu_table(table);
+    host_set h;
+    const uint64_t bytes = (uint64_t)n * 4;
+    const void *in[3] = {g, u, table};
+    const uint64_t sizes[3] = {bytes, bytes, 65536 * sizeof(ei_f16)};
+    ei_status st = host_upload(ctx, &h, gelu ? 3 : 2, in, sizes);
+    free(table);
+    if (st == EI_OK) st = ei_vk_glu(ctx, &h.b[0], &h.b[1], gelu ? &h.b[2] : NULL, n, gelu);
+    return host_finish(ctx, &h, st, 0, y, bytes);
+}
+
+ei_status ei_vk_kernel_op(void *ctx, int32_t op, int32_t n, float *y, const float *x, float s) {
+    if (!ctx || n <= 0 || !y) return ei_fail(EI_ERR_INVALID, "ei_vk_kernel_op: bad arguments");
+    host_set h;
+    const uint64_t bytes = (uint64_t)n * 4;
+    const void *in[2] = {y, x};
+    const uint64_t sizes[2] = {bytes, bytes};
+    ei_status st = host_upload(ctx, &h, x ? 2 : 1, in, sizes);
+    if (st == EI_OK) st = ei_vk_op(ctx, op, &h.b[0], x ? &h.b[1] : NULL, n, s);
+    return host_finish(ctx, &h, st, 0, y, bytes);
+}
