@@ -171,6 +171,14 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_vk_kernel_rope": (c_int, [c_void_p] + [c_int32] * 4 + [c_void_p, c_void_p, c_int32]),
     "ei_vk_kernel_glu": (c_int, [c_void_p, c_int32, c_int32] + [c_void_p] * 3),
     "ei_vk_kernel_op": (c_int, [c_void_p, c_int32, c_int32, c_void_p, c_void_p, c_float]),
+    # context, heads, KV heads, hd, hv, runs, types, row bytes, scale, softcap, q, k, v, out
+    "ei_vk_kernel_attn": (
+        c_int,
+        [c_void_p]
+        + [c_int32] * 5
+        + [c_void_p, c_int32, c_int32, _I64, _I64, c_float, c_float]
+        + [c_void_p, c_void_p, _I64, c_void_p, _I64, c_void_p],
+    ),
     "ei_engine_create": (c_int, [_P(ModelDesc), _P(EngineParams), _P(c_void_p)]),
     "ei_engine_decode": (
         c_int,
@@ -521,6 +529,32 @@ class VulkanKernels:
         xp = _ptr(np.ascontiguousarray(x, dtype=np.float32)) if x is not None else None
         op = ("add", "scale", "softcap").index(name)
         check(self.lib.ei_vk_kernel_op(self._live(), op, out.size, _ptr(out), xp, s))
+        return out
+
+    def attention(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        runs: list[tuple[int, int]],
+        scale: float,
+        softcap: float,
+        types: tuple[int, int],
+        dims: tuple[int, int],
+        n_head_kv: int,
+    ) -> np.ndarray:
+        """One token's query heads q (n_head, hd) over the runs (first row, rows) of the cache
+        rows k and v ((T, bytes) uint8, n_head_kv heads of the given GGML types a row)."""
+        q = np.ascontiguousarray(np.atleast_2d(q), dtype=np.float32)
+        k, v = np.ascontiguousarray(k, dtype=np.uint8), np.ascontiguousarray(v, dtype=np.uint8)
+        flat = np.ascontiguousarray(np.asarray(runs, dtype=np.int32).reshape(-1))
+        (hd, hv), n_head = dims, q.shape[0]
+        out = np.zeros((n_head, hv), dtype=np.float32)
+        check(self.lib.ei_vk_kernel_attn(
+            self._live(), n_head, n_head_kv, hd, hv, len(flat) // 2, _ptr(flat), types[0], types[1],
+            k.shape[1], v.shape[1], scale, softcap, _ptr(q),
+            _ptr(k), k.shape[0], _ptr(v), v.shape[0], _ptr(out),
+        ))  # fmt: skip
         return out
 
     def close(self) -> None:

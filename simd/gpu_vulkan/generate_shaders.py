@@ -43,6 +43,12 @@ def variants() -> list[tuple[str, str, list[str]]]:
         out.append((f"get_rows_{t}", "get_rows.comp", [type_define]))
     out += [("rms_norm", "norm.comp", []), ("rope", "rope.comp", []), ("glu", "glu.comp", [])]
     out += [(f"op_{op}", "ops.comp", [f"OP_{op.upper()}"]) for op in ("add", "scale", "softcap")]
+    cache = ("f32", "f16", "q8_0", "q4_0")
+    out += [
+        (f"attn_{k}_{v}", "attn.comp", [f"K_{k.upper()}", f"V_{v.upper()}"])
+        for k in cache
+        for v in cache
+    ]
     return out
 
 

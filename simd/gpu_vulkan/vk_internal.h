@@ -27,7 +27,7 @@ extern const int ei_vk_n_shaders;
 extern const char ei_vk_shaders_glslc[];  /* the glslc version that compiled them */
 extern const char ei_vk_shaders_source_sha256[]; /* of the shader sources, as generate_shaders.py hashes them */
 
-#define EI_VK_BINDINGS 4     /* every pipeline: storage buffers 0..3 */
+#define EI_VK_BINDINGS 6     /* every pipeline: storage buffers 0..5 */
 #define EI_VK_PUSH_BYTES 64  /* and up to 64 bytes of push constants (128 are guaranteed) */
 #define EI_VK_MAX_GROUPS 65535u /* workgroups per dimension every device allows */
 
@@ -112,6 +112,19 @@ ei_status ei_vk_get_rows(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffe
  * (cos, sin) pairs cs (n_tokens, n_rot); glu: g = act(g) * u (GELU from the fp16 table, else
  * SiLU); op: y += x, y *= s or y = tanh(y / s) * s over n values */
 enum { EI_VK_OP_ADD = 0, EI_VK_OP_SCALE = 1, EI_VK_OP_SOFTCAP = 2 };
+
+/* attn.c: every query head of n_tokens tokens (q: (n_tokens, n_head, hd) floats) over the cache
+ * rows its token's runs name (runs: per token 1 + 2 * max_runs uint32, the count and then
+ * (first row, rows) pairs), into out (n_tokens, n_head, hv); scratch holds max_keys floats
+ * per query */
+typedef struct {
+    int32_t hd, hv, n_head, n_head_kv, k_type, v_type;
+    int64_t k_row_bytes, v_row_bytes; /* between positions; a KV head's row is at kv_head * its size */
+    int32_t max_runs, max_keys;
+    float scale, softcap;
+} ei_vk_attn_shape;
+ei_status ei_vk_attn(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, ei_vk_buffer *q, ei_vk_buffer *k,
+                     ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out, ei_vk_buffer *scratch);
 ei_status ei_vk_rms_norm(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *w, ei_vk_buffer *y, int64_t n, int64_t rows,
                          int64_t x_stride, int64_t y_stride, float eps);
 ei_status ei_vk_rope(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim,

@@ -358,5 +358,12 @@ EI_EXPORT ei_status ei_vk_kernel_rope(void *ctx, int32_t n_tokens, int32_t n_hea
                                       float *x, const float *cs, int32_t neox);
 EI_EXPORT ei_status ei_vk_kernel_glu(void *ctx, int32_t gelu, int32_t n, float *y, const float *g, const float *u);
 EI_EXPORT ei_status ei_vk_kernel_op(void *ctx, int32_t op, int32_t n, float *y, const float *x, float s);
+/* attention of one token's n_head query heads q (n_head, hd) over the n_runs runs (first row,
+ * rows) of the k_rows key and v_rows value rows k and v (a row holds n_head_kv heads of
+ * k_type / v_type: F32, F16, Q8_0, Q4_0), as ei_kernel_attn computes each head; out (n_head, hv) */
+EI_EXPORT ei_status ei_vk_kernel_attn(void *ctx, int32_t n_head, int32_t n_head_kv, int32_t hd, int32_t hv, int32_t n_runs,
+                                      const int32_t *runs, int32_t k_type, int32_t v_type, int64_t k_row_bytes,
+                                      int64_t v_row_bytes, float scale, float softcap, const float *q, const void *k,
+                                      int64_t k_rows, const void *v, int64_t v_rows, float *out);
 
 #endif
