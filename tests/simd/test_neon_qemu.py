@@ -186,11 +186,13 @@ def test_library_links_for_aarch64(aarch64_build, cc):
         assert " ei_isa_best\n" in exported and "ei_kernels_init" not in exported
 
 
-def _check_level(cc, qemu, build, tmp_path, main: Path, level: int, cpu: str) -> None:
+def _check_level(
+    cc, qemu, build, tmp_path, main: Path, level: int, cpu: str, *args: str
+) -> None:  # fmt: skip
     init, name, _ = LEVELS[level]
     objects = _variant_objects(build, level)
     exe = _link(cc, main, tmp_path / f"{main.stem}{level}", objects, [f"-DEI_CHECK_INIT={init}"])
-    out = _check(_run([qemu, "-cpu", cpu, str(exe)]), f"{main.name} for {name} on {cpu}")
+    out = _check(_run([qemu, "-cpu", cpu, str(exe), *args]), f"{main.name} for {name} on {cpu}")
     assert f" {name} against scalar" in out.splitlines()[0], out[:200]
     assert out.rstrip().endswith(" 0 failed"), out[-4000:]
 
@@ -203,7 +205,10 @@ RUNS = [(lv, "max") for lv in sorted(LEVELS)] + [
 
 @pytest.mark.parametrize("level, cpu", RUNS)
 def test_kernels_match_reference(cc, qemu, aarch64_build, tmp_path, level, cpu):
-    _check_level(cc, qemu, aarch64_build, tmp_path, HERE / "check_kernels.c", level, cpu)
+    # on the oldest model of a level every kernel runs once ("quick"): what it proves is that
+    # none needs a newer instruction; the values are checked in full on "max"
+    quick = () if cpu == "max" else ("quick",)
+    _check_level(cc, qemu, aarch64_build, tmp_path, HERE / "check_kernels.c", level, cpu, *quick)
 
 
 @pytest.mark.parametrize("level", sorted(LEVELS))
