@@ -50,7 +50,7 @@ from edgeinfer.kv_cache import (
 from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 14
+API_VERSION = 15
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = (
@@ -106,6 +106,8 @@ class EngineParams(ctypes.Structure):
         ("kivi_residual", c_int32),
         ("release_weights", c_int32),
         ("fixed_threads", c_int32),
+        ("n_gpu_layers", c_int32),
+        ("gpu_device", c_int32),
     ]  # fmt: skip
 
 
@@ -628,7 +630,8 @@ class NativeEngine(SequenceEngine):
         cache_type_k: str | CacheType = "f16", cache_type_v: str | CacheType = "f16",
         isa: str | None = None, n_batch: int = 512, n_seq_max: int = 1, swa_full: bool = False,
         kv_budget: int = 0, track_attention: bool = False, kivi_group: int = KIVI_GROUP,
-        kivi_residual: int = KIVI_RESIDUAL, fixed_threads: bool = False,
+        kivi_residual: int = KIVI_RESIDUAL, fixed_threads: bool = False, n_gpu_layers: int = 0,
+        gpu_device: int = -1,
     ) -> None:  # fmt: skip
         super().__init__(n_ctx, cfg.n_vocab, n_seq_max)
         self._handle: ctypes.c_void_p | None = None
@@ -675,7 +678,7 @@ class NativeEngine(SequenceEngine):
             isa=resolve_isa(isa), ring=int(not swa_full), kv_budget=kv_budget,
             track_attention=int(track_attention), kivi_group=kivi_group,
             kivi_residual=kivi_residual, release_weights=1,  # the file's read-only map
-            fixed_threads=int(fixed_threads),
+            fixed_threads=int(fixed_threads), n_gpu_layers=n_gpu_layers, gpu_device=gpu_device,
         )  # fmt: skip
         handle = c_void_p()
         check(lib.ei_engine_create(ctypes.byref(m), ctypes.byref(params), ctypes.byref(handle)))

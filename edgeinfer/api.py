@@ -119,6 +119,8 @@ class Model:
         n_parallel: int = 0,
         progress: Callable[[float], Any] | None = None,
         memory_check: bool = True,
+        n_gpu_layers: int | str = 0,
+        gpu_device: int = -1,
     ) -> None:
         t0 = time.perf_counter()
         report = _LoadProgress(progress)
@@ -180,12 +182,14 @@ class Model:
                 self.source.metadata, self.path
             )
             check_kivi_options(*self._kv_types, kivi_group, kivi_residual)
+            self.n_gpu_layers = _gpu_layers(n_gpu_layers, self.config.n_layer, spec.name)
             options = engines.EngineOptions(
                 n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=n_batch,
                 cache_type_k=self._kv_types[0], cache_type_v=self._kv_types[1], isa=isa,
                 swa_full=swa_full, kv_budget=budget, track_attention=policy.tracks_attention,
                 kivi_group=kivi_group, kivi_residual=kivi_residual, fixed_threads=fixed_threads,
-                n_seq_max=1 + self.n_parallel,
+                n_seq_max=1 + self.n_parallel, n_gpu_layers=self.n_gpu_layers,
+                gpu_device=int_option("gpu_device", gpu_device, -1, 1 << 16),
             )  # fmt: skip
             with typed_memory_errors():
                 self._engine = engines.create(spec, self.source, self.config, options)
@@ -655,8 +659,22 @@ def load(
 _LOAD_OPTIONS = frozenset({
     "n_batch", "engine", "kv_type", "isa", "cache_type_k", "cache_type_v", "swa_full",
     "context_policy", "n_keep", "n_sink", "kv_budget", "kivi_group", "kivi_residual",
-    "fixed_threads", "n_parallel", "progress", "memory_check",
+    "fixed_threads", "n_parallel", "progress", "memory_check", "n_gpu_layers", "gpu_device",
 })  # fmt: skip
+
+
+def _gpu_layers(asked: int | str, n_layer: int, engine: str) -> int:
+    """n_gpu_layers as the native engine takes it: "all" is every layer and the output
+    (n_layer + 1, as llama.cpp counts them); a number is that many, the output first."""
+    if asked == "all":
+        n = n_layer + 1
+    elif isinstance(asked, str):
+        raise errors.InvalidOptionError(f"n_gpu_layers must be a number or 'all', got {asked!r}")
+    else:
+        n = int_option("n_gpu_layers", asked, 0, n_layer + 1)
+    if n and engine != "native":
+        raise errors.InvalidOptionError(f"n_gpu_layers needs the native engine, not {engine}")
+    return n
 
 
 class _LoadProgress:

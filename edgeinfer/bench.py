@@ -138,7 +138,7 @@ OP_LABELS = {
     "act_quant": "activation quantization", "repack": "weight repacking", "matmul": "matmul",
     "qkv_post": "q/k norm + RoPE + KV store", "kivi_quant": "KIVI quantization",
     "attention": "attention", "output_rows": "output rows gathered", "glu": "GLU activation",
-    "softcap": "logit softcap",
+    "softcap": "logit softcap", "gpu": "offloaded layers + output (GPU)",
 }  # fmt: skip
 PYTHON_OP = "python side"  # the engine call's time outside the engine
 SAMPLING_OP = "sampling (argmax)"

@@ -55,6 +55,10 @@ class EngineOptions:
     # every step on n_threads; else decoding steps may run on fewer when they are faster so
     # (another program holds a core: simd/common/step_threads.h)
     fixed_threads: bool = False
+    # the output and the last n_gpu_layers - 1 layers on a Vulkan device, as llama.cpp counts
+    # (n_layer + 1: all); gpu_device: its index, -1 the best (simd/gpu_vulkan/offload.h)
+    n_gpu_layers: int = 0
+    gpu_device: int = -1
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,7 @@ class Batch:
 # "call" is a whole engine call, the total the others add up to
 PROFILE_KINDS = (
     "call", "cache_blocks", "threads", "embed", "rope_tables", "norm", "act_quant", "repack",
-    "matmul", "qkv_post", "kivi_quant", "attention", "output_rows", "glu", "softcap",
+    "matmul", "qkv_post", "kivi_quant", "attention", "output_rows", "glu", "softcap", "gpu",
 )  # fmt: skip
 
 

@@ -16,7 +16,8 @@ def open_engine(gguf: GGUFFile, cfg: DecoderConfig, options: EngineOptions) -> N
         n_batch=options.n_batch, n_seq_max=options.n_seq_max, swa_full=options.swa_full,
         kv_budget=options.kv_budget, track_attention=options.track_attention,
         kivi_group=options.kivi_group, kivi_residual=options.kivi_residual,
-        fixed_threads=options.fixed_threads,
+        fixed_threads=options.fixed_threads, n_gpu_layers=options.n_gpu_layers,
+        gpu_device=options.gpu_device,
     )  # fmt: skip
 
 

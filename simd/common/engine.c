@@ -15,6 +15,7 @@
 #include "repack.h"
 #include "step_threads.h"
 #include "threadpool.h"
+#include "../gpu_vulkan/offload.h"
 
 #define MAX_BASES 4     /* distinct rope bases among the layers */
 #define ROW_BLOCK 16    /* weight rows one thread takes at a time (kept in L1 across tokens) */
@@ -90,6 +91,13 @@ struct ei_engine {
     ei_profile prof;  /* the per-op profile (ei_engine_profile); prof.on: recording */
     size_t bytes;
     size_t failed_bytes;   /* the size of the allocation that failed last, for the message */
+    /* layer offload (n_gpu_layers): layers [first_gpu, n_layer) and the output on the device;
+     * per group of cache blocks, each token's row and runs for it (offload.h) */
+    ei_vk_offload *gpu;
+    int first_gpu;
+    uint32_t *gpu_rows, *gpu_runs; /* (4, n_batch), (4, n_batch, 1 + 2 * max_pool_runs) */
+    int32_t *gpu_out;              /* (n_batch) output rows as the device sees them */
+    int32_t *gpu_run_set;          /* (n_layer) each device layer's set of runs (offload.h) */
 };
 
 /* ---- allocation ------------------------------------------------------------------------ */
@@ -272,12 +280,59 @@ static ei_status create_pool(ei_engine *e) {
     int32_t *windows = alloc(e, sizeof(int32_t) * (size_t)e->m.n_layer);
     if (!windows) return ei_fail(EI_ERR_NOMEM, "out of memory");
     for (int il = 0; il < e->m.n_layer; il++) windows[il] = e->p.ring ? e->layers[il].window : 0;
-    const ei_kv_pool_params kp = {e->m.n_layer, e->p.n_seq_max, e->p.n_ctx, e->p.n_batch, windows,
-                                  e->k_row_bytes, e->v_row_bytes, (size_t)e->p.kv_budget};
+    ei_kv_pool_params kp = {e->m.n_layer, e->p.n_seq_max, e->p.n_ctx, e->p.n_batch, windows,
+                            e->k_row_bytes, e->v_row_bytes, (size_t)e->p.kv_budget};
+    int8_t *device = e->p.n_gpu_layers ? calloc((size_t)e->m.n_layer, 1) : NULL;
+    for (int il = e->first_gpu; device && il < e->m.n_layer; il++) device[il] = 1;
+    kp.on_device = device;
     ei_status st;
     e->kv = ei_kv_pool_create(&kp, &st);
     free(windows);
+    free(device);
     e->bytes -= sizeof(int32_t) * (size_t)e->m.n_layer;
+    return st;
+}
+
+/* the device part (n_gpu_layers): its weights, caches and buffers, and the host's tables of
+ * each step's cache rows and runs */
+static ei_status create_offload(ei_engine *e) {
+    const int L = e->m.n_layer, B = ei_kv_pool_block_size(e->kv);
+    int32_t *ints = calloc((size_t)(3 * L + 4), sizeof(int32_t)); /* (L) groups, (L) bases, (L) runs, (4) rows */
+    if (!ints) return ei_fail(EI_ERR_NOMEM, "out of memory");
+    int32_t *groups = ints, *bases = ints + L, *runs = ints + 2 * L, *group_rows = ints + 3 * L;
+    for (int il = 0; il < L; il++) {
+        groups[il] = ei_kv_pool_layer_group(e->kv, il);
+        bases[il] = e->layer_base[il];
+        group_rows[groups[il]] = ei_kv_pool_group_blocks(e->kv, il) * B;
+    }
+    /* a set of runs for each (group, window) among the device layers: a group can hold layers
+     * of several windows (the pool keeps a window whole where the context is short) */
+    int set_group[4], set_window[4], n_sets = 0;
+    for (int il = e->first_gpu; il < L; il++) {
+        int s = 0;
+        while (s < n_sets && (set_group[s] != groups[il] || set_window[s] != e->layers[il].window)) s++;
+        if (s == n_sets) {
+            if (n_sets == 4) {
+                free(ints);
+                return ei_fail(EI_ERR_UNSUPPORTED, "layer offload: more than 4 attention windows");
+            }
+            set_group[n_sets] = groups[il];
+            set_window[n_sets++] = e->layers[il].window;
+        }
+        runs[il] = s;
+    }
+    const ei_vk_offload_params op = {&e->m, e->first_gpu, e->p.gpu_device, e->p.n_batch, e->p.n_ctx, e->p.kv_type_k,
+                                     e->p.kv_type_v, (int64_t)e->k_row_bytes, (int64_t)e->v_row_bytes, groups, runs, group_rows,
+                                     e->max_pool_runs, bases, e->n_bases, e->gelu};
+    const size_t nb = (size_t)e->p.n_batch;
+    e->gpu_rows = alloc(e, 4 * nb * sizeof(uint32_t));
+    e->gpu_runs = alloc(e, 4 * nb * (size_t)(1 + 2 * e->max_pool_runs) * sizeof(uint32_t));
+    e->gpu_out = alloc(e, nb * sizeof(int32_t));
+    e->gpu_run_set = alloc(e, sizeof(int32_t) * (size_t)L);
+    if (e->gpu_run_set) memcpy(e->gpu_run_set, runs, sizeof(int32_t) * (size_t)L);
+    ei_status st = e->gpu_rows && e->gpu_runs && e->gpu_out && e->gpu_run_set ? EI_OK : ei_fail(EI_ERR_NOMEM, "out of memory");
+    if (st == EI_OK) st = ei_vk_offload_create(&op, &e->gpu);
+    free(ints);
     return st;
 }
 
@@ -294,6 +349,13 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     if (p.kv_budget < 0) return ei_fail(EI_ERR_INVALID, "kv_budget must be >= 0, got %lld", (long long)p.kv_budget);
     if (p.n_batch <= 0 || p.n_batch > MAX_BATCH)
         return ei_fail(EI_ERR_INVALID, "n_batch must lie in [1, %d], got %d", MAX_BATCH, p.n_batch);
+    if (p.n_gpu_layers < 0 || p.n_gpu_layers > m->n_layer + 1)
+        return ei_fail(EI_ERR_INVALID, "n_gpu_layers must lie in [0, %d] (the layers and the output), got %d", m->n_layer + 1,
+                       p.n_gpu_layers);
+    if (p.n_gpu_layers && p.kv_layout != EI_KV_ROWS)
+        return ei_fail(EI_ERR_UNSUPPORTED, "layer offload keeps the KV cache as rows: the KIVI layout runs on the CPU only");
+    if (p.n_gpu_layers && p.track_attention)
+        return ei_fail(EI_ERR_UNSUPPORTED, "layer offload does not track attention (the H2O policy): use n_gpu_layers 0");
     const int isa = p.isa < 0 ? ei_isa_best() : p.isa;
     const ei_kernels *k = ei_kernels_for(isa);
     if (!k) return ei_fail(EI_ERR_ISA, "instruction set %s is not available: %s", ei_isa_name(isa), ei_isa_reason(isa));
@@ -320,6 +382,7 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     if (m->n_ff > e->max_cols) e->max_cols = m->n_ff;
     if (e->att_dim > e->max_cols) e->max_cols = e->att_dim;
     e->kivi = p.kv_layout == EI_KV_KIVI;
+    e->first_gpu = p.n_gpu_layers ? m->n_layer + 1 - p.n_gpu_layers : m->n_layer;
     e->k_head_bytes = e->kivi ? 2 * (size_t)m->head_dim : ei_row_size(p.kv_type_k, m->head_dim);
     e->v_head_bytes = e->kivi ? 2 * (size_t)m->head_dim_v : ei_row_size(p.kv_type_v, m->head_dim_v);
     if (e->kivi) {
@@ -409,6 +472,10 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
         return ei_fail(EI_ERR_NOMEM, "out of memory: could not start %d threads", p.n_threads);
     }
     if (!plan_packs(e)) goto nomem;
+    if (p.n_gpu_layers && (st = create_offload(e)) != EI_OK) {
+        ei_engine_free(e);
+        return st;
+    }
     *out = e;
     return EI_OK;
 nomem: {
@@ -449,6 +516,8 @@ size_t ei_engine_weight_copies(const ei_engine *e) { return e ? e->repack.bytes 
 
 void ei_engine_free(ei_engine *e) {
     if (!e) return;
+    ei_vk_offload_free(e->gpu);
+    free(e->gpu_rows); free(e->gpu_runs); free(e->gpu_out); free(e->gpu_run_set);
     ei_pool_free(e->pool);
     ei_kv_pool_free(e->kv);
     free(e->runs);
@@ -1096,12 +1165,12 @@ static void forward_task(void *raw, int ith, int nth) {
         mark(e, ith, EI_PROF_threads, 0, 0);
     }
     embed(e, st, ith, nth);
-    for (int il = 0; il < m->n_layer; il++) {
+    for (int il = 0; il < e->first_gpu; il++) {
         n = attention_block(e, st, il, n, ith, nth);
         ffn_block(e, il, n, ith, nth);
     }
 
-    if (st->n_out == 0) return;
+    if (st->n_out == 0 || e->gpu) return; /* offloaded: the device takes the output */
     const int compacted = n == st->n_out; /* output rows are at the front (or every row is one) */
     split(st->n_out, ith, nth, &a, &b);
     for (int j = a; j < b; j++) {
@@ -1165,6 +1234,44 @@ static ei_status prepare_step(ei_engine *e, const step *st) {
     return e->kivi ? kivi_plan(e, st) : EI_OK;
 }
 
+/* the device's part of a step (n_gpu_layers): each token's cache row and runs in each group of
+ * the device layers, the block copies the pool made, then its layers and the output */
+static ei_status offload_step(ei_engine *e, const step *st) {
+    const int L = e->m.n_layer, R = 1 + 2 * e->max_pool_runs, nb = e->p.n_batch;
+    ei_vk_offload_step s = {0};
+    s.n = st->n;
+    s.x = e->x;
+    s.rope = e->rope;
+    s.block = ei_kv_pool_block_size(e->kv);
+    int rows_done[4] = {0, 0, 0, 0}, runs_done[4] = {0, 0, 0, 0};
+    for (int il = e->first_gpu; il < L; il++) {
+        const int g = ei_kv_pool_layer_group(e->kv, il), rs = e->gpu_run_set[il];
+        if (!rows_done[g]++) { /* the row each token writes: the group's */
+            uint32_t *rows = e->gpu_rows + (size_t)g * nb;
+            for (int i = 0; i < st->n; i++) rows[i] = (uint32_t)ei_kv_pool_row_index(e->kv, st->seq[i], il, st->pos[i]);
+            s.rows[g] = rows;
+        }
+        if (!runs_done[rs]++) { /* the rows it reads: its window's in the group */
+            uint32_t *runs = e->gpu_runs + (size_t)rs * nb * R;
+            for (int i = 0; i < st->n; i++) {
+                uint32_t *r = runs + (size_t)i * R;
+                r[0] = (uint32_t)ei_kv_pool_row_runs(e->kv, st->seq[i], il, window_start(e, st, il, i), st->pos[i] + 1, r + 1);
+            }
+            s.runs[rs] = runs;
+        }
+    }
+    s.n_copies = ei_kv_pool_device_copies(e->kv, &s.copies);
+    s.n_out = st->n_out;
+    /* the last layer on the CPU moved the output rows to the front */
+    for (int j = 0; j < st->n_out; j++) e->gpu_out[j] = e->first_gpu == L ? j : st->out_rows[j];
+    s.out_rows = e->gpu_out;
+    s.logits = st->logits;
+    const int64_t t0 = e->prof.on ? ei_clock_ns() : 0;
+    const ei_status status = ei_vk_offload_run(e->gpu, &s);
+    if (e->prof.on) ei_profile_add(&e->prof, EI_PROF_gpu, -1, 0, 0, 1, ei_clock_ns() - t0, 0, 0);
+    return status;
+}
+
 ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const int32_t *pos,
                            const int32_t *seq, const int8_t *out_mask, float *logits) {
     if (!e || n < 0 || (n && (!tokens || !pos || !seq))) return ei_fail(EI_ERR_INVALID, "bad arguments");
@@ -1191,6 +1298,10 @@ ei_status ei_engine_decode(ei_engine *e, int32_t n, const int32_t *tokens, const
         ei_pool_run_on(e->pool, forward_task, &st, k);
         ei_step_threads_took(&e->step_threads, len, k, ei_clock_ns() - t0, ei_pool_waited_ns() - w0);
         mark_caller(e, EI_PROF_threads, 0); /* the join ends the phase its start began */
+        if (e->gpu) {
+            const ei_status done = offload_step(e, &st);
+            if (done != EI_OK) return done;
+        }
         for (int i = 0; i < len; i++) ei_kv_pool_trim(e->kv, st.seq[i], st.pos[i] + 1);
         out += (size_t)st.n_out * e->m.n_vocab;
     }
@@ -1513,8 +1624,17 @@ static ei_status kivi_evict(ei_engine *e, int s, int n_runs, const int32_t *runs
     return EI_OK;
 }
 
+/* the calls that move or read cache rows on the host, which device layers do not keep there */
+static ei_status host_rows_only(const ei_engine *e, const char *what) {
+    if (e && e->gpu && e->first_gpu < e->m.n_layer)
+        return ei_fail(EI_ERR_UNSUPPORTED, "%s: layers %d to %d keep their KV rows on the GPU (n_gpu_layers); this is not "
+                       "supported there yet", what, e->first_gpu, e->m.n_layer - 1);
+    return EI_OK;
+}
+
 ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const int32_t *runs, int32_t n_past) {
     ei_status st = check_runs(e, seq, n_runs, runs, n_past);
+    if (st == EI_OK && n_runs > 0) st = host_rows_only(e, "evicting cache positions");
     if (st != EI_OK || n_runs == 0) return st;
     if (e->kivi) return kivi_evict(e, seq, n_runs, runs, n_past);
     int *from = malloc(sizeof(int) * (size_t)e->m.n_layer);
@@ -1642,6 +1762,7 @@ int32_t ei_engine_layer_rows(const ei_engine *e, int32_t layer) {
 ei_status ei_engine_seq_rows(ei_engine *e, int32_t seq, int32_t layer, int32_t pos0, int32_t n,
                              void *k_rows, void *v_rows, int32_t write) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
+    if (layer >= e->first_gpu && e->gpu) return host_rows_only(e, "reading cache rows");
     if (layer < 0 || layer >= e->m.n_layer) return ei_fail(EI_ERR_INVALID, "no layer %d", layer);
     if (e->kivi) layer += e->m.n_layer; /* its residual's rows */
     /* more than a ring's rows at once would name some rows twice */

@@ -11,7 +11,8 @@
 typedef struct {
     int window;          /* 0: full attention */
     int n_layers;
-    size_t block_bytes;  /* its layers' keys and values of one block, layer after layer */
+    size_t block_bytes;  /* its layers' keys and values of one block, layer after layer (host) */
+    size_t device_bytes; /* those of its layers on a device, which the host does not hold */
     int n_blocks;
     uint8_t **slabs;     /* (n_blocks / EI_KV_SLAB, rounded up), allocated on first use */
     int32_t *ref;        /* (n_blocks) sequences holding each block */
@@ -28,6 +29,9 @@ struct ei_kv_pool {
     size_t *k_bytes, *v_bytes;     /* (n_layer) one layer's keys (values) of one block */
     size_t *layer_off;             /* (n_layer) where a layer's keys start in its group's blocks */
     int8_t *k_grouped;             /* (n_layer) 1: a block's keys are one group (kv_pool.h) */
+    int8_t *on_device;             /* (n_layer) 1: its rows live on a device (kv_pool.h) */
+    int32_t *copies;               /* (3 * max_copies) blocks copied for device layers */
+    int n_copies, max_copies;
     kv_group g[EI_KV_MAX_GROUPS];
     /* (n_seq_max, max_blocks) the key each full block of a sequence has, given by the caller
      * before the step that fills it: a block gets it when the sequence lets it go (a sliding
@@ -107,10 +111,15 @@ static void place_layers(ei_kv_pool *pool, const ei_kv_pool_params *p) {
         kv_group *g = &pool->g[pool->layer_group[il]];
         pool->k_bytes[il] = layer_k_bytes(p, il);
         pool->v_bytes[il] = layer_v_bytes(p, il);
-        pool->layer_off[il] = g->block_bytes;
         pool->k_grouped[il] = p->k_grouped ? p->k_grouped[il] : 0;
-        g->block_bytes += pool->k_bytes[il] + pool->v_bytes[il];
+        pool->on_device[il] = p->on_device ? p->on_device[il] : 0;
         g->n_layers++;
+        if (pool->on_device[il]) {
+            g->device_bytes += pool->k_bytes[il] + pool->v_bytes[il];
+            continue;
+        }
+        pool->layer_off[il] = g->block_bytes;
+        g->block_bytes += pool->k_bytes[il] + pool->v_bytes[il];
     }
 }
 
@@ -126,7 +135,8 @@ static ei_status create_group(ei_kv_pool *pool, const ei_kv_pool_params *p, int 
         return ei_fail(EI_ERR_NOMEM, "out of memory: a KV budget of %zu bytes wants %.0f blocks", budget, blocks);
     g->n_blocks = (int)blocks;
     if (g->n_blocks < 1)
-        return ei_fail(EI_ERR_INVALID, "a KV budget of %zu bytes holds no block of %zu bytes", budget, g->block_bytes);
+        return ei_fail(EI_ERR_INVALID, "a KV budget of %zu bytes holds no block of %zu bytes", budget,
+                       g->block_bytes + g->device_bytes);
     const size_t nb = (size_t)g->n_blocks, n_slabs = (nb + EI_KV_SLAB - 1) / EI_KV_SLAB;
     const size_t table = (size_t)p->n_seq_max * (size_t)pool->max_blocks;
     g->slabs = calloc(n_slabs, sizeof(uint8_t *));
@@ -162,9 +172,12 @@ ei_kv_pool *ei_kv_pool_create(const ei_kv_pool_params *p, ei_status *status) {
     pool->v_bytes = calloc((size_t)p->n_layer, sizeof(size_t));
     pool->layer_off = calloc((size_t)p->n_layer, sizeof(size_t));
     pool->k_grouped = calloc((size_t)p->n_layer, 1);
+    pool->on_device = calloc((size_t)p->n_layer, 1);
+    pool->max_copies = EI_KV_MAX_GROUPS * (p->n_batch + 1);
+    pool->copies = calloc((size_t)pool->max_copies * 3, sizeof(int32_t));
     pool->seq_keys = calloc((size_t)p->n_seq_max * (size_t)pool->max_blocks, sizeof(uint64_t));
     if (!pool->layer_group || !pool->k_bytes || !pool->v_bytes || !pool->layer_off || !pool->k_grouped ||
-        !pool->seq_keys)
+        !pool->seq_keys || !pool->on_device || !pool->copies)
         goto nomem;
     pool->n_groups = group_windows(p, windows, pool->layer_group);
     place_layers(pool, p);
@@ -193,6 +206,7 @@ void ei_kv_pool_free(ei_kv_pool *pool) {
         free(g->slabs); free(g->ref); free(g->key); free(g->used); free(g->table); free(g->lo);
     }
     free(pool->layer_group); free(pool->k_bytes); free(pool->v_bytes); free(pool->layer_off); free(pool->k_grouped);
+    free(pool->on_device); free(pool->copies);
     free(pool->seq_keys);
     free(pool);
 }
@@ -218,7 +232,7 @@ static int take_block(ei_kv_pool *pool, kv_group *g) {
     uint8_t **slab = &g->slabs[best / EI_KV_SLAB];
     if (!*slab) {
         const size_t bytes = slab_bytes(g, best / EI_KV_SLAB);
-        if (!(*slab = calloc(1, bytes))) return -2;
+        if (!(*slab = calloc(1, bytes ? bytes : 1))) return -2; /* (0: every layer on a device) */
         pool->bytes += bytes;
     }
     g->key[best] = 0;
@@ -267,6 +281,11 @@ static ei_status write_group(ei_kv_pool *pool, kv_group *g, int s, int p0, int p
                                     slab_bytes(g, 0));
         if (*slot >= 0) { /* shared: this sequence writes into its own copy */
             memcpy(block_base(g, b), block_base(g, *slot), g->block_bytes);
+            if (g->device_bytes) {
+                if (pool->n_copies == pool->max_copies) return ei_fail(EI_ERR_NOMEM, "the KV pool's device copy log is full");
+                int32_t *c = &pool->copies[3 * pool->n_copies++];
+                c[0] = (int32_t)(g - pool->g), c[1] = *slot, c[2] = b;
+            }
             drop_block(pool, g, slot);
         }
         *slot = b;
@@ -364,6 +383,35 @@ int ei_kv_pool_runs(const ei_kv_pool *pool, int s, int il, int t0, int t1, size_
 }
 
 int ei_kv_pool_max_runs(const ei_kv_pool *pool) { return pool->max_blocks + 1; }
+
+int64_t ei_kv_pool_row_index(const ei_kv_pool *pool, int s, int il, int pos) {
+    const kv_group *g = &pool->g[pool->layer_group[il]];
+    return (int64_t)*slot_of(pool, g, s, pos / pool->block) * pool->block + pos % pool->block;
+}
+
+int ei_kv_pool_row_runs(const ei_kv_pool *pool, int s, int il, int t0, int t1, uint32_t *pairs) {
+    const kv_group *g = &pool->g[pool->layer_group[il]];
+    const int B = pool->block;
+    int n = 0;
+    for (int t = t0; t < t1;) {
+        const int i = t / B, end = (i + 1) * B < t1 ? (i + 1) * B : t1;
+        pairs[2 * n] = (uint32_t)(*slot_of(pool, g, s, i) * B + t % B);
+        pairs[2 * n + 1] = (uint32_t)(end - t);
+        n++;
+        t = end;
+    }
+    return n;
+}
+
+int ei_kv_pool_group_blocks(const ei_kv_pool *pool, int il) { return pool->g[pool->layer_group[il]].n_blocks; }
+int ei_kv_pool_layer_group(const ei_kv_pool *pool, int il) { return pool->layer_group[il]; }
+
+int ei_kv_pool_device_copies(ei_kv_pool *pool, const int32_t **out) {
+    const int n = pool->n_copies;
+    *out = pool->copies;
+    pool->n_copies = 0;
+    return n;
+}
 int ei_kv_pool_block_size(const ei_kv_pool *pool) { return pool->block; }
 
 /* gives back the memory of the slabs of g whose blocks are neither held nor cached */

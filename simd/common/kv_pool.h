@@ -43,6 +43,10 @@ typedef struct {
     const size_t *k_blocks, *v_blocks;
     const int8_t *k_grouped; /* (n_layer) or NULL: 1 where a block's keys are one group, which
                               * every run of the block starts at (ei_attn_run.t0 says where) */
+    /* (n_layer) or NULL: 1 where a layer's rows live on a device (the Vulkan offload): they
+     * count in the budget and the block numbers but take no host memory; a block copied for a
+     * sequence to write into is logged for the device to copy too (ei_kv_pool_device_copies) */
+    const int8_t *on_device;
 } ei_kv_pool_params;
 
 /* NULL with the reason recorded (ei_fail) when the budget holds too few blocks or memory runs
@@ -85,6 +89,18 @@ void ei_kv_pool_release_block(ei_kv_pool *pool, int s, int il, int index);
 int ei_kv_pool_runs(const ei_kv_pool *pool, int s, int il, int t0, int t1, size_t k_off, size_t v_off,
                     ei_attn_run *runs);
 int ei_kv_pool_max_runs(const ei_kv_pool *pool); /* the most one query can need */
+/* layers on a device: the row of position pos of layer il of s counted in its group's blocks
+ * (block * block size + pos % block size), and the (first row, rows) pairs of positions
+ * [t0, t1) of layer il of s, one per block (returns their number) */
+int64_t ei_kv_pool_row_index(const ei_kv_pool *pool, int s, int il, int pos);
+int ei_kv_pool_row_runs(const ei_kv_pool *pool, int s, int il, int t0, int t1, uint32_t *pairs);
+/* blocks in the group of layer il (the rows a device keeps for one of its layers: that times
+ * the block size) */
+int ei_kv_pool_group_blocks(const ei_kv_pool *pool, int il);
+int ei_kv_pool_layer_group(const ei_kv_pool *pool, int il);
+/* the block copies logged since the last call, as (group, source, destination) triples in
+ * *out (the pool's own array); returns their number and empties the log */
+int ei_kv_pool_device_copies(ei_kv_pool *pool, const int32_t **out);
 int ei_kv_pool_block_size(const ei_kv_pool *pool);
 
 void ei_kv_pool_clear(ei_kv_pool *pool, int s);

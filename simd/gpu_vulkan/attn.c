@@ -7,6 +7,10 @@
 
 #include "vk_internal.h"
 
+static ei_status ei_vk_attn_part(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, int64_t t0, int64_t count,
+                                 ei_vk_buffer *q, ei_vk_buffer *k, ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out,
+                                 ei_vk_buffer *scratch);
+
 static const char *cache_type(int type) {
     switch (type) {
     case EI_TYPE_F32: return "f32";
@@ -19,6 +23,20 @@ static const char *cache_type(int type) {
 
 ei_status ei_vk_attn(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, ei_vk_buffer *q, ei_vk_buffer *k,
                      ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out, ei_vk_buffer *scratch) {
+    /* as many tokens a dispatch as the scratch holds */
+    const uint64_t per_token = (uint64_t)(a->n_head > 0 ? a->n_head : 1) * (uint64_t)(a->max_keys > 0 ? a->max_keys : 1) * 4;
+    const int64_t chunk = (int64_t)(scratch->bytes / per_token);
+    if (chunk < 1) return ei_fail(EI_ERR_INVALID, "ei_vk_attn: the scratch holds no token's scores");
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += chunk) {
+        const ei_status st = ei_vk_attn_part(ctx, a, n_tokens, t0, n_tokens - t0 < chunk ? n_tokens - t0 : chunk, q, k, v, runs, out, scratch);
+        if (st != EI_OK) return st;
+    }
+    return EI_OK;
+}
+
+static ei_status ei_vk_attn_part(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, int64_t t0, int64_t count,
+                                 ei_vk_buffer *q, ei_vk_buffer *k, ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out,
+                                 ei_vk_buffer *scratch) {
     const char *kt = cache_type(a->k_type), *vt = cache_type(a->v_type);
     if (!kt || !vt) return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan attention: no kernel for cache types %d / %d", a->k_type, a->v_type);
     const int quantized = a->k_type == EI_TYPE_Q8_0 || a->k_type == EI_TYPE_Q4_0 || a->v_type == EI_TYPE_Q8_0 || a->v_type == EI_TYPE_Q4_0;
@@ -27,7 +45,7 @@ ei_status ei_vk_attn(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_to
         a->n_head > (int32_t)EI_VK_MAX_GROUPS || a->max_runs <= 0 || a->max_keys <= 0 ||
         (uint64_t)n_tokens * (uint64_t)a->n_head * (uint64_t)a->hd > q->bytes / 4 ||
         (uint64_t)n_tokens * (uint64_t)a->n_head * (uint64_t)a->hv > out->bytes / 4 ||
-        (uint64_t)n_tokens * (uint64_t)a->n_head * (uint64_t)a->max_keys > scratch->bytes / 4 ||
+        (uint64_t)count * (uint64_t)a->n_head * (uint64_t)a->max_keys > scratch->bytes / 4 ||
         (uint64_t)n_tokens * (uint64_t)(1 + 2 * a->max_runs) > runs->bytes / 4)
         return ei_fail(EI_ERR_INVALID, "ei_vk_attn: shapes do not fit the buffers");
     char name[48];
@@ -38,11 +56,12 @@ ei_status ei_vk_attn(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_to
     struct {
         uint32_t hd, hv, n_head, n_head_kv, n_tokens, k_row_bytes, v_row_bytes, k_head_bytes, v_head_bytes, max_runs, max_keys;
         float scale, softcap;
+        uint32_t t0;
     } push = {(uint32_t)a->hd, (uint32_t)a->hv, (uint32_t)a->n_head, (uint32_t)a->n_head_kv, (uint32_t)n_tokens,
               (uint32_t)a->k_row_bytes, (uint32_t)a->v_row_bytes, (uint32_t)ei_row_size(a->k_type, a->hd),
-              (uint32_t)ei_row_size(a->v_type, a->hv), (uint32_t)a->max_runs, (uint32_t)a->max_keys, a->scale, a->softcap};
+              (uint32_t)ei_row_size(a->v_type, a->hv), (uint32_t)a->max_runs, (uint32_t)a->max_keys, a->scale, a->softcap, (uint32_t)t0};
     ei_vk_buffer *bind[EI_VK_BINDINGS] = {q, k, v, runs, out, scratch};
-    return ei_vk_dispatch(ctx, s, bind, &push, sizeof push, (uint32_t)a->n_head, (uint32_t)n_tokens, 1);
+    return ei_vk_dispatch(ctx, s, bind, &push, sizeof push, (uint32_t)a->n_head, (uint32_t)count, 1);
 }
 
 ei_status ei_vk_kernel_attn(void *vctx, int32_t n_head, int32_t n_head_kv, int32_t hd, int32_t hv, int32_t n_runs,

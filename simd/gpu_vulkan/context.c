@@ -369,3 +369,17 @@ ei_status ei_vk_dispatch(ei_vk_context *ctx, int shader, ei_vk_buffer *const *bu
     ctx->fn.CmdDispatch(ctx->cmd, groups_x, groups_y, groups_z);
     return EI_OK;
 }
+
+ei_status ei_vk_copy(ei_vk_context *ctx, ei_vk_buffer *src, ei_vk_buffer *dst, uint32_t n, const ei_vk_buffer_copy *regions) {
+    if (n == 0) return EI_OK;
+    for (uint32_t i = 0; i < n; i++)
+        if (regions[i].src_offset + regions[i].size > src->bytes || regions[i].dst_offset + regions[i].size > dst->bytes)
+            return ei_fail(EI_ERR_INVALID, "ei_vk_copy: a region past a buffer's end");
+    ei_status st = begin(ctx);
+    if (st != EI_OK) return st;
+    const ei_vk_memory_barrier before = {EI_VK_ST_MEMORY_BARRIER, NULL, EI_VK_ACCESS_SHADER_WRITE | EI_VK_ACCESS_TRANSFER_WRITE,
+                                         EI_VK_ACCESS_TRANSFER_READ | EI_VK_ACCESS_TRANSFER_WRITE};
+    ctx->fn.CmdPipelineBarrier(ctx->cmd, EI_VK_STAGE_COMPUTE | EI_VK_STAGE_TRANSFER, EI_VK_STAGE_TRANSFER, 0, 1, &before, 0, NULL, 0, NULL);
+    ctx->fn.CmdCopyBuffer(ctx->cmd, src->buffer, dst->buffer, n, regions);
+    return EI_OK;
+}

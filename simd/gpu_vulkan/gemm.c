@@ -19,6 +19,8 @@ static const char *shader_type(int type) {
     case EI_TYPE_Q5_0: return "q5_0";
     case EI_TYPE_Q5_1: return "q5_1";
     case EI_TYPE_Q8_0: return "q8_0";
+    case EI_TYPE_Q2_K: return "q2_k";
+    case EI_TYPE_Q3_K: return "q3_k";
     case EI_TYPE_Q4_K: return "q4_k";
     case EI_TYPE_Q5_K: return "q5_k";
     case EI_TYPE_Q6_K: return "q6_k";
@@ -46,6 +48,7 @@ ei_status ei_vk_weights_upload(ei_vk_context *ctx, int type, const void *data, i
         return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan: a row of %zu bytes is over %s's storage binding limit (%llu bytes)", row_bytes,
                        ctx->info.name, (unsigned long long)ctx->weight_part_bytes);
     w->type = type;
+    w->partner = ei_partner_type(type);
     w->rows = rows;
     w->cols = cols;
     w->row_bytes = row_bytes;
@@ -74,7 +77,7 @@ ei_status ei_vk_shader_index_for(const char *type, const char *kernel, int subgr
 }
 
 typedef struct {
-    uint32_t cols, rows, row_bytes, n_tokens, x_stride, y_stride, y_first;
+    uint32_t cols, rows, row_bytes, n_tokens, x_stride, y_stride, y_first, x_first;
 } gemm_push;
 
 #define TOKENS_PER_GROUP 8u /* gemm.comp's TOKENS */
@@ -87,15 +90,22 @@ static void row_groups(int64_t rows, uint32_t *gx, uint32_t *gy) {
 
 ei_status ei_vk_gemm(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffer *x, int64_t n_tokens, int64_t x_stride,
                      ei_vk_buffer *y, int64_t y_stride) {
-    if (n_tokens <= 0 || x_stride < w->cols || y_stride < w->rows || (uint64_t)n_tokens > (uint64_t)EI_VK_MAX_GROUPS * TOKENS_PER_GROUP ||
-        (uint64_t)(n_tokens - 1) * (uint64_t)x_stride + (uint64_t)w->cols > x->bytes / 4 ||
+    return ei_vk_gemm_at(ctx, w, x, 0, n_tokens, x_stride, y, y_stride);
+}
+
+ei_status ei_vk_gemm_at(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffer *x, int64_t x_first, int64_t n_tokens,
+                        int64_t x_stride, ei_vk_buffer *y, int64_t y_stride) {
+    if (w->partner != EI_TYPE_F32 && w->partner != EI_TYPE_F16 && w->partner != EI_TYPE_BF16)
+        return ei_fail(EI_ERR_INVALID, "ei_vk_gemm: a block type's product takes quantized activations (ei_vk_products)");
+    if (n_tokens <= 0 || x_first < 0 || x_stride < w->cols || y_stride < w->rows || (uint64_t)n_tokens > (uint64_t)EI_VK_MAX_GROUPS * TOKENS_PER_GROUP ||
+        (uint64_t)x_first + (uint64_t)(n_tokens - 1) * (uint64_t)x_stride + (uint64_t)w->cols > x->bytes / 4 ||
         (uint64_t)(n_tokens - 1) * (uint64_t)y_stride + (uint64_t)w->rows > y->bytes / 4)
         return ei_fail(EI_ERR_INVALID, "ei_vk_gemm: shapes do not fit the buffers");
     for (int i = 0; i < w->n_parts; i++) {
         const int64_t r0 = (int64_t)i * w->rows_per_part;
         const int64_t n = w->rows - r0 < w->rows_per_part ? w->rows - r0 : w->rows_per_part;
         const gemm_push push = {(uint32_t)w->cols, (uint32_t)n, (uint32_t)w->row_bytes, (uint32_t)n_tokens,
-                                (uint32_t)x_stride, (uint32_t)y_stride, (uint32_t)r0};
+                                (uint32_t)x_stride, (uint32_t)y_stride, (uint32_t)r0, (uint32_t)x_first};
         ei_vk_buffer *bind[EI_VK_BINDINGS] = {&w->parts[i], x, y, NULL};
         uint32_t gx, gy;
         row_groups(n, &gx, &gy);
@@ -126,6 +136,93 @@ ei_status ei_vk_get_rows(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffe
     return EI_OK;
 }
 
+/* ---- activations quantized as the CPU quantizes them ------------------------------------ */
+
+static int64_t scale_stride(int64_t cols) { return cols / 32 + cols / 16; }
+
+ei_status ei_vk_act_alloc(ei_vk_context *ctx, int64_t tokens, int64_t cols, ei_vk_act *act) {
+    memset(act, 0, sizeof *act);
+    act->tokens = tokens;
+    act->cols = cols;
+    ei_status st = ei_vk_buffer_alloc(ctx, (uint64_t)(tokens * cols), 0, &act->q);
+    if (st == EI_OK) st = ei_vk_buffer_alloc(ctx, (uint64_t)(tokens * scale_stride(cols)) * 4, 0, &act->s);
+    if (st == EI_OK) st = ei_vk_buffer_alloc(ctx, (uint64_t)(tokens * cols) * 4, 0, &act->f);
+    if (st != EI_OK) ei_vk_act_free(ctx, act);
+    return st;
+}
+
+void ei_vk_act_free(ei_vk_context *ctx, ei_vk_act *act) {
+    ei_vk_buffer_free(ctx, &act->q);
+    ei_vk_buffer_free(ctx, &act->s);
+    ei_vk_buffer_free(ctx, &act->f);
+}
+
+static const char *act_shader(int partner) {
+    switch (partner) {
+    case EI_TYPE_Q8_0: return "quantize_q8_0";
+    case EI_TYPE_Q8_1: return "quantize_q8_1";
+    case EI_TYPE_Q8_K: return "quantize_q8_k";
+    case EI_TYPE_F16: return "quantize_f16";
+    case EI_TYPE_BF16: return "quantize_bf16";
+    default: return NULL;
+    }
+}
+
+static ei_status quantize(ei_vk_context *ctx, ei_vk_act *act, int partner, ei_vk_buffer *x, int64_t x_first, int64_t n, int64_t cols,
+                          int64_t x_stride) {
+    const int block = partner == EI_TYPE_Q8_K ? 256 : 32;
+    if (n > act->tokens || cols > act->cols || cols % block || n > (int64_t)EI_VK_MAX_GROUPS)
+        return ei_fail(EI_ERR_INVALID, "Vulkan: %lld activations of %lld values do not fit the quantization buffers", (long long)n,
+                       (long long)cols);
+    struct {
+        uint32_t n, cols, x_stride, s_stride, x_first;
+    } push = {(uint32_t)n, (uint32_t)cols, (uint32_t)x_stride, (uint32_t)scale_stride(cols), (uint32_t)x_first};
+    int s;
+    ei_status st = ei_vk_shader_index(act_shader(partner), &s);
+    ei_vk_buffer *bind[EI_VK_BINDINGS] = {x, &act->q, &act->s, &act->f};
+    return st != EI_OK ? st : ei_vk_dispatch(ctx, s, bind, &push, sizeof push, (uint32_t)(cols / block), (uint32_t)n, 1);
+}
+
+typedef struct {
+    uint32_t cols, rows, row_bytes, n_tokens, s_stride, y_stride, y_first;
+} gemm_q_push;
+
+/* W times the activations quantized into act (their partner type) */
+static ei_status gemm_q(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_act *act, int64_t n, ei_vk_buffer *y, int64_t y_stride) {
+    if (n <= 0 || y_stride < w->rows || (uint64_t)(n - 1) * (uint64_t)y_stride + (uint64_t)w->rows > y->bytes / 4)
+        return ei_fail(EI_ERR_INVALID, "ei_vk_gemm_q: shapes do not fit the buffers");
+    for (int i = 0; i < w->n_parts; i++) {
+        const int64_t r0 = (int64_t)i * w->rows_per_part;
+        const int64_t rows = w->rows - r0 < w->rows_per_part ? w->rows - r0 : w->rows_per_part;
+        const gemm_q_push push = {(uint32_t)w->cols, (uint32_t)rows, (uint32_t)w->row_bytes, (uint32_t)n,
+                                  (uint32_t)scale_stride(w->cols), (uint32_t)y_stride, (uint32_t)r0};
+        ei_vk_buffer *bind[EI_VK_BINDINGS] = {&w->parts[i], &act->q, &act->s, y};
+        uint32_t gx, gy;
+        row_groups(rows, &gx, &gy);
+        const uint32_t gz = (uint32_t)((n + TOKENS_PER_GROUP - 1) / TOKENS_PER_GROUP);
+        const ei_status st = ei_vk_dispatch(ctx, w->gemm_shader, bind, &push, sizeof push, gx, gy, gz);
+        if (st != EI_OK) return st;
+    }
+    return EI_OK;
+}
+
+ei_status ei_vk_products(ei_vk_context *ctx, ei_vk_act *act, const ei_vk_product *jobs, int n_jobs, ei_vk_buffer *x,
+                         int64_t x_first, int64_t n, int64_t x_stride) {
+    for (int j = 0; j < n_jobs; j++) {
+        const ei_vk_weights *w = jobs[j].w;
+        int first = 1; /* the first job of its partner type quantizes the input for the rest */
+        for (int i = 0; i < j; i++) first &= jobs[i].w->partner != w->partner;
+        ei_status st = EI_OK;
+        if (first && w->partner != EI_TYPE_F32) st = quantize(ctx, act, w->partner, x, x_first, n, w->cols, x_stride);
+        if (st != EI_OK) return st;
+        if (w->partner == EI_TYPE_F32) st = ei_vk_gemm_at(ctx, w, x, x_first, n, x_stride, jobs[j].y, jobs[j].y_stride);
+        else if (w->partner == EI_TYPE_F16 || w->partner == EI_TYPE_BF16) st = ei_vk_gemm_at(ctx, w, &act->f, 0, n, w->cols, jobs[j].y, jobs[j].y_stride);
+        else st = gemm_q(ctx, w, act, n, jobs[j].y, jobs[j].y_stride);
+        if (st != EI_OK) return st;
+    }
+    return EI_OK;
+}
+
 /* ---- the products from host arrays (tests, and the reference for the offload's parts) ---- */
 
 static ei_status run_from_host(ei_vk_context *ctx, int type, const void *w, int64_t rows, int64_t cols, const void *in,
@@ -139,9 +236,14 @@ static ei_status run_from_host(ei_vk_context *ctx, int type, const void *w, int6
     st = ei_vk_buffer_alloc(ctx, in_bytes, 1, &a);
     if (st == EI_OK) st = ei_vk_buffer_alloc(ctx, out_bytes, 1, &b);
     if (st == EI_OK) st = ei_vk_buffer_write(ctx, &a, 0, in, in_bytes);
-    if (st == EI_OK) st = get_rows ? ei_vk_get_rows(ctx, &weights, &a, n, &b, cols) : ei_vk_gemm(ctx, &weights, &a, n, cols, &b, rows);
+    ei_vk_act act;
+    memset(&act, 0, sizeof act);
+    if (st == EI_OK && !get_rows) st = ei_vk_act_alloc(ctx, n, cols, &act);
+    const ei_vk_product job = {&weights, &b, rows};
+    if (st == EI_OK) st = get_rows ? ei_vk_get_rows(ctx, &weights, &a, n, &b, cols) : ei_vk_products(ctx, &act, &job, 1, &a, 0, n, cols);
     if (st == EI_OK) st = ei_vk_submit(ctx);
     if (st == EI_OK) st = ei_vk_buffer_read(ctx, &b, 0, out, out_bytes);
+    ei_vk_act_free(ctx, &act);
     ei_vk_buffer_free(ctx, &b);
     ei_vk_buffer_free(ctx, &a);
     ei_vk_weights_free(ctx, &weights);

@@ -26,10 +26,11 @@ SOURCES = HERE / "shaders"
 OUTPUT = HERE / "shaders.c"
 
 # GGML types with a decoder in quants.glsl (the TYPE_* macro is the upper-case name)
+FLOAT_TYPES = ("f32", "f16", "bf16")
 WEIGHT_TYPES = (
     *("f32", "f16", "bf16"),
     *("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"),
-    *("q4_k", "q5_k", "q6_k"),
+    *("q2_k", "q3_k", "q4_k", "q5_k", "q6_k"),
 )
 
 
@@ -38,17 +39,26 @@ def variants() -> list[tuple[str, str, list[str]]]:
     out = []
     for t in WEIGHT_TYPES:
         type_define = f"TYPE_{t.upper()}"
-        out.append((f"gemm_{t}", "gemm.comp", [type_define]))
-        out.append((f"gemm_{t}_sg", "gemm.comp", [type_define, "SUBGROUPS"]))
+        # float rows meet float activations; block rows the activations quantized to their
+        # partner type (quantize.comp), as on the CPU
+        product = "gemm.comp" if t in FLOAT_TYPES else "gemm_q.comp"
+        out.append((f"gemm_{t}", product, [type_define]))
+        out.append((f"gemm_{t}_sg", product, [type_define, "SUBGROUPS"]))
         out.append((f"get_rows_{t}", "get_rows.comp", [type_define]))
+    acts = ("q8_0", "q8_1", "q8_k", "f16", "bf16")
+    out += [(f"quantize_{a}", "quantize.comp", [f"ACT_{a.upper()}"]) for a in acts]
     out += [("rms_norm", "norm.comp", []), ("rope", "rope.comp", []), ("glu", "glu.comp", [])]
-    out += [(f"op_{op}", "ops.comp", [f"OP_{op.upper()}"]) for op in ("add", "scale", "softcap")]
+    out += [
+        (f"op_{op}", "ops.comp", [f"OP_{op.upper()}"])
+        for op in ("add", "add_row", "scale", "softcap")
+    ]
     cache = ("f32", "f16", "q8_0", "q4_0")
     out += [
         (f"attn_{k}_{v}", "attn.comp", [f"K_{k.upper()}", f"V_{v.upper()}"])
         for k in cache
         for v in cache
     ]
+    out += [(f"set_rows_{t}", "set_rows.comp", [f"OUT_{t.upper()}"]) for t in ("f32", "f16")]
     return out
 
 

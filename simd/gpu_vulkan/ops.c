@@ -34,13 +34,19 @@ ei_status ei_vk_rms_norm(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *w, e
 
 ei_status ei_vk_rope(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                      int64_t n_rot, int64_t token_stride, int neox) {
+    return ei_vk_rope_at(ctx, x, cs, 0, n_tokens, n_heads, head_dim, n_rot, token_stride, neox);
+}
+
+ei_status ei_vk_rope_at(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *cs, int64_t cs_first, int64_t n_tokens, int64_t n_heads,
+                        int64_t head_dim, int64_t n_rot, int64_t token_stride, int neox) {
     if (n_tokens <= 0 || n_tokens > (int64_t)EI_VK_MAX_GROUPS || n_heads <= 0 || n_rot <= 0 || n_rot % 2 || n_rot > head_dim ||
-        token_stride < n_heads * head_dim || (uint64_t)(n_tokens * n_rot) > cs->bytes / 4 ||
+        cs_first < 0 || token_stride < n_heads * head_dim || (uint64_t)(cs_first + n_tokens * n_rot) > cs->bytes / 4 ||
         (uint64_t)((n_tokens - 1) * token_stride + n_heads * head_dim) > x->bytes / 4)
-        return ei_fail(EI_ERR_INVALID, "ei_vk_rope: shapes do not fit the buffers");
+        return ei_fail(EI_ERR_INVALID, "ei_vk_rope: shapes do not fit the buffers (%lld tokens, %lld heads of %lld, n_rot %lld, stride %lld, table from %lld of %llu, %llu values)", (long long)n_tokens, (long long)n_heads, (long long)head_dim, (long long)n_rot, (long long)token_stride, (long long)cs_first, (unsigned long long)cs->bytes / 4, (unsigned long long)x->bytes / 4);
     struct {
-        uint32_t n_tokens, n_heads, head_dim, n_rot, token_stride, neox;
-    } push = {(uint32_t)n_tokens, (uint32_t)n_heads, (uint32_t)head_dim, (uint32_t)n_rot, (uint32_t)token_stride, neox != 0};
+        uint32_t n_tokens, n_heads, head_dim, n_rot, token_stride, neox, cs_first;
+    } push = {(uint32_t)n_tokens, (uint32_t)n_heads, (uint32_t)head_dim, (uint32_t)n_rot, (uint32_t)token_stride, neox != 0,
+              (uint32_t)cs_first};
     int s;
     ei_status st = shader("rope", &s);
     const uint32_t gx = (uint32_t)((n_heads * n_rot / 2 + 63) / 64);
@@ -62,22 +68,43 @@ ei_status ei_vk_glu(ei_vk_context *ctx, ei_vk_buffer *g, ei_vk_buffer *u, ei_vk_
     return st != EI_OK ? st : ei_vk_dispatch(ctx, s, bind, &push, sizeof push, gx, gy, 1);
 }
 
-static const char *const op_names[] = {"op_add", "op_scale", "op_softcap"};
+static const char *const op_names[] = {"op_add", "op_scale", "op_softcap", "op_add_row"};
 
 ei_status ei_vk_op(ei_vk_context *ctx, int op, ei_vk_buffer *y, ei_vk_buffer *x, int64_t n, float s) {
-    if (op < 0 || op > EI_VK_OP_SOFTCAP || n <= 0 || (uint64_t)n > y->bytes / 4 || (op == EI_VK_OP_ADD && (!x || (uint64_t)n > x->bytes / 4)) ||
+    return ei_vk_op_rows(ctx, op, y, x, n, s, n);
+}
+
+ei_status ei_vk_op_rows(ei_vk_context *ctx, int op, ei_vk_buffer *y, ei_vk_buffer *x, int64_t n, float s, int64_t period) {
+    if (op < 0 || op > EI_VK_OP_ADD_ROW || n <= 0 || period <= 0 || (uint64_t)n > y->bytes / 4 ||
+        (op == EI_VK_OP_ADD && (!x || (uint64_t)n > x->bytes / 4)) || (op == EI_VK_OP_ADD_ROW && (!x || (uint64_t)period > x->bytes / 4)) ||
         (op == EI_VK_OP_SOFTCAP && s == 0.0f))
         return ei_fail(EI_ERR_INVALID, "ei_vk_op: bad arguments");
     struct {
         uint32_t n;
         float s;
-    } push = {(uint32_t)n, s};
+        uint32_t period;
+    } push = {(uint32_t)n, s, (uint32_t)period};
     int index;
     ei_status st = shader(op_names[op], &index);
     uint32_t gx, gy;
     groups_for((uint64_t)n, 64, &gx, &gy);
     ei_vk_buffer *bind[EI_VK_BINDINGS] = {y, x ? x : y, NULL, NULL};
     return st != EI_OK ? st : ei_vk_dispatch(ctx, index, bind, &push, sizeof push, gx, gy, 1);
+}
+
+ei_status ei_vk_set_rows(ei_vk_context *ctx, int type, ei_vk_buffer *cache, int64_t row_bytes, ei_vk_buffer *x, int64_t n,
+                         int64_t width, int64_t x_stride, ei_vk_buffer *rows) {
+    if ((type != EI_TYPE_F32 && type != EI_TYPE_F16) || n <= 0 || n > (int64_t)EI_VK_MAX_GROUPS || width <= 0 || row_bytes % 4 ||
+        (type == EI_TYPE_F16 && width % 2) || (int64_t)ei_row_size(type, width) > row_bytes || (uint64_t)n > rows->bytes / 4)
+        return ei_fail(EI_ERR_INVALID, "ei_vk_set_rows: bad arguments");
+    struct {
+        uint32_t n, width, x_stride, row_bytes;
+    } push = {(uint32_t)n, (uint32_t)width, (uint32_t)x_stride, (uint32_t)row_bytes};
+    int s;
+    ei_status st = shader(type == EI_TYPE_F32 ? "set_rows_f32" : "set_rows_f16", &s);
+    const uint32_t gx = (uint32_t)(((type == EI_TYPE_F16 ? width / 2 : width) + 63) / 64);
+    ei_vk_buffer *bind[EI_VK_BINDINGS] = {cache, x, rows, NULL, NULL, NULL};
+    return st != EI_OK ? st : ei_vk_dispatch(ctx, s, bind, &push, sizeof push, gx, (uint32_t)n, 1);
 }
 
 /* ---- from host arrays ---------------------------------------------------------------------- */

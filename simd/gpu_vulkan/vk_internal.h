@@ -94,7 +94,29 @@ typedef struct {
     int n_parts;
     ei_vk_buffer *parts;
     int gemm_shader, rows_shader;
+    int partner; /* the activations' type, as the CPU's vec_dot takes them (ei_partner_type) */
 } ei_vk_weights;
+
+/* the activations of products quantized as the CPU quantizes them (quantize.comp): int8 values
+ * four to a word (q: (tokens, cols / 4)), their scales and sums (s: (tokens, cols / 32 +
+ * cols / 16)), or the values rounded to f16 / bf16 (f: (tokens, cols)) */
+typedef struct {
+    ei_vk_buffer q, s, f;
+    int64_t tokens, cols; /* the most they hold */
+} ei_vk_act;
+
+ei_status ei_vk_act_alloc(ei_vk_context *ctx, int64_t tokens, int64_t cols, ei_vk_act *act);
+void ei_vk_act_free(ei_vk_context *ctx, ei_vk_act *act);
+/* the products y_j = W_j x (x: n tokens of cols floats from x_first, x_stride apart; y_j: (n,
+ * y_stride_j)) of weights taking the same input, the input quantized once for each partner
+ * type among them */
+typedef struct {
+    const ei_vk_weights *w;
+    ei_vk_buffer *y;
+    int64_t y_stride;
+} ei_vk_product;
+ei_status ei_vk_products(ei_vk_context *ctx, ei_vk_act *act, const ei_vk_product *jobs, int n_jobs, ei_vk_buffer *x,
+                         int64_t x_first, int64_t n, int64_t x_stride);
 
 int ei_vk_weight_type_supported(int type);
 ei_status ei_vk_shader_index_for(const char *type, const char *kernel, int subgroups, int *index);
@@ -104,6 +126,9 @@ void ei_vk_weights_free(ei_vk_context *ctx, ei_vk_weights *w);
 ei_status ei_vk_gemm(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffer *x, int64_t n_tokens, int64_t x_stride,
                      ei_vk_buffer *y, int64_t y_stride);
 /* y[i] = row ids[i] of w as floats (ids: n uint32) */
+/* the same from x_first floats into x (a part of the rows of a larger buffer) */
+ei_status ei_vk_gemm_at(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffer *x, int64_t x_first, int64_t n_tokens,
+                        int64_t x_stride, ei_vk_buffer *y, int64_t y_stride);
 ei_status ei_vk_get_rows(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffer *ids, int64_t n, ei_vk_buffer *y, int64_t y_stride);
 
 /* ops.c: the non-matmul steps. rms_norm: rows of n values, row_stride apart, each normalised
@@ -111,7 +136,7 @@ ei_status ei_vk_get_rows(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffe
  * (head_dim apart, a token token_stride floats after the previous) rotated by the token's
  * (cos, sin) pairs cs (n_tokens, n_rot); glu: g = act(g) * u (GELU from the fp16 table, else
  * SiLU); op: y += x, y *= s or y = tanh(y / s) * s over n values */
-enum { EI_VK_OP_ADD = 0, EI_VK_OP_SCALE = 1, EI_VK_OP_SOFTCAP = 2 };
+enum { EI_VK_OP_ADD = 0, EI_VK_OP_SCALE = 1, EI_VK_OP_SOFTCAP = 2, EI_VK_OP_ADD_ROW = 3 };
 
 /* attn.c: every query head of n_tokens tokens (q: (n_tokens, n_head, hd) floats) over the cache
  * rows its token's runs name (runs: per token 1 + 2 * max_runs uint32, the count and then
@@ -129,7 +154,17 @@ ei_status ei_vk_rms_norm(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *w, e
                          int64_t x_stride, int64_t y_stride, float eps);
 ei_status ei_vk_rope(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                      int64_t n_rot, int64_t token_stride, int neox);
+ei_status ei_vk_rope_at(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *cs, int64_t cs_first, int64_t n_tokens, int64_t n_heads,
+                        int64_t head_dim, int64_t n_rot, int64_t token_stride, int neox);
 ei_status ei_vk_glu(ei_vk_context *ctx, ei_vk_buffer *g, ei_vk_buffer *u, ei_vk_buffer *gelu_table, int64_t n, int gelu);
 ei_status ei_vk_op(ei_vk_context *ctx, int op, ei_vk_buffer *y, ei_vk_buffer *x, int64_t n, float s);
+/* the same, ADD_ROW adding x[i % period] (a bias on every row of period values) */
+ei_status ei_vk_op_rows(ei_vk_context *ctx, int op, ei_vk_buffer *y, ei_vk_buffer *x, int64_t n, float s, int64_t period);
+/* n rows of width floats into cache rows (row_bytes apart, at the indices rows holds) of the
+ * cache type (F32 or F16) */
+ei_status ei_vk_set_rows(ei_vk_context *ctx, int type, ei_vk_buffer *cache, int64_t row_bytes, ei_vk_buffer *x, int64_t n,
+                         int64_t width, int64_t x_stride, ei_vk_buffer *rows);
+/* recorded copies between two buffers (or within one, regions apart), after the work before */
+ei_status ei_vk_copy(ei_vk_context *ctx, ei_vk_buffer *src, ei_vk_buffer *dst, uint32_t n, const ei_vk_buffer_copy *regions);
 
 #endif

@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 14
+#define EI_API_VERSION 15
 
 /* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
 #define EI_MAX_THREADS 512
@@ -118,6 +118,11 @@ typedef struct {
                             * decoding step) may run on fewer, when timing shows fewer are
                             * faster (another program holds a core: simd/common/step_threads.h).
                             * Results are the same on any count */
+    int32_t n_gpu_layers;  /* on a Vulkan device, as llama.cpp counts: 0 none; N the output and
+                            * the last N - 1 layers; n_layer + 1 all. Their weights, and the KV
+                            * rows of those layers, live on the device (f16 or f32 caches,
+                            * EI_KV_ROWS); the residual stream crosses once a step */
+    int32_t gpu_device;    /* the Vulkan device index; -1: the first discrete GPU, else integrated, else the first */
 } ei_engine_params;
 
 /* how a cache tensor's elements are grouped (edgeinfer/kv_cache.py: CacheLayout).
@@ -160,10 +165,11 @@ EI_EXPORT const char *ei_cpu_features(void); /* space-separated feature names fo
  * repack: interleaved copies of weights made on first use; matmul: the products of one weight
  * type and shape (type, rows, cols); qkv_post: biases, q/k norms, RoPE and cache writes;
  * kivi_quant: KIVI groups quantized; attention; output_rows: the last layer's rows gathered;
- * glu: the gated activation; softcap: the final logit softcap. */
+ * glu: the gated activation; softcap: the final logit softcap; gpu: the offloaded layers and the
+ * output on the Vulkan device (n_gpu_layers), uploads and the logits' download included. */
 #define EI_PROFILE_KINDS(X) \
     X(call) X(cache_blocks) X(threads) X(embed) X(rope_tables) X(norm) X(act_quant) X(repack) X(matmul) \
-    X(qkv_post) X(kivi_quant) X(attention) X(output_rows) X(glu) X(softcap)
+    X(qkv_post) X(kivi_quant) X(attention) X(output_rows) X(glu) X(softcap) X(gpu)
 #define EI_PROFILE_KIND_(name) EI_PROF_##name,
 enum { EI_PROFILE_KINDS(EI_PROFILE_KIND_) EI_PROF_KIND_COUNT };
 

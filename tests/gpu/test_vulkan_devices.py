@@ -14,17 +14,13 @@ import sys
 import pytest
 
 from edgeinfer import _native
+from tests.gpu import need_vulkan
 
 pytestmark = pytest.mark.skipif(not _native.available()[0], reason="no native library")
 
 
 def _devices() -> list[dict]:
-    devices, why = _native.vulkan_devices()
-    if not devices:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must have a Vulkan driver (lavapipe): {why}")
-        pytest.skip(f"no Vulkan driver here: {why}")
-    return devices
+    return need_vulkan()
 
 
 def _vulkaninfo(*args: str) -> str:

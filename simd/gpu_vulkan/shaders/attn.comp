@@ -4,7 +4,10 @@
 // quantized to q8_0 and met with integer dots (q8_0 / q4_0 keys); scaled and soft-capped
 // scores; the softmax's weights exp(score - max) and their sum; each probability w / sum
 // rounded to the value type (f16); then the weighted sum of the values. Sums run in float32
-// in a fixed order (the CPU's in double), so a query's result does not depend on the batch.
+// in a fixed order, compensated (a float and its error, TwoSum) where the CPU sums exact
+// products in double: the dots with f16 keys and the weighted sums of the values, whose
+// products are exact in float too; so a query's result does not depend on the batch, and an
+// f16 cache's scores match the CPU's to the last bits.
 // One workgroup per (head, token); the scores wait in a scratch buffer between the passes.
 // K_* and V_* select the cache types (F32, F16, Q8_0, Q4_0). A key row is row * k_row_bytes
 // + kv_head * k_head_bytes into K (the same for V).
@@ -23,6 +26,7 @@ layout(push_constant) uniform Push {
     uint k_row_bytes, v_row_bytes, k_head_bytes, v_head_bytes;
     uint max_runs, max_keys;
     float scale, softcap;
+    uint t0; // the dispatch's first token (the scratch holds its tokens from t0 on)
 } p;
 
 #define U8(B, o) ((B[(o) >> 2] >> (((o) & 3u) * 8u)) & 0xFFu)
@@ -61,6 +65,15 @@ shared int qq[512];     // quantized keys: the query's q8_0 integers
 shared float qd[16];    // and their block scales
 shared float red[64];
 
+// hi + lo += x, keeping in lo what the float addition loses (Knuth's TwoSum)
+void add2(inout float hi, inout float lo, float x) {
+    precise float s = hi + x;
+    precise float bp = s - hi;
+    precise float err = (hi - (s - bp)) + (x - bp);
+    hi = s;
+    lo += err;
+}
+
 float reduce_max(float v) {
     const uint tid = gl_LocalInvocationID.x;
     red[tid] = v;
@@ -89,7 +102,7 @@ float reduce_sum(float v) {
 
 float key_dot(uint row) {
 #if defined(K_QUANTIZED)
-    float dot = 0.0;
+    float dot = 0.0, lo = 0.0;
     for (uint b = 0u; b < p.hd / 32u; b++) {
 #if defined(K_Q8_0)
         const uint o = row + 34u * b;
@@ -100,19 +113,19 @@ float key_dot(uint row) {
         int isum = 0;
         for (uint j = 0u; j < 32u; j++) isum += qq[32u * b + j] * (int(Q4_NIBBLE(K, o, j)) - 8);
 #endif
-        dot += F16(K, o) * qd[b] * float(isum);
+        add2(dot, lo, F16(K, o) * qd[b] * float(isum));
     }
-    return dot;
+    return dot + lo;
 #else
-    float dot = 0.0;
+    float dot = 0.0, lo = 0.0;
     for (uint d = 0u; d < p.hd; d++) {
 #if defined(K_F32)
-        dot += qs[d] * ELEMENT(K, F32, row, d);
+        add2(dot, lo, qs[d] * ELEMENT(K, F32, row, d));
 #else
-        dot += qs[d] * ELEMENT(K, F16, row, d);
+        add2(dot, lo, qs[d] * ELEMENT(K, F16, row, d)); // exact products: f16 times f16
 #endif
     }
-    return dot;
+    return dot + lo;
 #endif
 }
 
@@ -129,10 +142,10 @@ float value_at(uint row, uint d) {
 }
 
 void main() {
-    const uint head = gl_WorkGroupID.x, t = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
+    const uint head = gl_WorkGroupID.x, t = p.t0 + gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
     if (head >= p.n_head || t >= p.n_tokens) return;
     const uint kvh = head / (p.n_head / p.n_head_kv);
-    const uint qo = (t * p.n_head + head) * p.hd, so = (t * p.n_head + head) * p.max_keys;
+    const uint qo = (t * p.n_head + head) * p.hd, so = ((t - p.t0) * p.n_head + head) * p.max_keys;
     const uint ro = t * (1u + 2u * p.max_runs), n_runs = runs[ro];
 
     for (uint d = tid; d < p.hd; d += 64u) {
@@ -188,7 +201,7 @@ void main() {
 
     // the values: each invocation its output dimensions
     for (uint d = tid; d < p.hv; d += 64u) {
-        float acc = 0.0;
+        float acc = 0.0, lo = 0.0;
         at = 0u;
         for (uint r = 0u; r < n_runs; r++) {
             const uint first = runs[ro + 1u + 2u * r], n = runs[ro + 2u + 2u * r];
@@ -198,10 +211,10 @@ void main() {
 #else
                 const float prob = sc[so + at + j] / sum;
 #endif
-                acc += prob * value_at((first + j) * p.v_row_bytes + kvh * p.v_head_bytes, d);
+                add2(acc, lo, prob * value_at((first + j) * p.v_row_bytes + kvh * p.v_head_bytes, d));
             }
             at += n;
         }
-        o[(t * p.n_head + head) * p.hv + d] = acc;
+        o[(t * p.n_head + head) * p.hv + d] = acc + lo;
     }
 }

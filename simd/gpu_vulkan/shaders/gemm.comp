@@ -26,11 +26,13 @@ layout(push_constant) uniform Push {
     uint x_stride;  // floats from one token's input to the next
     uint y_stride;
     uint y_first;   // the output index of W's first row
+    uint x_first;   // where token 0's input starts in x
 } p;
 
 #include "quants.glsl"
 
 shared float partial[THREADS * TOKENS];
+#include "reduce.glsl"
 
 void main() {
     const uint row = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -43,31 +45,11 @@ void main() {
     for (uint s = tid; s < p.cols / 32u; s += THREADS) {
         dequant32(row * p.row_bytes, s, w);
         for (uint t = 0u; t < nt; t++) {
-            const uint o = (t0 + t) * p.x_stride + 32u * s;
+            const uint o = p.x_first + (t0 + t) * p.x_stride + 32u * s;
             float a = 0.0;
             for (uint i = 0u; i < 32u; i++) a += w[i] * x[o + i];
             acc[t] += a;
         }
     }
-#if defined(SUBGROUPS)
-    for (uint t = 0u; t < nt; t++) {
-        const float v = subgroupAdd(acc[t]);
-        if (subgroupElect()) partial[t * THREADS + gl_SubgroupID] = v;
-    }
-    barrier();
-    if (tid < nt) {
-        float sum = 0.0;
-        for (uint g = 0u; g < gl_NumSubgroups; g++) sum += partial[tid * THREADS + g];
-        y[(t0 + tid) * p.y_stride + p.y_first + row] = sum;
-    }
-#else
-    for (uint t = 0u; t < nt; t++) partial[t * THREADS + tid] = acc[t];
-    barrier();
-    for (uint half_ = THREADS / 2u; half_ > 0u; half_ >>= 1) {
-        if (tid < half_)
-            for (uint t = 0u; t < nt; t++) partial[t * THREADS + tid] += partial[t * THREADS + tid + half_];
-        barrier();
-    }
-    if (tid < nt) y[(t0 + tid) * p.y_stride + p.y_first + row] = partial[tid * THREADS];
-#endif
+    reduce_and_store(acc, row, t0, nt);
 }

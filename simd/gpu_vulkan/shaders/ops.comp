@@ -1,6 +1,6 @@
 #version 450
-// Element-wise steps over n values: y += x (the residual adds), y *= s (the embedding scale),
-// y = tanh(y / s) * s (soft-capping); OP selects which.
+// Element-wise steps over n values: y += x (the residual adds), y += x[i % period] (a bias on
+// every row), y *= s (a scale), y = tanh(y / s) * s (soft-capping); OP selects which.
 layout(local_size_x = 64) in;
 
 layout(std430, binding = 0) buffer Values { float y[]; };
@@ -9,6 +9,7 @@ layout(std430, binding = 1) readonly buffer Input { float x[]; };
 layout(push_constant) uniform Push {
     uint n;
     float s;
+    uint period;
 } p;
 
 // tanh to a few float ulps (GLSL's tanh may lose its relative precision near zero): a series
@@ -27,6 +28,8 @@ void main() {
     if (i >= p.n) return;
 #if defined(OP_ADD)
     precise float r = y[i] + x[i];
+#elif defined(OP_ADD_ROW)
+    precise float r = y[i] + x[i % p.period];
 #elif defined(OP_SCALE)
     precise float r = y[i] * p.s;
 #elif defined(OP_SOFTCAP)

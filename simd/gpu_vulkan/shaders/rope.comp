@@ -14,6 +14,7 @@ layout(push_constant) uniform Push {
     uint n_rot;
     uint token_stride;
     uint neox;
+    uint cs_first; // where the step's table starts in cs (a layer's rope base)
 } p;
 
 void main() {
@@ -23,7 +24,7 @@ void main() {
     const uint h = i / half_, j = i % half_;
     const uint base = t * p.token_stride + h * p.head_dim;
     const uint a = base + (p.neox != 0u ? j : 2u * j), b = base + (p.neox != 0u ? j + half_ : 2u * j + 1u);
-    const float c = cs[t * p.n_rot + 2u * j], s = cs[t * p.n_rot + 2u * j + 1u];
+    const float c = cs[p.cs_first + t * p.n_rot + 2u * j], s = cs[p.cs_first + t * p.n_rot + 2u * j + 1u];
     const float x0 = x[a], x1 = x[b];
     precise float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
     x[a] = r0;

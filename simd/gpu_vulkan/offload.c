@@ -1,0 +1,316 @@
+/* The offloaded part of the forward pass (offload.h): one command buffer a step, recording for
+ * each device layer the steps engine.c runs on the CPU (norms, the products, biases, q/k norms,
+ * rope, the cache writes, attention, the residual adds, the gated FFN), then the output norm
+ * and the output product for the rows whose logits are wanted, in parts that fit a binding. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "offload.h"
+#include "vk_internal.h"
+
+#define MAX_GROUPS 4
+#define LOGITS_BYTES (64ull << 20) /* one part of the output product's results */
+#define SCRATCH_BYTES (64ull << 20) /* attention's scores between its passes */
+
+typedef struct {
+    ei_vk_weights wq, wk, wv, wo, gate, up, down;
+    ei_vk_buffer attn_norm, ffn_norm, q_norm, k_norm, attn_post_norm, ffn_post_norm, bq, bk, bv;
+    ei_vk_buffer k, v; /* (group rows, k_row_bytes), (group rows, v_row_bytes): the layer's cache */
+    int group, runs; /* its group of cache blocks, and its set of runs (the group's, its window's) */
+} dev_layer;
+
+struct ei_vk_offload {
+    ei_vk_context *ctx;
+    ei_vk_offload_params p;
+    int n_dev;
+    dev_layer *layers; /* (n_dev) layers first_layer .. n_layer - 1 */
+    ei_vk_weights output;
+    ei_vk_buffer output_norm;
+    /* (n_batch, width) activations, as the engine's buffers of the same names */
+    ei_vk_buffer x, h, q, kk, vv, att, t, gate, up, xo, logits, rope, gelu, scratch;
+    ei_vk_act act; /* the products' inputs quantized as the CPU quantizes them */
+    ei_vk_buffer rows[MAX_GROUPS], runs[MAX_GROUPS];
+    int used[MAX_GROUPS], used_runs[MAX_GROUPS];
+    int64_t logit_rows; /* output rows a part */
+    int32_t *tables;    /* the parameters' arrays, copied: (n_layer) groups, (n_layer) bases, (MAX_GROUPS) rows */
+    int q_dim, kv_dim, v_dim, att_dim;
+};
+
+uint64_t ei_vk_offload_device_bytes(const ei_vk_offload *o) { return o ? o->ctx->allocated_bytes : 0; }
+const char *ei_vk_offload_device_name(const ei_vk_offload *o) { return o ? o->ctx->info.name : ""; }
+
+static ei_status upload_vector(ei_vk_context *ctx, const ei_tensor *t, ei_vk_buffer *b) {
+    if (!t->data) return EI_OK;
+    if (t->type != EI_TYPE_F32) return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: a vector of type %d", t->type);
+    ei_status st = ei_vk_buffer_alloc(ctx, (uint64_t)t->ne0 * 4, 0, b);
+    return st == EI_OK ? ei_vk_buffer_write(ctx, b, 0, t->data, (uint64_t)t->ne0 * 4) : st;
+}
+
+static ei_status upload_matrix(ei_vk_context *ctx, const ei_tensor *t, ei_vk_weights *w) {
+    return ei_vk_weights_upload(ctx, t->type, t->data, t->ne1, t->ne0, w);
+}
+
+static ei_status upload_layer(ei_vk_offload *o, int il, dev_layer *d) {
+    const ei_layer_desc *l = &o->p.m->layers[il];
+    ei_vk_context *ctx = o->ctx;
+    ei_status st = upload_matrix(ctx, &l->wq, &d->wq);
+    if (st == EI_OK) st = upload_matrix(ctx, &l->wk, &d->wk);
+    if (st == EI_OK) st = upload_matrix(ctx, &l->wv, &d->wv);
+    if (st == EI_OK) st = upload_matrix(ctx, &l->wo, &d->wo);
+    if (st == EI_OK) st = upload_matrix(ctx, &l->ffn_gate, &d->gate);
+    if (st == EI_OK) st = upload_matrix(ctx, &l->ffn_up, &d->up);
+    if (st == EI_OK) st = upload_matrix(ctx, &l->ffn_down, &d->down);
+    const ei_tensor *v[9] = {&l->attn_norm, &l->ffn_norm, &l->q_norm, &l->k_norm, &l->attn_post_norm, &l->ffn_post_norm, &l->bq, &l->bk, &l->bv};
+    ei_vk_buffer *b[9] = {&d->attn_norm, &d->ffn_norm, &d->q_norm, &d->k_norm, &d->attn_post_norm, &d->ffn_post_norm, &d->bq, &d->bk, &d->bv};
+    for (int i = 0; i < 9 && st == EI_OK; i++) st = upload_vector(ctx, v[i], b[i]);
+    d->group = o->p.layer_group[il];
+    d->runs = o->p.layer_runs[il];
+    const uint64_t rows = (uint64_t)o->p.group_rows[d->group];
+    if (st == EI_OK) st = ei_vk_buffer_alloc(ctx, rows * (uint64_t)o->p.k_row_bytes + 4, 0, &d->k);
+    if (st == EI_OK) st = ei_vk_buffer_alloc(ctx, rows * (uint64_t)o->p.v_row_bytes + 4, 0, &d->v);
+    if (st == EI_OK && (d->k.bytes > ctx->max_binding_bytes || d->v.bytes > ctx->max_binding_bytes))
+        st = ei_fail(EI_ERR_NOMEM, "Vulkan offload: layer %d's KV cache (%llu bytes of keys) is over %s's binding limit of %llu bytes; "
+                     "use a smaller context or fewer sequences", il, (unsigned long long)d->k.bytes, ctx->info.name,
+                     (unsigned long long)ctx->max_binding_bytes);
+    return st;
+}
+
+static void free_layer(ei_vk_context *ctx, dev_layer *d) {
+    ei_vk_weights *w[7] = {&d->wq, &d->wk, &d->wv, &d->wo, &d->gate, &d->up, &d->down};
+    for (int i = 0; i < 7; i++) ei_vk_weights_free(ctx, w[i]);
+    ei_vk_buffer *b[11] = {&d->attn_norm, &d->ffn_norm, &d->q_norm, &d->k_norm, &d->attn_post_norm, &d->ffn_post_norm, &d->bq, &d->bk, &d->bv, &d->k, &d->v};
+    for (int i = 0; i < 11; i++) ei_vk_buffer_free(ctx, b[i]);
+}
+
+void ei_vk_offload_free(ei_vk_offload *o) {
+    if (!o) return;
+    if (o->ctx) {
+        for (int i = 0; o->layers && i < o->n_dev; i++) free_layer(o->ctx, &o->layers[i]);
+        ei_vk_weights_free(o->ctx, &o->output);
+        ei_vk_buffer *b[] = {&o->output_norm, &o->x, &o->h, &o->q, &o->kk, &o->vv, &o->att, &o->t, &o->gate, &o->up,
+                             &o->xo, &o->logits, &o->rope, &o->gelu, &o->scratch};
+        for (size_t i = 0; i < sizeof b / sizeof *b; i++) ei_vk_buffer_free(o->ctx, b[i]);
+        ei_vk_act_free(o->ctx, &o->act);
+        for (int g = 0; g < MAX_GROUPS; g++) {
+            ei_vk_buffer_free(o->ctx, &o->rows[g]);
+            ei_vk_buffer_free(o->ctx, &o->runs[g]);
+        }
+        ei_vk_context_close(o->ctx);
+    }
+    free(o->layers);
+    free(o->tables);
+    free(o);
+}
+
+static ei_status alloc_activations(ei_vk_offload *o) {
+    const ei_model_desc *m = o->p.m;
+    ei_vk_context *ctx = o->ctx;
+    const uint64_t nb = (uint64_t)o->p.n_batch, E = (uint64_t)m->n_embd;
+    o->logit_rows = (int64_t)((ctx->max_binding_bytes < LOGITS_BYTES ? ctx->max_binding_bytes : LOGITS_BYTES) / ((uint64_t)m->n_vocab * 4));
+    if (o->logit_rows < 1) return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: one row of %d logits is over the binding limit", m->n_vocab);
+    if (o->logit_rows > o->p.n_batch) o->logit_rows = o->p.n_batch;
+    const uint64_t one = (uint64_t)m->n_head * (uint64_t)o->p.n_ctx * 4; /* one token's scores */
+    uint64_t scratch = SCRATCH_BYTES < ctx->max_binding_bytes ? SCRATCH_BYTES : ctx->max_binding_bytes;
+    if (scratch > one * nb) scratch = one * nb;
+    if (scratch < one) return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: one token's attention scores (%llu bytes) are over the binding limit",
+                                      (unsigned long long)one);
+    struct {
+        ei_vk_buffer *b;
+        uint64_t bytes;
+        int host;
+    } want[] = {
+        {&o->x, nb * E * 4, 1}, {&o->h, nb * E * 4, 0}, {&o->q, nb * (uint64_t)o->q_dim * 4, 0},
+        {&o->kk, nb * (uint64_t)o->kv_dim * 4, 0}, {&o->vv, nb * (uint64_t)o->v_dim * 4, 0},
+        {&o->att, nb * (uint64_t)o->att_dim * 4, 0}, {&o->t, nb * E * 4, 0}, {&o->gate, nb * (uint64_t)m->n_ff * 4, 0},
+        {&o->up, nb * (uint64_t)m->n_ff * 4, 0}, {&o->xo, nb * E * 4, 0},
+        {&o->logits, (uint64_t)o->logit_rows * (uint64_t)m->n_vocab * 4, 1},
+        {&o->rope, (uint64_t)(o->p.n_bases > 0 ? o->p.n_bases : 1) * nb * (uint64_t)m->n_rot * 4, 1},
+        {&o->gelu, 65536 * 2, 0}, {&o->scratch, scratch, 0},
+    };
+    ei_status st = EI_OK;
+    for (size_t i = 0; i < sizeof want / sizeof *want && st == EI_OK; i++) st = ei_vk_buffer_alloc(ctx, want[i].bytes, want[i].host, want[i].b);
+    for (int g = 0; g < MAX_GROUPS && st == EI_OK; g++) {
+        if (o->used[g]) st = ei_vk_buffer_alloc(ctx, nb * 4, 1, &o->rows[g]);
+        if (st == EI_OK && o->used_runs[g]) st = ei_vk_buffer_alloc(ctx, nb * (uint64_t)(1 + 2 * o->p.max_runs) * 4, 1, &o->runs[g]);
+    }
+    int64_t cols = m->n_embd > m->n_ff ? m->n_embd : m->n_ff;
+    if (o->att_dim > cols) cols = o->att_dim;
+    if (st == EI_OK) st = ei_vk_act_alloc(ctx, o->p.n_batch, cols, &o->act);
+    if (st == EI_OK) st = ei_vk_buffer_write(ctx, &o->gelu, 0, o->p.gelu, 65536 * 2);
+    return st;
+}
+
+ei_status ei_vk_offload_create(const ei_vk_offload_params *p, ei_vk_offload **out) {
+    *out = NULL;
+    const ei_model_desc *m = p->m; /* the engine's: it outlives the offload, as p's arrays need not */
+    if (p->first_layer < 0 || p->first_layer > m->n_layer) return ei_fail(EI_ERR_INVALID, "Vulkan offload: first layer %d", p->first_layer);
+    if (p->kv_type_k != EI_TYPE_F16 && p->kv_type_k != EI_TYPE_F32)
+        return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: a %s key cache is not supported on the GPU yet (use f16 or f32)",
+                       p->kv_type_k == EI_TYPE_Q8_0 ? "q8_0" : "quantized");
+    if (p->kv_type_v != EI_TYPE_F16 && p->kv_type_v != EI_TYPE_F32)
+        return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: a quantized value cache is not supported on the GPU yet (use f16 or f32)");
+    if (m->head_dim > 512 || m->n_rot > m->head_dim) return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: heads of %d values", m->head_dim);
+    ei_vk_offload *o = calloc(1, sizeof *o);
+    if (!o) return ei_fail(EI_ERR_NOMEM, "Vulkan offload: out of memory");
+    o->p = *p;
+    const int L = m->n_layer;
+    if (!(o->tables = calloc((size_t)(3 * L + MAX_GROUPS), sizeof(int32_t)))) {
+        free(o);
+        return ei_fail(EI_ERR_NOMEM, "Vulkan offload: out of memory");
+    }
+    memcpy(o->tables, p->layer_group, sizeof(int32_t) * (size_t)L);
+    memcpy(o->tables + L, p->layer_base, sizeof(int32_t) * (size_t)L);
+    for (int il = 0; il < L; il++) /* the groups the layers name */
+        if (p->layer_group[il] >= 0 && p->layer_group[il] < MAX_GROUPS) o->tables[2 * L + p->layer_group[il]] = p->group_rows[p->layer_group[il]];
+    memcpy(o->tables + 2 * L + MAX_GROUPS, p->layer_runs, sizeof(int32_t) * (size_t)L);
+    o->p.layer_group = o->tables;
+    o->p.layer_base = o->tables + L;
+    o->p.group_rows = o->tables + 2 * L;
+    o->p.layer_runs = o->tables + 2 * L + MAX_GROUPS;
+    o->n_dev = m->n_layer - p->first_layer;
+    o->q_dim = m->n_head * m->head_dim;
+    o->kv_dim = m->n_head_kv * m->head_dim;
+    o->v_dim = m->n_head_kv * m->head_dim_v;
+    o->att_dim = m->n_head * m->head_dim_v;
+    for (int il = p->first_layer; il < m->n_layer; il++) {
+        if (p->layer_group[il] < 0 || p->layer_group[il] >= MAX_GROUPS || p->layer_runs[il] < 0 || p->layer_runs[il] >= MAX_GROUPS) {
+            free(o->tables);
+            free(o);
+            return ei_fail(EI_ERR_INVALID, "Vulkan offload: layer %d's cache group", il);
+        }
+        o->used[p->layer_group[il]] = 1;
+        o->used_runs[p->layer_runs[il]] = 1;
+    }
+    ei_status st = ei_vk_context_open(p->device, &o->ctx);
+    if (st == EI_OK && !(o->layers = calloc((size_t)(o->n_dev > 0 ? o->n_dev : 1), sizeof *o->layers)))
+        st = ei_fail(EI_ERR_NOMEM, "Vulkan offload: out of memory");
+    for (int i = 0; st == EI_OK && i < o->n_dev; i++) st = upload_layer(o, p->first_layer + i, &o->layers[i]);
+    if (st == EI_OK) st = upload_matrix(o->ctx, &m->output, &o->output);
+    if (st == EI_OK) st = upload_vector(o->ctx, &m->output_norm, &o->output_norm);
+    if (st == EI_OK) st = alloc_activations(o);
+    if (st != EI_OK) {
+        ei_vk_offload_free(o);
+        return st;
+    }
+    *out = o;
+    return EI_OK;
+}
+
+/* ---- one step ---------------------------------------------------------------------------- */
+
+#define TRY(call)                             \
+    do {                                      \
+        const ei_status st_ = (call);         \
+        if (st_ != EI_OK) return st_;         \
+    } while (0)
+
+static ei_status attention_part(ei_vk_offload *o, const dev_layer *d, int il, int n) {
+    const ei_model_desc *m = o->p.m;
+    ei_vk_context *ctx = o->ctx;
+    const ei_layer_desc *l = &m->layers[il];
+    const int64_t E = m->n_embd;
+    TRY(ei_vk_rms_norm(ctx, &o->x, (ei_vk_buffer *)&d->attn_norm, &o->h, E, n, E, E, m->norm_eps));
+    const ei_vk_product qkv[3] = {{&d->wq, &o->q, o->q_dim}, {&d->wk, &o->kk, o->kv_dim}, {&d->wv, &o->vv, o->v_dim}};
+    TRY(ei_vk_products(ctx, &o->act, qkv, 3, &o->h, 0, n, E));
+    if (l->bq.data) TRY(ei_vk_op_rows(ctx, EI_VK_OP_ADD_ROW, &o->q, (ei_vk_buffer *)&d->bq, (int64_t)n * o->q_dim, 0, o->q_dim));
+    if (l->bk.data) TRY(ei_vk_op_rows(ctx, EI_VK_OP_ADD_ROW, &o->kk, (ei_vk_buffer *)&d->bk, (int64_t)n * o->kv_dim, 0, o->kv_dim));
+    if (l->bv.data) TRY(ei_vk_op_rows(ctx, EI_VK_OP_ADD_ROW, &o->vv, (ei_vk_buffer *)&d->bv, (int64_t)n * o->v_dim, 0, o->v_dim));
+    const int64_t hd = m->head_dim;
+    if (l->q_norm.data) TRY(ei_vk_rms_norm(ctx, &o->q, (ei_vk_buffer *)&d->q_norm, &o->q, hd, (int64_t)n * m->n_head, hd, hd, m->norm_eps));
+    if (l->k_norm.data)
+        TRY(ei_vk_rms_norm(ctx, &o->kk, (ei_vk_buffer *)&d->k_norm, &o->kk, hd, (int64_t)n * m->n_head_kv, hd, hd, m->norm_eps));
+    /* the rope table of the layer's base: (n_batch, n_rot) rows at base * n_batch */
+    TRY(ei_vk_rope_at(ctx, &o->q, &o->rope, (int64_t)o->p.layer_base[il] * o->p.n_batch * m->n_rot, n, m->n_head, hd, m->n_rot, o->q_dim,
+                      m->rope_neox));
+    TRY(ei_vk_rope_at(ctx, &o->kk, &o->rope, (int64_t)o->p.layer_base[il] * o->p.n_batch * m->n_rot, n, m->n_head_kv, hd, m->n_rot,
+                      o->kv_dim, m->rope_neox));
+    if (m->scale_q) TRY(ei_vk_op(ctx, EI_VK_OP_SCALE, &o->q, NULL, (int64_t)n * o->q_dim, m->kq_scale));
+    ei_vk_buffer *rows = &o->rows[d->group];
+    TRY(ei_vk_set_rows(ctx, o->p.kv_type_k, (ei_vk_buffer *)&d->k, o->p.k_row_bytes, &o->kk, n, o->kv_dim, o->kv_dim, rows));
+    TRY(ei_vk_set_rows(ctx, o->p.kv_type_v, (ei_vk_buffer *)&d->v, o->p.v_row_bytes, &o->vv, n, o->v_dim, o->v_dim, rows));
+    const ei_vk_attn_shape a = {m->head_dim, m->head_dim_v, m->n_head, m->n_head_kv, o->p.kv_type_k, o->p.kv_type_v,
+                                o->p.k_row_bytes, o->p.v_row_bytes, o->p.max_runs, o->p.n_ctx,
+                                m->scale_q ? 1.0f : m->kq_scale, 0.0f};
+    TRY(ei_vk_attn(ctx, &a, n, &o->q, (ei_vk_buffer *)&d->k, (ei_vk_buffer *)&d->v, &o->runs[d->runs], &o->att, &o->scratch));
+    const ei_vk_product wo = {&d->wo, &o->t, E};
+    TRY(ei_vk_products(ctx, &o->act, &wo, 1, &o->att, 0, n, o->att_dim));
+    if (l->attn_post_norm.data) TRY(ei_vk_rms_norm(ctx, &o->t, (ei_vk_buffer *)&d->attn_post_norm, &o->t, E, n, E, E, m->norm_eps));
+    TRY(ei_vk_op(ctx, EI_VK_OP_ADD, &o->x, &o->t, (int64_t)n * E, 0));
+    return EI_OK;
+}
+
+static ei_status ffn_part(ei_vk_offload *o, const dev_layer *d, int il, int n) {
+    const ei_model_desc *m = o->p.m;
+    ei_vk_context *ctx = o->ctx;
+    const int64_t E = m->n_embd;
+    TRY(ei_vk_rms_norm(ctx, &o->x, (ei_vk_buffer *)&d->ffn_norm, &o->h, E, n, E, E, m->norm_eps));
+    const ei_vk_product gu[2] = {{&d->gate, &o->gate, m->n_ff}, {&d->up, &o->up, m->n_ff}};
+    TRY(ei_vk_products(ctx, &o->act, gu, 2, &o->h, 0, n, E));
+    TRY(ei_vk_glu(ctx, &o->gate, &o->up, &o->gelu, (int64_t)n * m->n_ff, m->act_gelu));
+    const ei_vk_product down = {&d->down, &o->t, E};
+    TRY(ei_vk_products(ctx, &o->act, &down, 1, &o->gate, 0, n, m->n_ff));
+    if (m->layers[il].ffn_post_norm.data)
+        TRY(ei_vk_rms_norm(ctx, &o->t, (ei_vk_buffer *)&d->ffn_post_norm, &o->t, E, n, E, E, m->norm_eps));
+    return ei_vk_op(ctx, EI_VK_OP_ADD, &o->x, &o->t, (int64_t)n * E, 0);
+}
+
+/* the pool's block copies (a sequence writing into a block it shared) in every device layer of
+ * the block's group */
+static ei_status copy_blocks(ei_vk_offload *o, const ei_vk_offload_step *s) {
+    for (int c = 0; c < s->n_copies; c++) {
+        const int32_t g = s->copies[3 * c], src = s->copies[3 * c + 1], dst = s->copies[3 * c + 2];
+        for (int i = 0; i < o->n_dev; i++) {
+            dev_layer *d = &o->layers[i];
+            if (d->group != g) continue;
+            const uint64_t kb = (uint64_t)s->block * (uint64_t)o->p.k_row_bytes, vb = (uint64_t)s->block * (uint64_t)o->p.v_row_bytes;
+            const ei_vk_buffer_copy k = {(uint64_t)src * kb, (uint64_t)dst * kb, kb}, v = {(uint64_t)src * vb, (uint64_t)dst * vb, vb};
+            TRY(ei_vk_copy(o->ctx, &d->k, &d->k, 1, &k));
+            TRY(ei_vk_copy(o->ctx, &d->v, &d->v, 1, &v));
+        }
+    }
+    return EI_OK;
+}
+
+static ei_status output_part(ei_vk_offload *o, const ei_vk_offload_step *s) {
+    const ei_model_desc *m = o->p.m;
+    ei_vk_context *ctx = o->ctx;
+    const int64_t E = m->n_embd;
+    ei_vk_buffer_copy regions[64];
+    for (int j = 0; j < s->n_out;) { /* the output rows gathered at the front of xo */
+        uint32_t k = 0;
+        for (; k < 64 && j < s->n_out; k++, j++)
+            regions[k] = (ei_vk_buffer_copy){(uint64_t)s->out_rows[j] * (uint64_t)E * 4, (uint64_t)j * (uint64_t)E * 4, (uint64_t)E * 4};
+        TRY(ei_vk_copy(ctx, &o->x, &o->xo, k, regions));
+    }
+    TRY(ei_vk_rms_norm(ctx, &o->xo, &o->output_norm, &o->h, E, s->n_out, E, E, m->norm_eps));
+    for (int64_t r0 = 0; r0 < s->n_out; r0 += o->logit_rows) {
+        const int64_t n = s->n_out - r0 < o->logit_rows ? s->n_out - r0 : o->logit_rows;
+        const ei_vk_product out = {&o->output, &o->logits, m->n_vocab};
+        TRY(ei_vk_products(ctx, &o->act, &out, 1, &o->h, r0 * E, n, E));
+        if (m->final_softcap != 0.0f) TRY(ei_vk_op(ctx, EI_VK_OP_SOFTCAP, &o->logits, NULL, n * m->n_vocab, m->final_softcap));
+        TRY(ei_vk_submit(ctx));
+        TRY(ei_vk_buffer_read(ctx, &o->logits, 0, s->logits + r0 * m->n_vocab, (uint64_t)n * (uint64_t)m->n_vocab * 4));
+    }
+    return EI_OK;
+}
+
+ei_status ei_vk_offload_run(ei_vk_offload *o, const ei_vk_offload_step *s) {
+    const ei_model_desc *m = o->p.m;
+    ei_vk_context *ctx = o->ctx;
+    const int n = s->n;
+    if (n <= 0 || n > o->p.n_batch || s->n_out < 0 || s->n_out > n) return ei_fail(EI_ERR_INVALID, "Vulkan offload: a step of %d tokens", n);
+    TRY(ei_vk_buffer_write(ctx, &o->x, 0, s->x, (uint64_t)n * (uint64_t)m->n_embd * 4));
+    TRY(ei_vk_buffer_write(ctx, &o->rope, 0, s->rope, o->rope.bytes));
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (o->used[g]) TRY(ei_vk_buffer_write(ctx, &o->rows[g], 0, s->rows[g], (uint64_t)n * 4));
+        if (o->used_runs[g]) TRY(ei_vk_buffer_write(ctx, &o->runs[g], 0, s->runs[g], (uint64_t)n * (uint64_t)(1 + 2 * o->p.max_runs) * 4));
+    }
+    TRY(copy_blocks(o, s));
+    for (int i = 0; i < o->n_dev; i++) {
+        TRY(attention_part(o, &o->layers[i], o->p.first_layer + i, n));
+        TRY(ffn_part(o, &o->layers[i], o->p.first_layer + i, n));
+    }
+    if (s->n_out == 0) return ei_vk_submit(ctx);
+    return output_part(o, s);
+}

@@ -1,0 +1,54 @@
+/* Layer offload (offload.c): the engine's last layers and its output on a Vulkan device. The
+ * engine (simd/common/engine.c) runs the first layers on the CPU, hands the residual stream of
+ * the step over once, and takes the logits back. The device keeps the weights of its layers
+ * and of the output, and the KV rows of its layers, in the blocks the engine's pool gives
+ * (kv_pool.h: on_device), so that sequences, forks and cached prefixes work as on the CPU. */
+#ifndef EI_VK_OFFLOAD_H
+#define EI_VK_OFFLOAD_H
+
+#include <stdint.h>
+
+#include "../common/ei_internal.h"
+
+typedef struct ei_vk_offload ei_vk_offload;
+
+typedef struct {
+    const ei_model_desc *m;
+    int32_t first_layer;    /* layers [first_layer, n_layer) run on the device, and the output */
+    int32_t device;         /* the Vulkan device index; -1: the best */
+    int32_t n_batch, n_ctx;
+    int32_t kv_type_k, kv_type_v;
+    int64_t k_row_bytes, v_row_bytes;
+    const int32_t *layer_group; /* (n_layer) each layer's group of cache blocks */
+    const int32_t *layer_runs;  /* (n_layer) each device layer's set of runs: one per (group, window) */
+    const int32_t *group_rows;  /* (groups) rows a device layer of the group keeps (blocks x block size) */
+    int32_t max_runs;           /* (first row, rows) pairs a query needs at most */
+    const int32_t *layer_base;  /* (n_layer) each layer's rope table */
+    int32_t n_bases;
+    const ei_f16 *gelu;         /* (65536) the GELU table */
+} ei_vk_offload_params;
+
+/* what one step gives the device: the tokens' residual stream after the CPU's layers, the rope
+ * tables, for each group of cache blocks the row each token writes and the runs it reads, the
+ * block copies the pool made, and where the logits of the output rows go */
+typedef struct {
+    int32_t n;
+    const float *x;             /* (n, n_embd) */
+    const float *rope;          /* (n_bases, n_batch, n_rot) */
+    const uint32_t *rows[4];    /* per group: (n) */
+    const uint32_t *runs[4];    /* per set of runs: (n, 1 + 2 * max_runs) */
+    int32_t n_copies;
+    const int32_t *copies;      /* (n_copies, 3): group, source block, destination block */
+    int32_t block;              /* positions per block */
+    int32_t n_out;
+    const int32_t *out_rows;    /* (n_out) */
+    float *logits;              /* (n_out, n_vocab) */
+} ei_vk_offload_step;
+
+ei_status ei_vk_offload_create(const ei_vk_offload_params *p, ei_vk_offload **out);
+void ei_vk_offload_free(ei_vk_offload *o);
+ei_status ei_vk_offload_run(ei_vk_offload *o, const ei_vk_offload_step *s);
+uint64_t ei_vk_offload_device_bytes(const ei_vk_offload *o);
+const char *ei_vk_offload_device_name(const ei_vk_offload *o);
+
+#endif

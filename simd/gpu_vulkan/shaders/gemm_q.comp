@@ -1,0 +1,67 @@
+#version 450
+// y = W x with the activations quantized as the CPU engine quantizes them (quantize.comp: q8_0
+// for Q4_0 / Q5_0 / Q8_0, q8_1 for Q4_1 / Q5_1, q8_K for the K types): the same integer dot
+// products of each block, scaled as simd/ref/quants.c's vec_dot scales them, so that the
+// device's products differ from the CPU's only by float32 rounding (the CPU sums in double).
+// The tiles, the row order and the reduction are gemm.comp's.
+#extension GL_GOOGLE_include_directive : require
+#if defined(SUBGROUPS)
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
+
+#define THREADS 64u
+#define TOKENS 8u
+layout(local_size_x = 64) in;
+
+layout(std430, binding = 0) readonly buffer Weights { uint W[]; };   // (rows, row_bytes / 4)
+layout(std430, binding = 1) readonly buffer Ints { uint Q[]; };      // (n_tokens, cols / 4) int8 x 4
+layout(std430, binding = 2) readonly buffer Scales { float S[]; };   // (n_tokens, s_stride)
+layout(std430, binding = 3) writeonly buffer Output { float y[]; };  // (n_tokens, y_stride)
+
+layout(push_constant) uniform Push {
+    uint cols;      // values per row, a multiple of the block size
+    uint rows;      // rows of W (this part of the weight)
+    uint row_bytes;
+    uint n_tokens;
+    uint s_stride;
+    uint y_stride;
+    uint y_first;   // the output index of W's first row
+} p;
+
+#include "quants.glsl"
+
+shared float partial[THREADS * TOKENS];
+#include "reduce.glsl"
+
+void main() {
+    const uint row = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    if (row >= p.rows) return;
+    const uint t0 = gl_WorkGroupID.z * TOKENS, nt = min(TOKENS, p.n_tokens - t0);
+    const uint tid = gl_LocalInvocationID.x;
+    float acc[TOKENS];
+    for (uint t = 0u; t < TOKENS; t++) acc[t] = 0.0;
+    int q[32];
+    scales32 k;
+    for (uint s = tid; s < p.cols / 32u; s += THREADS) {
+        unpack32(row * p.row_bytes, s, q, k);
+        for (uint t = 0u; t < nt; t++) {
+            const uint qo = (t0 + t) * (p.cols / 4u) + 8u * s, so = (t0 + t) * p.s_stride;
+            ivec2 isum = ivec2(0);
+            for (uint w = 0u; w < 8u; w++) {
+                const int v = int(Q[qo + w]);
+                for (uint i = 0u; i < 4u; i++) isum[w >> 2] += q[4u * w + i] * bitfieldExtract(v, int(8u * i), 8);
+            }
+#if defined(KQUANT)
+            const float xd = S[so + s / 8u];
+            const int imin = k.mn.x * int(S[so + p.cols / 32u + 2u * s]) + k.mn.y * int(S[so + p.cols / 32u + 2u * s + 1u]);
+            acc[t] += (xd * k.d) * float(k.sc.x * isum.x + k.sc.y * isum.y) - (xd * k.m) * float(imin);
+#elif defined(MIN)
+            acc[t] += (k.d * S[so + s]) * float(isum.x + isum.y) + k.m * S[so + p.cols / 32u + s];
+#else
+            acc[t] += (k.d * S[so + s]) * float(isum.x + isum.y);
+#endif
+        }
+    }
+    reduce_and_store(acc, row, t0, nt);
+}

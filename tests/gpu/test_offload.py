@@ -1,0 +1,104 @@
+"""Layer offload (n_gpu_layers, simd/gpu_vulkan/offload.c) on Mesa's lavapipe against the CPU
+engine on the same file: the output alone, some layers and all of them, on every fixture
+architecture; and the typed errors of what the offload does not do. Without a Vulkan driver
+these skip, saying so; in CI they must run.
+
+Where the two engines round alike the logits agree to float32 noise: the output product
+(its input quantized as the CPU quantizes it, tests/gpu/test_vulkan_kernels.py), and whole
+offloaded models whose weights and cache are f32. With f16 caches and block-quantized
+layers the device's float32 sums (the CPU's are double) flip an occasional rounding of a
+quantized activation, which the random fixtures amplify: those figures are in the README
+and not asserted here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import edgeinfer
+from edgeinfer import _native, errors
+from edgeinfer.engines.base import Batch
+from tests.gpu import need_vulkan
+
+pytestmark = pytest.mark.skipif(not _native.available()[0], reason="no native library")
+
+ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
+TOKENS = list(range(5, 40))  # past gemma3's sliding window of 16
+
+
+@pytest.fixture(scope="module")
+def vulkan():
+    return need_vulkan()
+
+
+def _logits(path, n_gpu_layers, kv_type="f16", tokens=TOKENS) -> np.ndarray:
+    with edgeinfer.load(
+        path, n_ctx=64, n_threads=2, n_gpu_layers=n_gpu_layers, kv_type=kv_type
+    ) as m:
+        return np.asarray(m._engine.decode(Batch.sequence(tokens, 0, all_logits=True)))
+
+
+def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    """Mean KL(p || q) over the positions, in float64."""
+
+    def log_softmax(x):
+        x = x.astype(np.float64) - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    a, b = log_softmax(p_logits), log_softmax(q_logits)
+    return float((np.exp(a) * (a - b)).sum(-1).mean())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_output_on_the_gpu_matches_the_cpu(vulkan, fixture_models, arch):
+    """n_gpu_layers 1: the output norm and product on the device (llama.cpp counts it first)."""
+    cpu, gpu = _logits(fixture_models[arch], 0), _logits(fixture_models[arch], 1)
+    assert _kl(cpu, gpu) < 1e-8
+    assert (cpu.argmax(-1) == gpu.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("n_gpu_layers", [2, "all"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_offloaded_layers_match_the_cpu_in_f32(vulkan, fixture_models_f32, arch, n_gpu_layers):
+    """Some layers and all of them, f32 weights and an f32 cache: the device's layers compute
+    what the CPU's do (norms, q/k norms, biases, rope, sliding windows, attention, GLU, the
+    post-norms) to float32 rounding."""
+    path = fixture_models_f32[arch]
+    cpu, gpu = _logits(path, 0, "f32"), _logits(path, n_gpu_layers, "f32")
+    assert _kl(cpu, gpu) < 1e-7
+    assert (cpu.argmax(-1) == gpu.argmax(-1)).all()
+    np.testing.assert_allclose(gpu, cpu, rtol=0, atol=1e-3 * np.abs(cpu).max())
+
+
+def test_a_prompt_in_steps_gives_what_it_gives_at_once(vulkan, fixture_models):
+    """The device's cache rows and runs: a prompt in three calls, then decoding, gives the
+    logits one call gives (the same rows, read through the pool's blocks)."""
+    path = fixture_models["gemma3"]
+    with edgeinfer.load(path, n_ctx=64, n_threads=2, n_gpu_layers="all") as m:
+        whole = np.asarray(m._engine.decode(Batch.sequence(TOKENS, 0, all_logits=True)))
+    with edgeinfer.load(path, n_ctx=64, n_threads=2, n_gpu_layers="all") as m:
+        parts = [
+            np.asarray(m._engine.decode(Batch.sequence(TOKENS[a:b], a, all_logits=True)))
+            for a, b in ((0, 7), (7, 20), (20, len(TOKENS)))
+        ]
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
+def test_what_the_offload_does_not_do_is_refused(vulkan, fixture_models):
+    path = fixture_models["llama"]
+    with pytest.raises(errors.InvalidOptionError, match="n_gpu_layers"):
+        edgeinfer.load(path, n_ctx=64, n_gpu_layers=4)  # 2 layers and the output: 3 at most
+    with pytest.raises(errors.InvalidOptionError, match="n_gpu_layers"):
+        edgeinfer.load(path, n_ctx=64, n_gpu_layers="most")
+    with pytest.raises(errors.InvalidOptionError, match="native engine"):
+        edgeinfer.load(path, n_ctx=64, n_gpu_layers=1, engine="reference")
+    with pytest.raises(errors.UnsupportedModelError, match="q8_0 key cache"):
+        edgeinfer.load(path, n_ctx=64, n_gpu_layers=1, kv_type="q8_0")
+    with pytest.raises(errors.UnsupportedModelError, match="KIVI"):
+        edgeinfer.load(path, n_ctx=64, n_gpu_layers=1, kv_type="kivi4")
+    with pytest.raises(errors.UnsupportedModelError, match="attention"):
+        edgeinfer.load(path, n_ctx=64, n_gpu_layers=1, context_policy="h2o")
+    with edgeinfer.load(path, n_ctx=64, n_threads=2, n_gpu_layers=2) as m:
+        m._engine.decode(Batch.sequence(TOKENS[:10], 0))
+        with pytest.raises(errors.UnsupportedModelError, match="on the GPU"):
+            m._engine.discard(2, 3, 0)
