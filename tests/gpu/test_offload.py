@@ -102,3 +102,25 @@ def test_what_the_offload_does_not_do_is_refused(vulkan, fixture_models):
         m._engine.decode(Batch.sequence(TOKENS[:10], 0))
         with pytest.raises(errors.UnsupportedModelError, match="on the GPU"):
             m._engine.discard(2, 3, 0)
+
+
+def test_forked_sequences_write_their_own_copies_on_the_gpu(vulkan, fixture_models_f32):
+    """Two sequences share a prompt's blocks (fork); each then writes into the shared, partly
+    filled block, which the pool copies for the writer: on the device too, or the second
+    sequence would read rows the device never filled. Logits as the CPU engine gives them."""
+    path = fixture_models_f32["gemma3"]
+
+    def run(n_gpu_layers):
+        with edgeinfer.load(
+            path, n_ctx=64, n_threads=2, n_gpu_layers=n_gpu_layers, kv_type="f32", n_parallel=1
+        ) as m:
+            e = m._engine
+            e.decode(Batch.sequence(TOKENS[:20], 0))
+            e.fork(0, 1, 20)
+            out = [np.asarray(e.decode(Batch.sequence([7, 8, 9], 20, seq=s))) for s in (0, 1)]
+            out += [np.asarray(e.decode(Batch.sequence([11], 23, seq=s))) for s in (1, 0)]
+            return np.concatenate(out)
+
+    cpu, gpu = run(0), run("all")
+    assert _kl(cpu, gpu) < 1e-7
+    np.testing.assert_allclose(gpu, cpu, rtol=0, atol=1e-3 * np.abs(cpu).max())
