@@ -99,6 +99,7 @@ ei_status ei_vk_kernel_attn(void *vctx, int32_t n_head, int32_t n_head_kv, int32
     free(table);
     if (st == EI_OK) st = ei_vk_attn(ctx, &shape, 1, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5]);
     if (st == EI_OK) st = ei_vk_submit(ctx);
+    else ei_vk_discard(ctx);
     if (st == EI_OK) st = ei_vk_buffer_read(ctx, &b[4], 0, out, sizes[4]);
     for (int i = 0; i < 6; i++) ei_vk_buffer_free(ctx, &b[i]);
     return st;

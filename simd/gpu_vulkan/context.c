@@ -244,6 +244,15 @@ ei_status ei_vk_submit(ei_vk_context *ctx) {
     return reset != 0 ? vk_error(reset, "vkResetFences") : EI_OK;
 }
 
+void ei_vk_discard(ei_vk_context *ctx) {
+    if (!ctx->recording) return;
+    ctx->recording = 0;
+    ctx->fn.EndCommandBuffer(ctx->cmd);
+    ctx->fn.ResetCommandBuffer(ctx->cmd, 0);
+    ctx->fn.ResetDescriptorPool(ctx->device, ctx->descriptor_pool, 0);
+    ctx->sets_used = 0;
+}
+
 /* one copy between buffers, recorded, run and waited for */
 static ei_status copy_now(ei_vk_context *ctx, ei_vk_buffer *src, uint64_t src_off, ei_vk_buffer *dst, uint64_t dst_off, uint64_t bytes) {
     if (ctx->recording) return ei_fail(EI_ERR_INVALID, "Vulkan: a staged copy while dispatches are recorded");

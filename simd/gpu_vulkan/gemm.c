@@ -242,6 +242,7 @@ static ei_status run_from_host(ei_vk_context *ctx, int type, const void *w, int6
     const ei_vk_product job = {&weights, &b, rows};
     if (st == EI_OK) st = get_rows ? ei_vk_get_rows(ctx, &weights, &a, n, &b, cols) : ei_vk_products(ctx, &act, &job, 1, &a, 0, n, cols);
     if (st == EI_OK) st = ei_vk_submit(ctx);
+    else ei_vk_discard(ctx);
     if (st == EI_OK) st = ei_vk_buffer_read(ctx, &b, 0, out, out_bytes);
     ei_vk_act_free(ctx, &act);
     ei_vk_buffer_free(ctx, &b);

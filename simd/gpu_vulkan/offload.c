@@ -295,7 +295,15 @@ static ei_status output_part(ei_vk_offload *o, const ei_vk_offload_step *s) {
     return EI_OK;
 }
 
+static ei_status run_step(ei_vk_offload *o, const ei_vk_offload_step *s);
+
 ei_status ei_vk_offload_run(ei_vk_offload *o, const ei_vk_offload_step *s) {
+    const ei_status st = run_step(o, s);
+    if (st != EI_OK) ei_vk_discard(o->ctx);
+    return st;
+}
+
+static ei_status run_step(ei_vk_offload *o, const ei_vk_offload_step *s) {
     const ei_model_desc *m = o->p.m;
     ei_vk_context *ctx = o->ctx;
     const int n = s->n;

@@ -129,6 +129,7 @@ static ei_status host_upload(ei_vk_context *ctx, host_set *h, int n, const void 
 
 static ei_status host_finish(ei_vk_context *ctx, host_set *h, ei_status st, int out, void *dst, uint64_t bytes) {
     if (st == EI_OK) st = ei_vk_submit(ctx);
+    else ei_vk_discard(ctx);
     if (st == EI_OK) st = ei_vk_buffer_read(ctx, &h->b[out], 0, dst, bytes);
     for (int i = 0; i < h->n; i++) ei_vk_buffer_free(ctx, &h->b[i]);
     return st;

@@ -84,6 +84,9 @@ ei_status ei_vk_shader_index(const char *name, int *index);
 ei_status ei_vk_dispatch(ei_vk_context *ctx, int shader, ei_vk_buffer *const *buffers, const void *push,
                          uint32_t push_bytes, uint32_t groups_x, uint32_t groups_y, uint32_t groups_z);
 ei_status ei_vk_submit(ei_vk_context *ctx);
+/* drops what was recorded since the last submit (a step that failed half-way must not leave
+ * its dispatches to run with the next one) */
+void ei_vk_discard(ei_vk_context *ctx);
 
 /* a weight matrix on the device (gemm.c): parts of rows_per_part rows, each one binding */
 typedef struct {
