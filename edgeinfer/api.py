@@ -648,7 +648,11 @@ def load(
     thread; returning False cancels the load with CancelledError) and ``memory_check``
     (True, the default: refuse with InsufficientMemoryError a model whose KV cache, buffers
     and weight copies, which cannot page, exceed the memory available, and warn with
-    MemoryPressureWarning when the memory-mapped weights beside them do not fit either).
+    MemoryPressureWarning when the memory-mapped weights beside them do not fit either),
+    ``n_gpu_layers`` (0, the default: none; N: the output and the last N - 1 layers on a Vulkan
+    GPU, as llama.cpp counts them; "all": every layer and the output; the native engine with an
+    f16 or f32 cache; see the README's Vulkan section) and ``gpu_device`` (the Vulkan device's
+    index; -1, the default, picks the first discrete GPU, else integrated, else the first).
     """
     unknown = set(options) - _LOAD_OPTIONS
     if unknown:
