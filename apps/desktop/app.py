@@ -128,25 +128,39 @@ class ChatWindow:
             self.open_model(path)
 
     def open_default(self) -> None:
+        options = self._options_or_error()
+        if options is None:
+            return
+
         def job() -> None:
             from edgeinfer.default_model import default_model_path
 
-            self._load(
-                str(default_model_path(progress=lambda d, t: self.events.put(("progress", d / t))))
-            )
+            path = default_model_path(progress=lambda d, t: self.events.put(("progress", d / t)))
+            self._load(str(path), options)
 
         self._run(job)
 
     def open_model(self, path: str) -> None:
-        self._run(lambda: self._load(path))
+        options = self._options_or_error()
+        if options is not None:
+            self._run(lambda: self._load(path, options))
 
     def reload(self) -> None:
         if self.model is not None:
             self.open_model(self.model.path)
 
-    def _load(self, path: str) -> None:
-        """On the worker: loads ``path`` with the window's options (the old model closes)."""
-        options = self._read_options()
+    def _options_or_error(self) -> dict[str, Any] | None:
+        """The window's options, read on the Tk thread (a worker must not touch Tk, least of all
+        before the event loop runs), or None with the error shown."""
+        try:
+            return self._read_options()
+        except errors.InvalidOptionError as e:
+            self._show_error(f"{type(e).__name__}: {e}")
+            return None
+
+    def _load(self, path: str, options: dict[str, Any]) -> None:
+        """On the worker: loads ``path`` with the options read from the window (the old model
+        closes)."""
         old, self.model = self.model, None
         if old is not None:
             old.close()
