@@ -28,7 +28,6 @@ static const char *shader_type(int type) {
     }
 }
 
-int ei_vk_weight_type_supported(int type) { return shader_type(type) != NULL; }
 
 void ei_vk_weights_free(ei_vk_context *ctx, ei_vk_weights *w) {
     for (int i = 0; w->parts && i < w->n_parts; i++) ei_vk_buffer_free(ctx, &w->parts[i]);
@@ -86,11 +85,6 @@ typedef struct {
 static void row_groups(int64_t rows, uint32_t *gx, uint32_t *gy) {
     *gx = rows < (int64_t)EI_VK_MAX_GROUPS ? (uint32_t)rows : EI_VK_MAX_GROUPS;
     *gy = (uint32_t)((rows + *gx - 1) / *gx);
-}
-
-ei_status ei_vk_gemm(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffer *x, int64_t n_tokens, int64_t x_stride,
-                     ei_vk_buffer *y, int64_t y_stride) {
-    return ei_vk_gemm_at(ctx, w, x, 0, n_tokens, x_stride, y, y_stride);
 }
 
 ei_status ei_vk_gemm_at(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffer *x, int64_t x_first, int64_t n_tokens,

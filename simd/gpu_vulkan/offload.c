@@ -37,8 +37,6 @@ struct ei_vk_offload {
     int q_dim, kv_dim, v_dim, att_dim;
 };
 
-uint64_t ei_vk_offload_device_bytes(const ei_vk_offload *o) { return o ? o->ctx->allocated_bytes : 0; }
-const char *ei_vk_offload_device_name(const ei_vk_offload *o) { return o ? o->ctx->info.name : ""; }
 
 static ei_status upload_vector(ei_vk_context *ctx, const ei_tensor *t, ei_vk_buffer *b) {
     if (!t->data) return EI_OK;
@@ -309,7 +307,9 @@ static ei_status run_step(ei_vk_offload *o, const ei_vk_offload_step *s) {
     const int n = s->n;
     if (n <= 0 || n > o->p.n_batch || s->n_out < 0 || s->n_out > n) return ei_fail(EI_ERR_INVALID, "Vulkan offload: a step of %d tokens", n);
     TRY(ei_vk_buffer_write(ctx, &o->x, 0, s->x, (uint64_t)n * (uint64_t)m->n_embd * 4));
-    TRY(ei_vk_buffer_write(ctx, &o->rope, 0, s->rope, o->rope.bytes));
+    const uint64_t base = (uint64_t)o->p.n_batch * (uint64_t)m->n_rot; /* floats of one base's table */
+    for (int b = 0; b < o->p.n_bases; b++) /* the step's rows of each: n of n_batch */
+        TRY(ei_vk_buffer_write(ctx, &o->rope, (uint64_t)b * base * 4, s->rope + (size_t)b * base, (uint64_t)n * (uint64_t)m->n_rot * 4));
     for (int g = 0; g < MAX_GROUPS; g++) {
         if (o->used[g]) TRY(ei_vk_buffer_write(ctx, &o->rows[g], 0, s->rows[g], (uint64_t)n * 4));
         if (o->used_runs[g]) TRY(ei_vk_buffer_write(ctx, &o->runs[g], 0, s->runs[g], (uint64_t)n * (uint64_t)(1 + 2 * o->p.max_runs) * 4));

@@ -48,7 +48,5 @@ typedef struct {
 ei_status ei_vk_offload_create(const ei_vk_offload_params *p, ei_vk_offload **out);
 void ei_vk_offload_free(ei_vk_offload *o);
 ei_status ei_vk_offload_run(ei_vk_offload *o, const ei_vk_offload_step *s);
-uint64_t ei_vk_offload_device_bytes(const ei_vk_offload *o);
-const char *ei_vk_offload_device_name(const ei_vk_offload *o);
 
 #endif

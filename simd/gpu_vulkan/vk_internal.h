@@ -121,17 +121,14 @@ typedef struct {
 ei_status ei_vk_products(ei_vk_context *ctx, ei_vk_act *act, const ei_vk_product *jobs, int n_jobs, ei_vk_buffer *x,
                          int64_t x_first, int64_t n, int64_t x_stride);
 
-int ei_vk_weight_type_supported(int type);
 ei_status ei_vk_shader_index_for(const char *type, const char *kernel, int subgroups, int *index);
 ei_status ei_vk_weights_upload(ei_vk_context *ctx, int type, const void *data, int64_t rows, int64_t cols, ei_vk_weights *w);
 void ei_vk_weights_free(ei_vk_context *ctx, ei_vk_weights *w);
-/* y[t][r] = row r of w . x[t] for n_tokens tokens (x: (n_tokens, x_stride) floats; y: (n_tokens, y_stride)) */
-ei_status ei_vk_gemm(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffer *x, int64_t n_tokens, int64_t x_stride,
-                     ei_vk_buffer *y, int64_t y_stride);
-/* y[i] = row ids[i] of w as floats (ids: n uint32) */
-/* the same from x_first floats into x (a part of the rows of a larger buffer) */
+/* y[t][r] = row r of w . x[t] for n_tokens float-row tokens from x_first floats into x (x:
+ * (n_tokens, x_stride); y: (n_tokens, y_stride)); a block type's product is ei_vk_products' */
 ei_status ei_vk_gemm_at(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffer *x, int64_t x_first, int64_t n_tokens,
                         int64_t x_stride, ei_vk_buffer *y, int64_t y_stride);
+/* y[i] = row ids[i] of w as floats (ids: n uint32) */
 ei_status ei_vk_get_rows(ei_vk_context *ctx, const ei_vk_weights *w, ei_vk_buffer *ids, int64_t n, ei_vk_buffer *y, int64_t y_stride);
 
 /* ops.c: the non-matmul steps. rms_norm: rows of n values, row_stride apart, each normalised
