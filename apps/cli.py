@@ -55,6 +55,30 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
                    help="compute engine (default: the native one where it runs)")  # fmt: skip
     _add_cache_options(p)
+    _add_gpu_options(p)
+
+
+def _gpu_layers(text: str) -> str:
+    """-ngl's value: a count of layers, 'auto' or 'all' (load() checks the count's range)."""
+    if text in ("auto", "all") or text.isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"expected a number, 'auto' or 'all', got {text!r}")
+
+
+_gpu_layers.__name__ = "n_gpu_layers"  # what argparse names in its messages
+
+
+def _add_gpu_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("GPU offload (Vulkan)")
+    g.add_argument(
+        "-ngl", "--n-gpu-layers", type=_gpu_layers, default=None, metavar="N|auto|all",
+        help="the output and the last N-1 layers on the GPU, as llama.cpp counts them; auto: "
+        "as many as fit in its free memory (EDGEINFER_VULKAN_BUDGET forces a size); all: "
+        "every layer (default: none)",
+    )  # fmt: skip
+    g.add_argument("--gpu-device", type=_count(0), default=None, metavar="I",
+                   help="the Vulkan device's index (edgeinfer doctor lists them; default: "
+                   "the first discrete GPU, else integrated, else the first)")  # fmt: skip
 
 
 def _add_cache_options(p: argparse.ArgumentParser, policy: bool = True) -> None:
@@ -111,7 +135,7 @@ def _cache_options(args: argparse.Namespace) -> dict[str, Any]:
         out["cache_type_k"] = args.cache_type_k
     if args.cache_type_v is not None:
         out["cache_type_v"] = args.cache_type_v
-    for name in ("kv_budget", "kivi_group", "kivi_residual"):
+    for name in ("kv_budget", "kivi_group", "kivi_residual", "n_gpu_layers", "gpu_device"):
         if getattr(args, name, None) is not None:
             out[name] = getattr(args, name)
     if getattr(args, "context_policy", "error") != "error":
@@ -122,9 +146,18 @@ def _cache_options(args: argparse.Namespace) -> dict[str, Any]:
 def _load(args: argparse.Namespace, path: str) -> Any:
     import edgeinfer
 
-    return edgeinfer.load(
+    model = edgeinfer.load(
         path, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine, **_cache_options(args)
     )
+    _print_gpu_plan(args, model)
+    return model
+
+
+def _print_gpu_plan(args: argparse.Namespace, model: Any) -> None:
+    """With -ngl, what went to the GPU and why, on stderr (stdout is the text)."""
+    plan = model.gpu_plan
+    if getattr(args, "n_gpu_layers", None) is not None and plan is not None:
+        print(plan.describe(), file=sys.stderr)
 
 
 def _add_sampling_options(p: argparse.ArgumentParser, n_default: int | None) -> None:
@@ -236,6 +269,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="context (default: prompt + generated tokens); smaller, the policy "
                        "makes room")  # fmt: skip
     _add_cache_options(bench)
+    _add_gpu_options(bench)
 
     convert_cmd.add_parser(sub)
 
@@ -254,6 +288,7 @@ def _parser() -> argparse.ArgumentParser:
     ppl.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
     ppl.add_argument("--json", action="store_true")
     _add_cache_options(ppl)
+    _add_gpu_options(ppl)
     baseline = ppl.add_mutually_exclusive_group()
     baseline.add_argument(
         "--save-logits", metavar="BASE", default=None,
@@ -695,6 +730,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"ttft     {r['ttft_s'] * 1000:9.1f} ms ({r['n_prompt']}-token prompt; "
         f"{r['ttft_cold_s'] * 1000:.1f} ms the first after loading)"
     )
+    if r["gpu"] is not None and r["gpu"]["n_gpu_layers"]:
+        g = r["gpu"]
+        print(
+            f"gpu      {g['n_gpu_layers']} of {g['n_layer'] + 1} (layers and the output) on "
+            f"{g['device_name']}, {g['total_bytes'] / (1 << 20):.1f} MiB"
+        )
     print(f"load     {r['load_s']:9.2f} s")
     print(f"peak RSS {r['peak_rss_mb']:9.1f} MB")
     if r.get("weight_copies_mb"):
@@ -769,6 +810,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     with edgeinfer.load(
         args.model, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine, **options
     ) as model:
+        _print_gpu_plan(args, model)
         if args.kl_base is not None:
             kl = kl_divergence(model, text, args.kl_base, n_ctx=args.ctx, max_windows=args.chunks)
             print(json.dumps(kl.as_dict(), indent=2) if args.json else "\n".join(_kl_lines(kl)))
@@ -799,6 +841,7 @@ def _policy_perplexity(args: argparse.Namespace, text: str, options: dict[str, A
     with edgeinfer.load(
         args.model, n_threads=args.threads, n_ctx=args.ctx, engine=args.engine, **options
     ) as model:
+        _print_gpu_plan(args, model)
         r = stream_perplexity(model, text, max_tokens=args.chunks and args.chunks * args.ctx)
     return _report(
         args, r, f"perplexity {r.perplexity:.4f} over {r.scored_tokens} tokens streamed through "

@@ -100,6 +100,9 @@ class ServerState:
 
         try:
             model = edgeinfer.load(self.options.path, **self.options.load_options)
+            plan = model.gpu_plan
+            if self.options.load_options.get("n_gpu_layers") is not None and plan is not None:
+                print(plan.describe(), file=sys.stderr, flush=True)  # -ngl: what went where
             model.batcher(max_queue=self.options.max_queue)
             self.model = model
         except BaseException as e:

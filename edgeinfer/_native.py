@@ -35,6 +35,7 @@ from edgeinfer.engines import ENGINES
 from edgeinfer.engines.base import PROFILE_KINDS, Batch, EngineProfile, OpTime, SequenceEngine
 from edgeinfer.gguf import GGUFFile, TensorInfo
 from edgeinfer.gguf.constants import GGMLType
+from edgeinfer.gpu_offload import BUDGET_SOURCES, OffloadPlan
 from edgeinfer.kv_cache import (
     BLOCK_SIZE,
     CACHE_TYPES,
@@ -50,7 +51,7 @@ from edgeinfer.kv_cache import (
 from edgeinfer.models.base import DecoderConfig, LayerTensors
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
-API_VERSION = 15
+API_VERSION = 16
 NATIVE_DIR_ENV = "EDGEINFER_NATIVE_DIR"
 
 c_int, c_int32, c_int64, c_float, c_size_t = (
@@ -132,9 +133,20 @@ class VkDevice(ctypes.Structure):
     ]  # fmt: skip
 
 
+class GpuPlan(ctypes.Structure):
+    _fields_ = [
+        ("n_gpu_layers", c_int32), ("device", c_int32), ("budget_source", c_int32),
+        ("pad", c_int32),
+        *[(n, ctypes.c_uint64)
+          for n in ("free_bytes", "margin_bytes", "weights_bytes", "cache_bytes", "buffer_bytes",
+                    "held_bytes")],
+        ("device_name", ctypes.c_char * 256), ("reason", ctypes.c_char * 256),
+    ]  # fmt: skip
+
+
 # ei_struct_size(which) -> the struct mirrored here, in the order of the C EI_STRUCT_* enum
 _STRUCTS: tuple[type[ctypes.Structure], ...] = (
-    Tensor, LayerDesc, ModelDesc, EngineParams, ProfileEntry, VkDevice,
+    Tensor, LayerDesc, ModelDesc, EngineParams, ProfileEntry, VkDevice, GpuPlan,
 )  # fmt: skip
 
 # cache element types the native attention reads and writes, as rows (CacheLayout.ROWS)
@@ -216,6 +228,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_engine_isa": (c_int, [c_void_p]),
     "ei_engine_threads": (c_int32, [c_void_p, c_int32]),
     "ei_engine_memory": (c_size_t, [c_void_p]),
+    "ei_engine_gpu_plan": (c_int, [c_void_p, c_void_p]),
     "ei_engine_weight_copies": (c_size_t, [c_void_p]),
     "ei_engine_free": (None, [c_void_p]),
     "ei_kernel_from_float": (c_int, [c_int, c_int, c_void_p, c_void_p, c_int64]),
@@ -710,6 +723,23 @@ class NativeEngine(SequenceEngine):
         """The threads a step of ``n_tokens`` tokens runs on now: all of them, or fewer while
         decoding steps run faster so (another program holds a core)."""
         return int(library().ei_engine_threads(self._handle, n_tokens)) if self._handle else 0
+
+    @property
+    def gpu_plan(self) -> OffloadPlan:
+        """What layer offload put on the Vulkan device (n_gpu_layers), and why."""
+        if not self._handle:
+            raise errors.ModelClosedError("the engine is closed")
+        p = GpuPlan()
+        check(library().ei_engine_gpu_plan(self._handle, ctypes.byref(p)))
+        return OffloadPlan(
+            n_gpu_layers=p.n_gpu_layers, n_layer=self.cfg.n_layer,
+            device=p.device if p.device >= 0 else None,
+            device_name=p.device_name.decode(errors="replace"),
+            budget_source=BUDGET_SOURCES[p.budget_source], free_bytes=p.free_bytes,
+            margin_bytes=p.margin_bytes, weights_bytes=p.weights_bytes, cache_bytes=p.cache_bytes,
+            buffer_bytes=p.buffer_bytes, held_bytes=p.held_bytes,
+            reason=p.reason.decode(errors="replace"),
+        )  # fmt: skip
 
     @property
     def memory_bytes(self) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer import engines, errors, session_state, system
+from edgeinfer import engines, errors, gpu_offload, session_state, system
 from edgeinfer.batching import Batcher, Request
 from edgeinfer.chat import ChatTemplate, builtin_template
 from edgeinfer.context_policy import DEFAULT_N_SINK, ContextPolicy
@@ -38,6 +38,7 @@ from edgeinfer.generation import (
 )
 from edgeinfer.gguf import GGUFFile
 from edgeinfer.gguf.reader import model_path
+from edgeinfer.gpu_offload import OffloadPlan
 from edgeinfer.kv_cache import (
     CACHE_TYPES,
     DEFAULT_CACHE_TYPE,
@@ -193,6 +194,9 @@ class Model:
             )  # fmt: skip
             with typed_memory_errors():
                 self._engine = engines.create(spec, self.source, self.config, options)
+            plan = self._engine.gpu_plan
+            if plan is not None:  # what auto chose, or the number asked
+                self.n_gpu_layers = plan.n_gpu_layers
         except BaseException:
             self.source.close()
             raise
@@ -245,6 +249,15 @@ class Model:
         """The KV cache's (keys, values) types: load()'s options, else the file's
         recommendation (RECOMMENDED_CACHE_KEYS), else f16."""
         return self._kv_types
+
+    @property
+    def gpu_plan(self) -> OffloadPlan | None:
+        """What layer offload put on the Vulkan device, the bytes of each part and the free
+        memory it was fitted to, and why fewer than every layer went (n_gpu_layers "auto");
+        None for an engine without offload. Its ``describe()`` is what the CLI prints."""
+        self._check_open()
+        assert self._engine is not None
+        return self._engine.gpu_plan
 
     @property
     def backend(self) -> engines.Engine:
@@ -650,9 +663,12 @@ def load(
     and weight copies, which cannot page, exceed the memory available, and warn with
     MemoryPressureWarning when the memory-mapped weights beside them do not fit either),
     ``n_gpu_layers`` (0, the default: none; N: the output and the last N - 1 layers on a Vulkan
-    GPU, as llama.cpp counts them; "all": every layer and the output; the native engine with an
-    f16 or f32 cache; see the README's Vulkan section) and ``gpu_device`` (the Vulkan device's
-    index; -1, the default, picks the first discrete GPU, else integrated, else the first).
+    GPU, as llama.cpp counts them; "all": every layer and the output; "auto": as many as fit in
+    the device's free memory less a margin, none without a GPU; the native engine with an f16
+    or f32 cache; an N that does not fit raises OutOfMemoryError with the numbers;
+    ``Model.gpu_plan`` says what went where; see the README's Vulkan section) and
+    ``gpu_device`` (the Vulkan device's index; -1, the default, picks the first discrete GPU,
+    else integrated, else the first).
     """
     unknown = set(options) - _LOAD_OPTIONS
     if unknown:
@@ -669,11 +685,18 @@ _LOAD_OPTIONS = frozenset({
 
 def _gpu_layers(asked: int | str, n_layer: int, engine: str) -> int:
     """n_gpu_layers as the native engine takes it: "all" is every layer and the output
-    (n_layer + 1, as llama.cpp counts them); a number is that many, the output first."""
+    (n_layer + 1, as llama.cpp counts them); "auto" what fits in the device's free memory
+    (gpu_offload.AUTO); a number is that many, the output first."""
     if asked == "all":
         n = n_layer + 1
+    elif asked == "auto":
+        n = gpu_offload.AUTO
+    elif isinstance(asked, str) and asked.strip().isdigit():
+        n = int_option("n_gpu_layers", int(asked), 0, n_layer + 1)
     elif isinstance(asked, str):
-        raise errors.InvalidOptionError(f"n_gpu_layers must be a number or 'all', got {asked!r}")
+        raise errors.InvalidOptionError(
+            f"n_gpu_layers must be a number, 'auto' or 'all', got {asked!r}"
+        )
     else:
         n = int_option("n_gpu_layers", asked, 0, n_layer + 1)
     if n and engine != "native":

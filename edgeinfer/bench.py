@@ -4,6 +4,7 @@ time to first token and peak resident memory; and :func:`profile`, where that ti
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import statistics
 import sys
@@ -18,6 +19,7 @@ import numpy as np
 from edgeinfer import errors
 from edgeinfer.engines.base import Engine, EngineProfile, OpTime, no_profile
 from edgeinfer.gguf.constants import GGMLType
+from edgeinfer.gpu_offload import OffloadPlan
 
 
 def peak_rss_mb() -> float:
@@ -25,6 +27,11 @@ def peak_rss_mb() -> float:
     return (
         rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
     )  # bytes on macOS, KiB elsewhere
+
+
+def _gpu_plan(plan: OffloadPlan | None) -> dict[str, Any] | None:
+    """The offload plan as JSON: every field, and the total."""
+    return None if plan is None else {**dataclasses.asdict(plan), "total_bytes": plan.total_bytes}
 
 
 def run(
@@ -124,6 +131,7 @@ def run(
             ),
             "policy": policy.name,
             "dropped_tokens": dropped,
+            "gpu": _gpu_plan(eng.gpu_plan),
         }
     finally:
         model.close()

@@ -15,6 +15,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from edgeinfer import errors
+from edgeinfer.gpu_offload import OffloadPlan
 from edgeinfer.kv_cache import KIVI_GROUP, KIVI_RESIDUAL
 
 
@@ -172,6 +173,11 @@ class Engine(Protocol):
     def committed_bytes(self) -> int:
         """The most memory the engine will hold that cannot page back to the model file:
         memory_bytes, and what its KV cache may still grow to."""
+        ...
+
+    @property
+    def gpu_plan(self) -> OffloadPlan | None:
+        """What layer offload (n_gpu_layers) put on a GPU, and why; None: the engine has none."""
         ...
 
     def threads(self, n_tokens: int = 1) -> int | None:
@@ -347,6 +353,10 @@ class SequenceEngine:
     @property
     def committed_bytes(self) -> int:
         return self.memory_bytes
+
+    @property
+    def gpu_plan(self) -> OffloadPlan | None:
+        return None
 
     def threads(self, n_tokens: int = 1) -> int | None:
         return None

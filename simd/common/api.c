@@ -20,6 +20,7 @@ size_t ei_struct_size(int which) {
     case EI_STRUCT_ENGINE_PARAMS: return sizeof(ei_engine_params);
     case EI_STRUCT_PROFILE_ENTRY: return sizeof(ei_profile_entry);
     case EI_STRUCT_VK_DEVICE: return sizeof(ei_vk_device);
+    case EI_STRUCT_GPU_PLAN: return sizeof(ei_gpu_plan);
     default: return 0;
     }
 }

@@ -3,6 +3,7 @@
  *
  * Buffers carry their shapes in comments; "n" is the number of tokens in the step. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,6 +99,7 @@ struct ei_engine {
     uint32_t *gpu_rows, *gpu_runs; /* (4, n_batch), (4, n_batch, 1 + 2 * max_pool_runs) */
     int32_t *gpu_out;              /* (n_batch) output rows as the device sees them */
     int32_t *gpu_run_set;          /* (n_layer) each device layer's set of runs (offload.h) */
+    ei_gpu_plan gpu_plan;          /* what went to the device, and why (ei_engine_gpu_plan) */
 };
 
 /* ---- allocation ------------------------------------------------------------------------ */
@@ -293,17 +295,16 @@ static ei_status create_pool(ei_engine *e) {
     return st;
 }
 
-/* the device part (n_gpu_layers): its weights, caches and buffers, and the host's tables of
- * each step's cache rows and runs */
-static ei_status create_offload(ei_engine *e) {
+/* the offload's parameters for layers [first_gpu, n_layer) as the pool places them, into ints
+ * ((3 n_layer + 4): groups, bases, runs, rows) */
+static ei_status offload_params(const ei_engine *e, int32_t *ints, ei_vk_offload_params *op) {
     const int L = e->m.n_layer, B = ei_kv_pool_block_size(e->kv);
-    int32_t *ints = calloc((size_t)(3 * L + 4), sizeof(int32_t)); /* (L) groups, (L) bases, (L) runs, (4) rows */
-    if (!ints) return ei_fail(EI_ERR_NOMEM, "out of memory");
     int32_t *groups = ints, *bases = ints + L, *runs = ints + 2 * L, *group_rows = ints + 3 * L;
     for (int il = 0; il < L; il++) {
         groups[il] = ei_kv_pool_layer_group(e->kv, il);
         bases[il] = e->layer_base[il];
         group_rows[groups[il]] = ei_kv_pool_group_blocks(e->kv, il) * B;
+        runs[il] = 0;
     }
     /* a set of runs for each (group, window) among the device layers: a group can hold layers
      * of several windows (the pool keeps a window whole where the context is short) */
@@ -312,28 +313,180 @@ static ei_status create_offload(ei_engine *e) {
         int s = 0;
         while (s < n_sets && (set_group[s] != groups[il] || set_window[s] != e->layers[il].window)) s++;
         if (s == n_sets) {
-            if (n_sets == 4) {
-                free(ints);
-                return ei_fail(EI_ERR_UNSUPPORTED, "layer offload: more than 4 attention windows");
-            }
+            if (n_sets == 4) return ei_fail(EI_ERR_UNSUPPORTED, "layer offload: more than 4 attention windows");
             set_group[n_sets] = groups[il];
             set_window[n_sets++] = e->layers[il].window;
         }
         runs[il] = s;
     }
-    const ei_vk_offload_params op = {&e->m, e->first_gpu, e->p.gpu_device, e->p.n_batch, e->p.n_ctx, e->p.kv_type_k,
-                                     e->p.kv_type_v, (int64_t)e->k_row_bytes, (int64_t)e->v_row_bytes, groups, runs, group_rows,
-                                     e->max_pool_runs, bases, e->n_bases, e->gelu};
+    const ei_vk_offload_params p = {&e->m, e->first_gpu, e->p.gpu_device, e->p.n_batch, e->p.n_ctx, e->p.kv_type_k,
+                                    e->p.kv_type_v, (int64_t)e->k_row_bytes, (int64_t)e->v_row_bytes, groups, runs, group_rows,
+                                    e->max_pool_runs, bases, e->n_bases, e->gelu};
+    *op = p;
+    return EI_OK;
+}
+
+static double mib(uint64_t bytes) { return (double)bytes / (1 << 20); }
+
+/* what layers [first, n_layer) and the output take on the device: parts (weights, cache,
+ * buffers) and each layer's weights and cache (layer_bytes: (n_layer)) */
+static ei_status measure_from(ei_engine *e, int first, int32_t *ints, uint64_t parts[3], uint64_t *layer_bytes) {
+    const int keep = e->first_gpu;
+    e->first_gpu = first;
+    ei_vk_offload_params op;
+    ei_status st = offload_params(e, ints, &op);
+    if (st == EI_OK) st = ei_vk_offload_measure(e->gpu, &op, parts, layer_bytes);
+    e->first_gpu = keep;
+    return st;
+}
+
+/* the most of the output and the last layers that fit in avail bytes (layer_bytes and parts
+ * measured with every layer on the device), and their total */
+static int most_that_fit(const ei_engine *e, const uint64_t *layer_bytes, const uint64_t parts[3], uint64_t avail, uint64_t *total) {
+    uint64_t t = parts[0] + parts[1] + parts[2];
+    for (int il = 0; il < e->m.n_layer; il++) t -= layer_bytes[il]; /* the output and the buffers */
+    if (t > avail) {
+        *total = t;
+        return 0;
+    }
+    int n = 1;
+    for (int il = e->m.n_layer - 1; il >= 0 && t + layer_bytes[il] <= avail; il--, n++) t += layer_bytes[il];
+    *total = t;
+    return n;
+}
+
+/* the layers offloaded after all: the pool made again with on_device for them (or none) */
+static ei_status settle_layers(ei_engine *e, int n) {
+    const int L = e->m.n_layer;
+    e->p.n_gpu_layers = n;
+    e->gpu_plan.n_gpu_layers = n;
+    e->first_gpu = n ? L + 1 - n : L;
+    if (!n) {
+        ei_vk_offload_free(e->gpu);
+        e->gpu = NULL;
+        e->gpu_plan.device = -1;
+    }
+    if (e->kivi) return EI_OK; /* its pool keeps no device layers */
+    ei_kv_pool_free(e->kv);
+    e->kv = NULL;
+    return create_pool(e);
+}
+
+/* n_gpu_layers = EI_GPU_AUTO: as many as fit in the free memory less a margin */
+static ei_status fit_auto(ei_engine *e, int32_t *ints) {
+    const int L = e->m.n_layer;
+    ei_gpu_plan *plan = &e->gpu_plan;
+    uint64_t parts[3], *layer_bytes = calloc((size_t)L, sizeof(uint64_t));
+    if (!layer_bytes) return ei_fail(EI_ERR_NOMEM, "out of memory");
+    ei_status st = measure_from(e, 0, ints, parts, layer_bytes);
+    if (st == EI_ERR_UNSUPPORTED) { /* this model or cache cannot go: the CPU runs it all, and the plan says why */
+        snprintf(plan->reason, sizeof plan->reason, "%s", ei_last_error());
+        free(layer_bytes);
+        return settle_layers(e, 0);
+    }
+    if (st != EI_OK) {
+        free(layer_bytes);
+        return st;
+    }
+    const uint64_t cap = 512ull << 20; /* a tenth of the free memory, at most 512 MiB: the driver's and other programs' */
+    plan->margin_bytes = plan->free_bytes / 10 < cap ? plan->free_bytes / 10 : cap;
+    uint64_t total;
+    const int n = most_that_fit(e, layer_bytes, parts, plan->free_bytes - plan->margin_bytes, &total);
+    free(layer_bytes);
+    if (n == 0)
+        snprintf(plan->reason, sizeof plan->reason, "the output and the buffers alone need %.1f MiB, over the %.1f MiB free less a %.1f MiB margin",
+                 mib(total), mib(plan->free_bytes), mib(plan->margin_bytes));
+    else if (n < L + 1)
+        snprintf(plan->reason, sizeof plan->reason, "%d of %d layers beside the output fit in the %.1f MiB free less a %.1f MiB margin",
+                 n - 1, L, mib(plan->free_bytes), mib(plan->margin_bytes));
+    if (n < L + 1) return settle_layers(e, n);
+    e->p.n_gpu_layers = n; /* all of them: the pool already has every layer on the device */
+    return EI_OK;
+}
+
+/* an explicit n_gpu_layers over the free memory: the numbers, and the most that fits */
+static ei_status over_budget(ei_engine *e, int32_t *ints, uint64_t total) {
+    const ei_gpu_plan *plan = &e->gpu_plan;
+    const int L = e->m.n_layer;
+    uint64_t parts[3], fit_total = 0, *layer_bytes = calloc((size_t)L, sizeof(uint64_t));
+    int most = -1;
+    if (layer_bytes && measure_from(e, 0, ints, parts, layer_bytes) == EI_OK)
+        most = most_that_fit(e, layer_bytes, parts, plan->free_bytes, &fit_total);
+    free(layer_bytes);
+    static const char *source[] = {"", "VK_EXT_memory_budget", "the device-local heap's size", "EDGEINFER_VULKAN_BUDGET"};
+    char hint[96] = "";
+    if (most >= 0) snprintf(hint, sizeof hint, "; the most that fits is n_gpu_layers %d, or use 'auto'", most);
+    return ei_fail(EI_ERR_NOMEM,
+                   "n_gpu_layers %d needs %.1f MiB on %s (weights %.1f MiB, KV cache %.1f MiB for %d positions, buffers %.1f MiB) "
+                   "but %.1f MiB is free (%s)%s",
+                   e->p.n_gpu_layers, mib(total), plan->device_name, mib(plan->weights_bytes), mib(plan->cache_bytes), e->p.n_ctx,
+                   mib(plan->buffer_bytes), mib(plan->free_bytes), source[plan->budget_source], hint);
+}
+
+/* the device part (n_gpu_layers): its weights, caches and buffers, fitted to the device's free
+ * memory, and the host's tables of each step's cache rows and runs */
+static ei_status create_offload(ei_engine *e) {
+    const int L = e->m.n_layer, automatic = e->p.n_gpu_layers == EI_GPU_AUTO;
+    ei_gpu_plan *plan = &e->gpu_plan;
+    plan->device = -1;
+    if (automatic && (e->kivi || e->p.track_attention)) {
+        snprintf(plan->reason, sizeof plan->reason, "%s", e->kivi ? "the KIVI cache layout runs on the CPU only"
+                                                                  : "attention tracking (the H2O policy) runs on the CPU only");
+        return settle_layers(e, 0);
+    }
+    ei_status st = ei_vk_offload_open(e->p.gpu_device, &e->gpu);
+    if (st == EI_ERR_UNSUPPORTED && !automatic) { /* never a silent fall back to the CPU */
+        char why[256];
+        snprintf(why, sizeof why, "%s", ei_last_error());
+        return ei_fail(EI_ERR_DEVICE, "n_gpu_layers %d asks for a GPU, and there is none to use (%s)", e->p.n_gpu_layers, why);
+    }
+    if (st != EI_OK) {
+        if (st != EI_ERR_UNSUPPORTED) return st;
+        snprintf(plan->reason, sizeof plan->reason, "%s", ei_last_error()); /* no GPU */
+        return settle_layers(e, 0);
+    }
+    snprintf(plan->device_name, sizeof plan->device_name, "%s", ei_vk_offload_device(e->gpu, &plan->device)->name);
+    if ((st = ei_vk_offload_budget(e->gpu, &plan->free_bytes, &plan->budget_source)) != EI_OK) return st;
+    int32_t *ints = calloc((size_t)(3 * L + 4), sizeof(int32_t));
+    if (!ints) return ei_fail(EI_ERR_NOMEM, "out of memory");
+    if (automatic) st = fit_auto(e, ints);
+    uint64_t parts[3] = {0, 0, 0};
+    ei_vk_offload_params op;
+    if (st == EI_OK && e->gpu) st = offload_params(e, ints, &op);
+    if (st == EI_OK && e->gpu) st = ei_vk_offload_measure(e->gpu, &op, parts, NULL);
+    plan->n_gpu_layers = e->gpu ? e->p.n_gpu_layers : 0;
+    plan->weights_bytes = parts[0];
+    plan->cache_bytes = parts[1];
+    plan->buffer_bytes = parts[2];
+    const uint64_t total = parts[0] + parts[1] + parts[2];
+    if (st == EI_OK && e->gpu && !automatic && total > plan->free_bytes) st = over_budget(e, ints, total);
+    if (st != EI_OK || !e->gpu) {
+        free(ints);
+        return st;
+    }
     const size_t nb = (size_t)e->p.n_batch;
     e->gpu_rows = alloc(e, 4 * nb * sizeof(uint32_t));
     e->gpu_runs = alloc(e, 4 * nb * (size_t)(1 + 2 * e->max_pool_runs) * sizeof(uint32_t));
     e->gpu_out = alloc(e, nb * sizeof(int32_t));
     e->gpu_run_set = alloc(e, sizeof(int32_t) * (size_t)L);
-    if (e->gpu_run_set) memcpy(e->gpu_run_set, runs, sizeof(int32_t) * (size_t)L);
-    ei_status st = e->gpu_rows && e->gpu_runs && e->gpu_out && e->gpu_run_set ? EI_OK : ei_fail(EI_ERR_NOMEM, "out of memory");
-    if (st == EI_OK) st = ei_vk_offload_create(&op, &e->gpu);
+    if (e->gpu_run_set) memcpy(e->gpu_run_set, ints + 2 * L, sizeof(int32_t) * (size_t)L);
+    st = e->gpu_rows && e->gpu_runs && e->gpu_out && e->gpu_run_set ? EI_OK : ei_fail(EI_ERR_NOMEM, "out of memory");
+    if (st == EI_OK && (st = ei_vk_offload_load(e->gpu, &op)) == EI_ERR_NOMEM) { /* the plan fitted, the driver said no */
+        char why[512];
+        snprintf(why, sizeof why, "%s", ei_last_error());
+        st = ei_fail(EI_ERR_NOMEM, "%s (loading n_gpu_layers %d: %.1f MiB planned, %.1f MiB free)", why, e->p.n_gpu_layers,
+                     mib(total), mib(plan->free_bytes));
+    }
     free(ints);
     return st;
+}
+
+ei_status ei_engine_gpu_plan(const ei_engine *e, ei_gpu_plan *out) {
+    if (!e || !out) return ei_fail(EI_ERR_INVALID, "ei_engine_gpu_plan: no engine or output");
+    *out = e->gpu_plan;
+    if (!e->gpu) out->device = -1;
+    out->held_bytes = e->gpu ? ei_vk_offload_held(e->gpu) : 0;
+    return EI_OK;
 }
 
 ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *params, ei_engine **out) {
@@ -349,12 +502,12 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     if (p.kv_budget < 0) return ei_fail(EI_ERR_INVALID, "kv_budget must be >= 0, got %lld", (long long)p.kv_budget);
     if (p.n_batch <= 0 || p.n_batch > MAX_BATCH)
         return ei_fail(EI_ERR_INVALID, "n_batch must lie in [1, %d], got %d", MAX_BATCH, p.n_batch);
-    if (p.n_gpu_layers < 0 || p.n_gpu_layers > m->n_layer + 1)
-        return ei_fail(EI_ERR_INVALID, "n_gpu_layers must lie in [0, %d] (the layers and the output), got %d", m->n_layer + 1,
-                       p.n_gpu_layers);
-    if (p.n_gpu_layers && p.kv_layout != EI_KV_ROWS)
+    if (p.n_gpu_layers < EI_GPU_AUTO || p.n_gpu_layers > m->n_layer + 1)
+        return ei_fail(EI_ERR_INVALID, "n_gpu_layers must lie in [0, %d] (the layers and the output) or be EI_GPU_AUTO, got %d",
+                       m->n_layer + 1, p.n_gpu_layers);
+    if (p.n_gpu_layers > 0 && p.kv_layout != EI_KV_ROWS)
         return ei_fail(EI_ERR_UNSUPPORTED, "layer offload keeps the KV cache as rows: the KIVI layout runs on the CPU only");
-    if (p.n_gpu_layers && p.track_attention)
+    if (p.n_gpu_layers > 0 && p.track_attention)
         return ei_fail(EI_ERR_UNSUPPORTED, "layer offload does not track attention (the H2O policy): use n_gpu_layers 0");
     const int isa = p.isa < 0 ? ei_isa_best() : p.isa;
     const ei_kernels *k = ei_kernels_for(isa);
@@ -382,7 +535,7 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
     if (m->n_ff > e->max_cols) e->max_cols = m->n_ff;
     if (e->att_dim > e->max_cols) e->max_cols = e->att_dim;
     e->kivi = p.kv_layout == EI_KV_KIVI;
-    e->first_gpu = p.n_gpu_layers ? m->n_layer + 1 - p.n_gpu_layers : m->n_layer;
+    e->first_gpu = p.n_gpu_layers == EI_GPU_AUTO ? 0 : p.n_gpu_layers ? m->n_layer + 1 - p.n_gpu_layers : m->n_layer;
     e->k_head_bytes = e->kivi ? 2 * (size_t)m->head_dim : ei_row_size(p.kv_type_k, m->head_dim);
     e->v_head_bytes = e->kivi ? 2 * (size_t)m->head_dim_v : ei_row_size(p.kv_type_v, m->head_dim_v);
     if (e->kivi) {

@@ -43,6 +43,7 @@ static ei_status pick_device(ei_vk_context *ctx, int32_t index) {
         }
     }
     ctx->physical = devs[index];
+    ctx->index = index;
     free(devs);
     ei_vk_describe(ctx->instance, ctx->physical, &ctx->info);
     return EI_OK;
@@ -185,6 +186,14 @@ ei_status ei_vk_buffer_alloc(ei_vk_context *ctx, uint64_t bytes, int host_visibl
         return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan: %s has no %s memory for storage buffers", ctx->info.name,
                        host_visible ? "host-visible" : "device-local");
     }
+    if (ctx->dry_run) { /* measured, not made: the size stays for the callers' limit checks */
+        ctx->fn.DestroyBuffer(ctx->device, out->buffer, NULL);
+        out->buffer = 0;
+        out->bytes = bytes;
+        ctx->dry_bytes += req.size;
+        if ((ctx->memory.types[type].property_flags & coherent) != coherent) ctx->dry_staged = 1;
+        return EI_OK;
+    }
     const ei_vk_memory_allocate_info alloc = {EI_VK_ST_MEMORY_ALLOCATE_INFO, NULL, req.size, (uint32_t)type};
     if ((r = ctx->fn.AllocateMemory(ctx->device, &alloc, NULL, &out->memory)) != 0) {
         ei_vk_buffer_free(ctx, out);
@@ -207,6 +216,8 @@ ei_status ei_vk_buffer_alloc(ei_vk_context *ctx, uint64_t bytes, int host_visibl
     ctx->allocated_bytes += req.size;
     return EI_OK;
 }
+
+uint64_t ei_vk_held_bytes(const ei_vk_context *ctx) { return ctx->dry_run ? ctx->dry_bytes : ctx->allocated_bytes; }
 
 void ei_vk_buffer_free(ei_vk_context *ctx, ei_vk_buffer *buf) {
     if (!buf || !ctx->device) return;
@@ -271,8 +282,11 @@ static ei_status staging_for(ei_vk_context *ctx, uint64_t bytes) {
 
 #define STAGING_CHUNK (16ull << 20)
 
+uint64_t ei_vk_staging_bytes(void) { return STAGING_CHUNK; }
+
 ei_status ei_vk_buffer_write(ei_vk_context *ctx, ei_vk_buffer *buf, uint64_t offset, const void *src, uint64_t bytes) {
     if (offset > buf->bytes || bytes > buf->bytes - offset) return ei_fail(EI_ERR_INVALID, "Vulkan: a write past a buffer's end");
+    if (ctx->dry_run) return EI_OK;
     if (buf->mapped) {
         memcpy((char *)buf->mapped + offset, src, bytes);
         return EI_OK;
@@ -290,6 +304,7 @@ ei_status ei_vk_buffer_write(ei_vk_context *ctx, ei_vk_buffer *buf, uint64_t off
 
 ei_status ei_vk_buffer_read(ei_vk_context *ctx, ei_vk_buffer *buf, uint64_t offset, void *dst, uint64_t bytes) {
     if (offset > buf->bytes || bytes > buf->bytes - offset) return ei_fail(EI_ERR_INVALID, "Vulkan: a read past a buffer's end");
+    if (ctx->dry_run) return EI_OK;
     if (buf->mapped) {
         memcpy(dst, (const char *)buf->mapped + offset, bytes);
         return EI_OK;

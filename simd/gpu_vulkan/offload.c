@@ -49,9 +49,11 @@ static ei_status upload_matrix(ei_vk_context *ctx, const ei_tensor *t, ei_vk_wei
     return ei_vk_weights_upload(ctx, t->type, t->data, t->ne1, t->ne0, w);
 }
 
-static ei_status upload_layer(ei_vk_offload *o, int il, dev_layer *d) {
+/* a layer's weights, then its KV cache; what each took is added to parts (weights, cache) */
+static ei_status upload_layer(ei_vk_offload *o, int il, dev_layer *d, uint64_t *parts) {
     const ei_layer_desc *l = &o->p.m->layers[il];
     ei_vk_context *ctx = o->ctx;
+    const uint64_t before = ei_vk_held_bytes(ctx);
     ei_status st = upload_matrix(ctx, &l->wq, &d->wq);
     if (st == EI_OK) st = upload_matrix(ctx, &l->wk, &d->wk);
     if (st == EI_OK) st = upload_matrix(ctx, &l->wv, &d->wv);
@@ -62,11 +64,14 @@ static ei_status upload_layer(ei_vk_offload *o, int il, dev_layer *d) {
     const ei_tensor *v[9] = {&l->attn_norm, &l->ffn_norm, &l->q_norm, &l->k_norm, &l->attn_post_norm, &l->ffn_post_norm, &l->bq, &l->bk, &l->bv};
     ei_vk_buffer *b[9] = {&d->attn_norm, &d->ffn_norm, &d->q_norm, &d->k_norm, &d->attn_post_norm, &d->ffn_post_norm, &d->bq, &d->bk, &d->bv};
     for (int i = 0; i < 9 && st == EI_OK; i++) st = upload_vector(ctx, v[i], b[i]);
+    const uint64_t weights = ei_vk_held_bytes(ctx);
+    parts[0] += weights - before;
     d->group = o->p.layer_group[il];
     d->runs = o->p.layer_runs[il];
     const uint64_t rows = (uint64_t)o->p.group_rows[d->group];
     if (st == EI_OK) st = ei_vk_buffer_alloc(ctx, rows * (uint64_t)o->p.k_row_bytes + 4, 0, &d->k);
     if (st == EI_OK) st = ei_vk_buffer_alloc(ctx, rows * (uint64_t)o->p.v_row_bytes + 4, 0, &d->v);
+    parts[1] += ei_vk_held_bytes(ctx) - weights;
     if (st == EI_OK && (d->k.bytes > ctx->max_binding_bytes || d->v.bytes > ctx->max_binding_bytes))
         st = ei_fail(EI_ERR_NOMEM, "Vulkan offload: layer %d's KV cache (%llu bytes of keys) is over %s's binding limit of %llu bytes; "
                      "use a smaller context or fewer sequences", il, (unsigned long long)d->k.bytes, ctx->info.name,
@@ -81,19 +86,26 @@ static void free_layer(ei_vk_context *ctx, dev_layer *d) {
     for (int i = 0; i < 11; i++) ei_vk_buffer_free(ctx, b[i]);
 }
 
+/* everything but the context: the layers, the output and the buffers */
+static void release(ei_vk_offload *o) {
+    for (int i = 0; o->layers && i < o->n_dev; i++) free_layer(o->ctx, &o->layers[i]);
+    free(o->layers);
+    o->layers = NULL;
+    ei_vk_weights_free(o->ctx, &o->output);
+    ei_vk_buffer *b[] = {&o->output_norm, &o->x, &o->h, &o->q, &o->kk, &o->vv, &o->att, &o->t, &o->gate, &o->up,
+                         &o->xo, &o->logits, &o->rope, &o->gelu, &o->scratch};
+    for (size_t i = 0; i < sizeof b / sizeof *b; i++) ei_vk_buffer_free(o->ctx, b[i]);
+    ei_vk_act_free(o->ctx, &o->act);
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        ei_vk_buffer_free(o->ctx, &o->rows[g]);
+        ei_vk_buffer_free(o->ctx, &o->runs[g]);
+    }
+}
+
 void ei_vk_offload_free(ei_vk_offload *o) {
     if (!o) return;
     if (o->ctx) {
-        for (int i = 0; o->layers && i < o->n_dev; i++) free_layer(o->ctx, &o->layers[i]);
-        ei_vk_weights_free(o->ctx, &o->output);
-        ei_vk_buffer *b[] = {&o->output_norm, &o->x, &o->h, &o->q, &o->kk, &o->vv, &o->att, &o->t, &o->gate, &o->up,
-                             &o->xo, &o->logits, &o->rope, &o->gelu, &o->scratch};
-        for (size_t i = 0; i < sizeof b / sizeof *b; i++) ei_vk_buffer_free(o->ctx, b[i]);
-        ei_vk_act_free(o->ctx, &o->act);
-        for (int g = 0; g < MAX_GROUPS; g++) {
-            ei_vk_buffer_free(o->ctx, &o->rows[g]);
-            ei_vk_buffer_free(o->ctx, &o->runs[g]);
-        }
+        release(o);
         ei_vk_context_close(o->ctx);
     }
     free(o->layers);
@@ -139,9 +151,60 @@ static ei_status alloc_activations(ei_vk_offload *o) {
     return st;
 }
 
-ei_status ei_vk_offload_create(const ei_vk_offload_params *p, ei_vk_offload **out) {
+ei_status ei_vk_offload_open(int32_t device, ei_vk_offload **out) {
     *out = NULL;
-    const ei_model_desc *m = p->m; /* the engine's: it outlives the offload, as p's arrays need not */
+    ei_vk_offload *o = calloc(1, sizeof *o);
+    if (!o) return ei_fail(EI_ERR_NOMEM, "Vulkan offload: out of memory");
+    const ei_status st = ei_vk_context_open(device, &o->ctx);
+    if (st != EI_OK) {
+        free(o);
+        return st;
+    }
+    *out = o;
+    return EI_OK;
+}
+
+const ei_vk_device *ei_vk_offload_device(const ei_vk_offload *o, int32_t *index) {
+    *index = o->ctx->index;
+    return &o->ctx->info;
+}
+uint64_t ei_vk_offload_held(const ei_vk_offload *o) { return o->ctx->allocated_bytes; }
+
+/* parses EDGEINFER_VULKAN_BUDGET: bytes, or a number with K, M or G (powers of 1024) */
+static int parse_size(const char *s, uint64_t *out) {
+    char *end = NULL;
+    const unsigned long long n = strtoull(s, &end, 10);
+    if (end == s || n == 0) return 0;
+    uint64_t unit = 1;
+    if (*end == 'K' || *end == 'k') unit = 1ull << 10, end++;
+    else if (*end == 'M' || *end == 'm') unit = 1ull << 20, end++;
+    else if (*end == 'G' || *end == 'g') unit = 1ull << 30, end++;
+    if (*end == 'i' && unit > 1) end++;
+    if ((*end == 'B' || *end == 'b')) end++;
+    if (*end || n > UINT64_MAX / unit) return 0;
+    *out = n * unit;
+    return 1;
+}
+
+ei_status ei_vk_offload_budget(const ei_vk_offload *o, uint64_t *free_bytes, int32_t *source) {
+    const char *forced = getenv("EDGEINFER_VULKAN_BUDGET");
+    if (forced && *forced) {
+        if (!parse_size(forced, free_bytes))
+            return ei_fail(EI_ERR_INVALID, "EDGEINFER_VULKAN_BUDGET=%s is not a size (bytes, or a number with K, M or G)", forced);
+        *source = EI_GPU_BUDGET_FORCED;
+    } else if (o->ctx->info.memory_budget) {
+        *free_bytes = o->ctx->info.budget_bytes;
+        *source = EI_GPU_BUDGET_MEASURED;
+    } else {
+        *free_bytes = o->ctx->info.device_local_bytes;
+        *source = EI_GPU_BUDGET_HEAP;
+    }
+    return EI_OK;
+}
+
+/* takes p (its arrays copied: the engine's model desc outlives the offload, p's arrays need not) */
+static ei_status set_params(ei_vk_offload *o, const ei_vk_offload_params *p) {
+    const ei_model_desc *m = p->m;
     if (p->first_layer < 0 || p->first_layer > m->n_layer) return ei_fail(EI_ERR_INVALID, "Vulkan offload: first layer %d", p->first_layer);
     if (p->kv_type_k != EI_TYPE_F16 && p->kv_type_k != EI_TYPE_F32)
         return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: a %s key cache is not supported on the GPU yet (use f16 or f32)",
@@ -149,50 +212,86 @@ ei_status ei_vk_offload_create(const ei_vk_offload_params *p, ei_vk_offload **ou
     if (p->kv_type_v != EI_TYPE_F16 && p->kv_type_v != EI_TYPE_F32)
         return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: a quantized value cache is not supported on the GPU yet (use f16 or f32)");
     if (m->head_dim > 512 || m->n_rot > m->head_dim) return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: heads of %d values", m->head_dim);
-    ei_vk_offload *o = calloc(1, sizeof *o);
-    if (!o) return ei_fail(EI_ERR_NOMEM, "Vulkan offload: out of memory");
-    o->p = *p;
     const int L = m->n_layer;
-    if (!(o->tables = calloc((size_t)(3 * L + MAX_GROUPS), sizeof(int32_t)))) {
-        free(o);
-        return ei_fail(EI_ERR_NOMEM, "Vulkan offload: out of memory");
-    }
-    memcpy(o->tables, p->layer_group, sizeof(int32_t) * (size_t)L);
-    memcpy(o->tables + L, p->layer_base, sizeof(int32_t) * (size_t)L);
+    for (int il = p->first_layer; il < L; il++)
+        if (p->layer_group[il] < 0 || p->layer_group[il] >= MAX_GROUPS || p->layer_runs[il] < 0 || p->layer_runs[il] >= MAX_GROUPS)
+            return ei_fail(EI_ERR_INVALID, "Vulkan offload: layer %d's cache group", il);
+    int32_t *tables = calloc((size_t)(3 * L + MAX_GROUPS), sizeof(int32_t));
+    if (!tables) return ei_fail(EI_ERR_NOMEM, "Vulkan offload: out of memory");
+    free(o->tables);
+    o->tables = tables;
+    o->p = *p;
+    memcpy(tables, p->layer_group, sizeof(int32_t) * (size_t)L);
+    memcpy(tables + L, p->layer_base, sizeof(int32_t) * (size_t)L);
     for (int il = 0; il < L; il++) /* the groups the layers name */
-        if (p->layer_group[il] >= 0 && p->layer_group[il] < MAX_GROUPS) o->tables[2 * L + p->layer_group[il]] = p->group_rows[p->layer_group[il]];
-    memcpy(o->tables + 2 * L + MAX_GROUPS, p->layer_runs, sizeof(int32_t) * (size_t)L);
-    o->p.layer_group = o->tables;
-    o->p.layer_base = o->tables + L;
-    o->p.group_rows = o->tables + 2 * L;
-    o->p.layer_runs = o->tables + 2 * L + MAX_GROUPS;
-    o->n_dev = m->n_layer - p->first_layer;
+        if (p->layer_group[il] >= 0 && p->layer_group[il] < MAX_GROUPS) tables[2 * L + p->layer_group[il]] = p->group_rows[p->layer_group[il]];
+    memcpy(tables + 2 * L + MAX_GROUPS, p->layer_runs, sizeof(int32_t) * (size_t)L);
+    o->p.layer_group = tables;
+    o->p.layer_base = tables + L;
+    o->p.group_rows = tables + 2 * L;
+    o->p.layer_runs = tables + 2 * L + MAX_GROUPS;
+    o->n_dev = L - p->first_layer;
     o->q_dim = m->n_head * m->head_dim;
     o->kv_dim = m->n_head_kv * m->head_dim;
     o->v_dim = m->n_head_kv * m->head_dim_v;
     o->att_dim = m->n_head * m->head_dim_v;
-    for (int il = p->first_layer; il < m->n_layer; il++) {
-        if (p->layer_group[il] < 0 || p->layer_group[il] >= MAX_GROUPS || p->layer_runs[il] < 0 || p->layer_runs[il] >= MAX_GROUPS) {
-            free(o->tables);
-            free(o);
-            return ei_fail(EI_ERR_INVALID, "Vulkan offload: layer %d's cache group", il);
-        }
+    memset(o->used, 0, sizeof o->used);
+    memset(o->used_runs, 0, sizeof o->used_runs);
+    for (int il = p->first_layer; il < L; il++) {
         o->used[p->layer_group[il]] = 1;
         o->used_runs[p->layer_runs[il]] = 1;
     }
-    ei_status st = ei_vk_context_open(p->device, &o->ctx);
-    if (st == EI_OK && !(o->layers = calloc((size_t)(o->n_dev > 0 ? o->n_dev : 1), sizeof *o->layers)))
-        st = ei_fail(EI_ERR_NOMEM, "Vulkan offload: out of memory");
-    for (int i = 0; st == EI_OK && i < o->n_dev; i++) st = upload_layer(o, p->first_layer + i, &o->layers[i]);
-    if (st == EI_OK) st = upload_matrix(o->ctx, &m->output, &o->output);
-    if (st == EI_OK) st = upload_vector(o->ctx, &m->output_norm, &o->output_norm);
-    if (st == EI_OK) st = alloc_activations(o);
-    if (st != EI_OK) {
-        ei_vk_offload_free(o);
-        return st;
-    }
-    *out = o;
     return EI_OK;
+}
+
+/* the device's layers, the output and the buffers; per part (weights, cache, buffers) and per
+ * layer (layer_bytes: (n_layer), weights and cache; NULL: not wanted) what each took */
+static ei_status build(ei_vk_offload *o, uint64_t *parts, uint64_t *layer_bytes) {
+    ei_vk_context *ctx = o->ctx;
+    const ei_model_desc *m = o->p.m;
+    if (!(o->layers = calloc((size_t)(o->n_dev > 0 ? o->n_dev : 1), sizeof *o->layers)))
+        return ei_fail(EI_ERR_NOMEM, "Vulkan offload: out of memory");
+    ei_status st = EI_OK;
+    for (int i = 0; st == EI_OK && i < o->n_dev; i++) {
+        const uint64_t before = parts[0] + parts[1];
+        st = upload_layer(o, o->p.first_layer + i, &o->layers[i], parts);
+        if (layer_bytes) layer_bytes[o->p.first_layer + i] = parts[0] + parts[1] - before;
+    }
+    uint64_t held = ei_vk_held_bytes(ctx);
+    if (st == EI_OK) st = upload_matrix(ctx, &m->output, &o->output);
+    if (st == EI_OK) st = upload_vector(ctx, &m->output_norm, &o->output_norm);
+    parts[0] += ei_vk_held_bytes(ctx) - held;
+    held = ei_vk_held_bytes(ctx);
+    if (st == EI_OK) st = alloc_activations(o);
+    parts[2] += ei_vk_held_bytes(ctx) - held;
+    return st;
+}
+
+ei_status ei_vk_offload_measure(ei_vk_offload *o, const ei_vk_offload_params *p, uint64_t parts[3], uint64_t *layer_bytes) {
+    memset(parts, 0, 3 * sizeof *parts);
+    ei_status st = set_params(o, p);
+    if (st != EI_OK) return st;
+    ei_vk_context *ctx = o->ctx;
+    ctx->dry_run = 1;
+    ctx->dry_bytes = 0;
+    ctx->dry_staged = 0;
+    st = build(o, parts, layer_bytes);
+    if (st == EI_OK && ctx->dry_staged && !ctx->staging.buffer) { /* the writes' staging buffer: host-visible, kept */
+        ei_vk_buffer staging;
+        st = ei_vk_buffer_alloc(ctx, ei_vk_staging_bytes(), 1, &staging);
+        parts[2] += ctx->dry_bytes - (parts[0] + parts[1] + parts[2]);
+    }
+    release(o);
+    ctx->dry_run = 0;
+    return st;
+}
+
+ei_status ei_vk_offload_load(ei_vk_offload *o, const ei_vk_offload_params *p) {
+    ei_status st = set_params(o, p);
+    uint64_t parts[3] = {0, 0, 0};
+    if (st == EI_OK) st = build(o, parts, NULL);
+    if (st != EI_OK) release(o);
+    return st;
 }
 
 /* ---- one step ---------------------------------------------------------------------------- */

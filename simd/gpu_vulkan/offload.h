@@ -45,7 +45,20 @@ typedef struct {
     float *logits;              /* (n_out, n_vocab) */
 } ei_vk_offload_step;
 
-ei_status ei_vk_offload_create(const ei_vk_offload_params *p, ei_vk_offload **out);
+/* The offload is made in steps, so that the engine can fit it to the device's memory before
+ * anything is allocated: open picks the device and makes its context; budget says how much of
+ * its memory is free (EDGEINFER_VULKAN_BUDGET, else VK_EXT_memory_budget's budget less usage,
+ * else the device-local heaps' size: edgeinfer.h's EI_GPU_BUDGET_*); measure runs the uploads
+ * and allocations as load would, without memory (a dry run: each buffer's size as the device's
+ * memory requirements give it), into parts (weights, KV cache, buffers) and per layer
+ * (layer_bytes: (n_layer), weights and cache of each device layer; NULL: not wanted); load
+ * makes them. */
+ei_status ei_vk_offload_open(int32_t device, ei_vk_offload **out);
+ei_status ei_vk_offload_budget(const ei_vk_offload *o, uint64_t *free_bytes, int32_t *source);
+ei_status ei_vk_offload_measure(ei_vk_offload *o, const ei_vk_offload_params *p, uint64_t parts[3], uint64_t *layer_bytes);
+ei_status ei_vk_offload_load(ei_vk_offload *o, const ei_vk_offload_params *p);
+const ei_vk_device *ei_vk_offload_device(const ei_vk_offload *o, int32_t *index);
+uint64_t ei_vk_offload_held(const ei_vk_offload *o); /* device memory its buffers hold */
 void ei_vk_offload_free(ei_vk_offload *o);
 ei_status ei_vk_offload_run(ei_vk_offload *o, const ei_vk_offload_step *s);
 

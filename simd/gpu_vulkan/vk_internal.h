@@ -50,6 +50,7 @@ typedef struct ei_vk_context {
     ei_vk_queue queue;
     ei_vk_fns fn;
     ei_vk_device info;             /* what ei_vk_devices reports for it */
+    int32_t index;                 /* its index among them */
     ei_vk_memory_properties memory;
     int subgroups;                 /* compute subgroups with arithmetic: the *_sg shader variants */
     uint64_t max_binding_bytes;    /* the most one storage binding (and one allocation) may span */
@@ -61,6 +62,11 @@ typedef struct ei_vk_context {
     uint32_t sets_used;            /* descriptor sets taken from the pool since the last submit */
     ei_vk_buffer staging;          /* host-visible, for device-only memory: grown on demand */
     uint64_t allocated_bytes;      /* device memory held by buffers (the staging one included) */
+    /* a dry run (the offload's plan): buffers are only measured, never given memory; each one
+     * adds what the device would take for it (its memory requirements) to dry_bytes, and
+     * dry_staged notes that writes would need the staging buffer; writes and reads do nothing */
+    int dry_run, dry_staged;
+    uint64_t dry_bytes;
 } ei_vk_context;
 
 #define EI_VK_POOL_SETS 1024u
@@ -72,6 +78,10 @@ void ei_vk_context_close(ei_vk_context *ctx);
  * host-visible too where the device has such (integrated GPUs, lavapipe) */
 ei_status ei_vk_buffer_alloc(ei_vk_context *ctx, uint64_t bytes, int host_visible, ei_vk_buffer *out);
 void ei_vk_buffer_free(ei_vk_context *ctx, ei_vk_buffer *buf);
+/* the device memory held, or in a dry run measured so far */
+uint64_t ei_vk_held_bytes(const ei_vk_context *ctx);
+/* what the staging buffer takes when writes need it (the dry run's dry_staged) */
+uint64_t ei_vk_staging_bytes(void);
 /* copies between the host and a buffer; through the staging buffer when it is not mapped (which
  * submits and waits, so it must not come between recorded dispatches and their submit) */
 ei_status ei_vk_buffer_write(ei_vk_context *ctx, ei_vk_buffer *buf, uint64_t offset, const void *src, uint64_t bytes);

@@ -15,7 +15,7 @@
 #define EI_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define EI_API_VERSION 15
+#define EI_API_VERSION 16
 
 /* limits of ei_engine_params (edgeinfer/engines/base.py checks the same before calling) */
 #define EI_MAX_THREADS 512
@@ -125,6 +125,33 @@ typedef struct {
     int32_t gpu_device;    /* the Vulkan device index; -1: the first discrete GPU, else integrated, else the first */
 } ei_engine_params;
 
+/* n_gpu_layers = EI_GPU_AUTO: as many layers as fit in the device's free memory less a margin,
+ * after the output, their KV cache for n_ctx and the compute buffers (ei_engine_gpu_plan says
+ * what was chosen and why); no layer where there is no GPU. An explicit number must fit the
+ * free memory, or ei_engine_create fails with EI_ERR_NOMEM giving the numbers. */
+#define EI_GPU_AUTO (-1)
+/* where the free device memory an offload was fitted to came from */
+enum { EI_GPU_BUDGET_NONE = 0,     /* no device */
+       EI_GPU_BUDGET_MEASURED = 1, /* VK_EXT_memory_budget: the heaps' budget less their usage */
+       EI_GPU_BUDGET_HEAP = 2,     /* the device-local heaps' size (no VK_EXT_memory_budget) */
+       EI_GPU_BUDGET_FORCED = 3 }; /* EDGEINFER_VULKAN_BUDGET (bytes, or with K, M or G) */
+
+/* what layer offload placed on the device; sizes as the device's memory requirements give them */
+typedef struct {
+    int32_t n_gpu_layers;     /* on the device, as n_gpu_layers counts (what EI_GPU_AUTO chose) */
+    int32_t device;           /* the Vulkan device's index; -1: none */
+    int32_t budget_source;    /* EI_GPU_BUDGET_* */
+    int32_t pad;
+    uint64_t free_bytes;      /* the free device memory it was fitted to */
+    uint64_t margin_bytes;    /* what EI_GPU_AUTO left free of it (0 for an explicit number) */
+    uint64_t weights_bytes;   /* the device layers' and the output's weights */
+    uint64_t cache_bytes;     /* the device layers' KV cache, for every block of the pool */
+    uint64_t buffer_bytes;    /* activations, scratch, logits and the staging buffer */
+    uint64_t held_bytes;      /* the device memory its buffers hold now */
+    char device_name[256];
+    char reason[256];         /* EI_GPU_AUTO: why fewer than every layer went, "" when all did */
+} ei_gpu_plan;
+
 /* how a cache tensor's elements are grouped (edgeinfer/kv_cache.py: CacheLayout).
  * EI_KV_KIVI (arXiv 2402.02750, formats in simd/common/kivi.h): keys quantized per channel
  * over groups of G positions, values per position, both to kv_type_k / kv_type_v bits. Every
@@ -142,7 +169,7 @@ EI_EXPORT const char *ei_last_error(void);
 
 /* the structs Python mirrors, for ei_struct_size(): a mismatch means the library is not used */
 enum { EI_STRUCT_TENSOR = 0, EI_STRUCT_LAYER_DESC, EI_STRUCT_MODEL_DESC, EI_STRUCT_ENGINE_PARAMS,
-       EI_STRUCT_PROFILE_ENTRY, EI_STRUCT_VK_DEVICE, EI_STRUCT_COUNT };
+       EI_STRUCT_PROFILE_ENTRY, EI_STRUCT_VK_DEVICE, EI_STRUCT_GPU_PLAN, EI_STRUCT_COUNT };
 EI_EXPORT size_t ei_struct_size(int which); /* sizeof of an EI_STRUCT_*, 0 for another number */
 /* the name of layer tensor i in EI_LAYER_TENSORS order, NULL past the last */
 EI_EXPORT const char *ei_layer_tensor_name(int i);
@@ -275,6 +302,7 @@ EI_EXPORT int ei_engine_isa(const ei_engine *e);
 /* the threads a step of n_tokens tokens runs on now (n_threads, or fewer; see fixed_threads) */
 EI_EXPORT int32_t ei_engine_threads(const ei_engine *e, int32_t n_tokens);
 EI_EXPORT size_t ei_engine_memory(const ei_engine *e); /* bytes this engine allocated */
+EI_EXPORT ei_status ei_engine_gpu_plan(const ei_engine *e, ei_gpu_plan *out); /* n_gpu_layers 0: zeros, device -1 */
 /* of those, the interleaved copies of weights (reserved at load, written by the first step
  * using each weight; the file's pages of those weights are then released) */
 EI_EXPORT size_t ei_engine_weight_copies(const ei_engine *e);
