@@ -24,7 +24,7 @@ static const char *cache_type(int type) {
 ei_status ei_vk_attn(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, ei_vk_buffer *q, ei_vk_buffer *k,
                      ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out, ei_vk_buffer *scratch) {
     /* as many tokens a dispatch as the scratch holds */
-    const uint64_t per_token = (uint64_t)(a->n_head > 0 ? a->n_head : 1) * (uint64_t)(a->max_keys > 0 ? a->max_keys : 1) * 4;
+    const uint64_t per_token = (uint64_t)(a->n_head > 0 ? a->n_head : 1) * (uint64_t)(a->max_keys > 0 ? a->max_keys : 1) * EI_VK_ATTN_KEY_BYTES;
     const int64_t chunk = (int64_t)(scratch->bytes / per_token);
     if (chunk < 1) return ei_fail(EI_ERR_INVALID, "ei_vk_attn: the scratch holds no token's scores");
     for (int64_t t0 = 0; t0 < n_tokens; t0 += chunk) {
@@ -45,7 +45,7 @@ static ei_status ei_vk_attn_part(ei_vk_context *ctx, const ei_vk_attn_shape *a, 
         a->n_head > (int32_t)EI_VK_MAX_GROUPS || a->max_runs <= 0 || a->max_keys <= 0 ||
         (uint64_t)n_tokens * (uint64_t)a->n_head * (uint64_t)a->hd > q->bytes / 4 ||
         (uint64_t)n_tokens * (uint64_t)a->n_head * (uint64_t)a->hv > out->bytes / 4 ||
-        (uint64_t)count * (uint64_t)a->n_head * (uint64_t)a->max_keys > scratch->bytes / 4 ||
+        (uint64_t)count * (uint64_t)a->n_head * (uint64_t)a->max_keys > scratch->bytes / EI_VK_ATTN_KEY_BYTES ||
         (uint64_t)n_tokens * (uint64_t)(1 + 2 * a->max_runs) > runs->bytes / 4)
         return ei_fail(EI_ERR_INVALID, "ei_vk_attn: shapes do not fit the buffers");
     char name[48];
@@ -89,7 +89,7 @@ ei_status ei_vk_kernel_attn(void *vctx, int32_t n_head, int32_t n_head_kv, int32
     ei_vk_buffer b[6];
     memset(b, 0, sizeof b);
     const uint64_t sizes[6] = {(uint64_t)n_head * hd * 4, (uint64_t)(k_rows * k_row_bytes), (uint64_t)(v_rows * v_row_bytes),
-                               (uint64_t)(1 + 2 * n_runs) * 4, (uint64_t)n_head * hv * 4, (uint64_t)n_head * (uint64_t)keys * 4};
+                               (uint64_t)(1 + 2 * n_runs) * 4, (uint64_t)n_head * hv * 4, (uint64_t)n_head * (uint64_t)keys * EI_VK_ATTN_KEY_BYTES};
     const void *src[6] = {q, k, v, table, NULL, NULL};
     ei_status st = EI_OK;
     for (int i = 0; i < 6 && st == EI_OK; i++) {

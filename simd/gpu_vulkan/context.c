@@ -11,7 +11,7 @@
 
 #define VK_FN(inst, type, name) ((type)(uintptr_t)ei_vk_instance_proc(inst, name))
 #define SUBGROUP_BASIC 0x1u
-#define SUBGROUP_ARITHMETIC 0x4u
+#define SUBGROUP_SHUFFLE 0x10u
 
 static ei_status vk_error(ei_vk_result r, const char *what) {
     if (r == EI_VK_ERROR_OUT_OF_DEVICE_MEMORY || r == EI_VK_ERROR_OUT_OF_HOST_MEMORY)
@@ -119,8 +119,10 @@ ei_status ei_vk_context_open(int32_t device_index, ei_vk_context **out) {
         return st;
     }
     const char *sg = getenv("EDGEINFER_VULKAN_SUBGROUPS"); /* "0": the shared-memory variants, as on devices without */
-    const uint32_t need = SUBGROUP_BASIC | SUBGROUP_ARITHMETIC;
-    ctx->subgroups = (ctx->info.subgroup_ops & need) == need && ctx->info.subgroup_size >= 4 && !(sg && !strcmp(sg, "0"));
+    const uint32_t need = SUBGROUP_BASIC | SUBGROUP_SHUFFLE; /* the products' butterfly (reduce.glsl) */
+    /* whole subgroups of 4 to 64 lanes in the products' workgroups of 64: every lane a shuffle reads is active */
+    ctx->subgroups = (ctx->info.subgroup_ops & need) == need && ctx->info.subgroup_size >= 4 && ctx->info.subgroup_size <= 64 &&
+                     !(sg && !strcmp(sg, "0"));
     ctx->max_binding_bytes = ctx->info.max_storage_buffer_range;
     if (ctx->info.max_allocation_bytes && ctx->info.max_allocation_bytes < ctx->max_binding_bytes)
         ctx->max_binding_bytes = ctx->info.max_allocation_bytes;

@@ -11,7 +11,7 @@
 
 #define MAX_GROUPS 4
 #define LOGITS_BYTES (64ull << 20) /* one part of the output product's results */
-#define SCRATCH_BYTES (64ull << 20) /* attention's scores between its passes */
+#define SCRATCH_BYTES (32ull << 20) /* attention's scores between its passes: tokens beyond go in further dispatches */
 
 typedef struct {
     ei_vk_weights wq, wk, wv, wo, gate, up, down;
@@ -120,7 +120,7 @@ static ei_status alloc_activations(ei_vk_offload *o) {
     o->logit_rows = (int64_t)((ctx->max_binding_bytes < LOGITS_BYTES ? ctx->max_binding_bytes : LOGITS_BYTES) / ((uint64_t)m->n_vocab * 4));
     if (o->logit_rows < 1) return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: one row of %d logits is over the binding limit", m->n_vocab);
     if (o->logit_rows > o->p.n_batch) o->logit_rows = o->p.n_batch;
-    const uint64_t one = (uint64_t)m->n_head * (uint64_t)o->p.n_ctx * 4; /* one token's scores */
+    const uint64_t one = (uint64_t)m->n_head * (uint64_t)o->p.n_ctx * EI_VK_ATTN_KEY_BYTES; /* one token's scores */
     uint64_t scratch = SCRATCH_BYTES < ctx->max_binding_bytes ? SCRATCH_BYTES : ctx->max_binding_bytes;
     if (scratch > one * nb) scratch = one * nb;
     if (scratch < one) return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: one token's attention scores (%llu bytes) are over the binding limit",

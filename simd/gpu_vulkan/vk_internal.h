@@ -150,14 +150,15 @@ enum { EI_VK_OP_ADD = 0, EI_VK_OP_SCALE = 1, EI_VK_OP_SOFTCAP = 2, EI_VK_OP_ADD_
 
 /* attn.c: every query head of n_tokens tokens (q: (n_tokens, n_head, hd) floats) over the cache
  * rows its token's runs name (runs: per token 1 + 2 * max_runs uint32, the count and then
- * (first row, rows) pairs), into out (n_tokens, n_head, hv); scratch holds max_keys floats
- * per query */
+ * (first row, rows) pairs), into out (n_tokens, n_head, hv); scratch holds max_keys *
+ * EI_VK_ATTN_KEY_BYTES per query */
 typedef struct {
     int32_t hd, hv, n_head, n_head_kv, k_type, v_type;
     int64_t k_row_bytes, v_row_bytes; /* between positions; a KV head's row is at kv_head * its size */
     int32_t max_runs, max_keys;
     float scale, softcap;
 } ei_vk_attn_shape;
+#define EI_VK_ATTN_KEY_BYTES 8 /* scratch per (token, head, key): a score, then a weight's two halves */
 ei_status ei_vk_attn(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, ei_vk_buffer *q, ei_vk_buffer *k,
                      ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out, ei_vk_buffer *scratch);
 ei_status ei_vk_rms_norm(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *w, ei_vk_buffer *y, int64_t n, int64_t rows,

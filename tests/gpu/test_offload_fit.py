@@ -104,17 +104,17 @@ def test_auto_takes_the_most_layers_that_fit(vulkan, fixture_models, budget):
 
 def test_auto_on_a_64_mib_device(vulkan, fixture_models, budget):
     """A 64 MiB device: every layer of a small model fits at a short context. The cache and the
-    attention's scratch grow with the context, and auto reserves them first: at a longer
-    context it takes fewer layers, and at a long enough one none, saying why."""
+    attention's scratch grow with the context, and auto reserves them first: at longer
+    contexts it takes fewer layers, saying why."""
     budget("64M")
-    plans = [_plan(fixture_models["gemma3"], "auto", n_ctx) for n_ctx in (256, 4096, 8192)]
+    plans = [_plan(fixture_models["gemma3"], "auto", n_ctx) for n_ctx in (256, 2048, 4096)]
     assert [p.free_bytes for p in plans] == [64 * MIB] * 3
     assert [p.margin_bytes for p in plans] == [64 * MIB // 10] * 3
-    short, fewer, none = plans
-    assert short.n_gpu_layers == 7 and short.reason == ""
-    assert 1 <= fewer.n_gpu_layers < 7 and "beside the output fit" in fewer.reason
-    assert fewer.total_bytes <= 64 * MIB - fewer.margin_bytes
-    assert none.n_gpu_layers == 0 and "the output and the buffers alone need" in none.reason
+    assert plans[0].n_gpu_layers == 7 and plans[0].reason == ""
+    assert 7 > plans[1].n_gpu_layers > plans[2].n_gpu_layers >= 1
+    for plan in plans[1:]:
+        assert f"{plan.n_gpu_layers - 1} of 6 layers beside the output fit" in plan.reason
+        assert plan.total_bytes <= 64 * MIB - plan.margin_bytes
 
 
 def test_auto_without_room_or_without_a_gpu_runs_on_the_cpu_and_says_why(

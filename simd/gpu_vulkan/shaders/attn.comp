@@ -1,16 +1,19 @@
 #version 450
 // Attention of each query head of each token over the cache rows its runs name, as the CPU's
-// scalar reference rounds it (simd/ref/attn.c): the query rounded to the key type (f16), or
-// quantized to q8_0 and met with integer dots (q8_0 / q4_0 keys); scaled and soft-capped
+// scalar reference computes it (simd/ref/attn.c): the query rounded to the key type (f16), or
+// quantized to q8_0 and met with integer dots (q8_0 / q4_0 keys); scaled (and soft-capped)
 // scores; the softmax's weights exp(score - max) and their sum; each probability w / sum
-// rounded to the value type (f16); then the weighted sum of the values. Sums run in float32
-// in a fixed order, compensated (a float and its error, TwoSum) where the CPU sums exact
-// products in double: the dots with f16 keys and the weighted sums of the values, whose
-// products are exact in float too; so a query's result does not depend on the batch, and an
-// f16 cache's scores match the CPU's to the last bits.
-// One workgroup per (head, token); the scores wait in a scratch buffer between the passes.
-// K_* and V_* select the cache types (F32, F16, Q8_0, Q4_0). A key row is row * k_row_bytes
-// + kv_head * k_head_bytes into K (the same for V).
+// rounded to float, then to the value type (f16); then the weighted sum of the values. Where
+// the CPU sums exact products in double, and computes the weights in double, this computes
+// them in float pairs (exact.glsl: sums, products, exp and the quotient), so that a score, a
+// probability and an output round to the CPU's floats but where the exact value lies within
+// about 2^-44 of a rounding boundary.
+// The order is fixed, so a query's result does not depend on the batch.
+// One workgroup per (head, token); the scores, then the weights (hi and lo halves) and then
+// the probabilities wait in a scratch buffer between the passes: 2 * max_keys floats per
+// (token, head). K_* and V_* select the cache types (F32, F16, Q8_0, Q4_0). A key row is
+// row * k_row_bytes + kv_head * k_head_bytes into K (the same for V).
+#extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 
 layout(std430, binding = 0) readonly buffer Queries { float q[]; };  // (n_tokens, n_head, hd)
@@ -19,7 +22,7 @@ layout(std430, binding = 2) readonly buffer Values { uint V[]; };
 // per token, 1 + 2 * max_runs words: the number of runs, then (first row, rows) of each
 layout(std430, binding = 3) readonly buffer Runs { uint runs[]; };
 layout(std430, binding = 4) writeonly buffer Output { float o[]; };  // (n_tokens, n_head, hv)
-layout(std430, binding = 5) buffer Scratch { float sc[]; };          // (n_tokens, n_head, max_keys)
+layout(std430, binding = 5) buffer Scratch { float sc[]; };          // (n_tokens, n_head, 2, max_keys)
 
 layout(push_constant) uniform Push {
     uint hd, hv, n_head, n_head_kv, n_tokens;
@@ -63,16 +66,9 @@ float round_f16(float v) {
 shared float qs[512];   // the query as the keys meet it
 shared int qq[512];     // quantized keys: the query's q8_0 integers
 shared float qd[16];    // and their block scales
-shared float red[64];
+shared float red[64], red_lo[64];
 
-// hi + lo += x, keeping in lo what the float addition loses (Knuth's TwoSum)
-void add2(inout float hi, inout float lo, float x) {
-    precise float s = hi + x;
-    precise float bp = s - hi;
-    precise float err = (hi - (s - bp)) + (x - bp);
-    hi = s;
-    lo += err;
-}
+#include "exact.glsl"
 
 float reduce_max(float v) {
     const uint tid = gl_LocalInvocationID.x;
@@ -87,22 +83,29 @@ float reduce_max(float v) {
     return r;
 }
 
-float reduce_sum(float v) {
+// the workgroup's float pairs added in a fixed tree order
+void reduce_pair(inout float hi, inout float lo) {
     const uint tid = gl_LocalInvocationID.x;
-    red[tid] = v;
+    red[tid] = hi;
+    red_lo[tid] = lo;
     barrier();
     for (uint h = 32u; h > 0u; h >>= 1) {
-        if (tid < h) red[tid] += red[tid + h];
+        if (tid < h) {
+            float a = red[tid], b = red_lo[tid];
+            ff_add2(a, b, red[tid + h], red_lo[tid + h]);
+            red[tid] = a;
+            red_lo[tid] = b;
+        }
         barrier();
     }
-    const float r = red[0];
+    hi = red[0];
+    lo = red_lo[0];
     barrier();
-    return r;
 }
 
 float key_dot(uint row) {
-#if defined(K_QUANTIZED)
     float dot = 0.0, lo = 0.0;
+#if defined(K_QUANTIZED)
     for (uint b = 0u; b < p.hd / 32u; b++) {
 #if defined(K_Q8_0)
         const uint o = row + 34u * b;
@@ -113,20 +116,21 @@ float key_dot(uint row) {
         int isum = 0;
         for (uint j = 0u; j < 32u; j++) isum += qq[32u * b + j] * (int(Q4_NIBBLE(K, o, j)) - 8);
 #endif
-        add2(dot, lo, F16(K, o) * qd[b] * float(isum));
+        ff_add_scaled(dot, lo, F16(K, o), qd[b], isum);
     }
-    return dot + lo;
 #else
-    float dot = 0.0, lo = 0.0;
     for (uint d = 0u; d < p.hd; d++) {
 #if defined(K_F32)
-        add2(dot, lo, qs[d] * ELEMENT(K, F32, row, d));
+        float pp, pe;
+        two_prod(qs[d], ELEMENT(K, F32, row, d), pp, pe);
+        ff_add2(dot, lo, pp, pe);
 #else
-        add2(dot, lo, qs[d] * ELEMENT(K, F16, row, d)); // exact products: f16 times f16
+        precise float pp = qs[d] * ELEMENT(K, F16, row, d); // f16 times f16: exact
+        ff_add(dot, lo, pp);
 #endif
     }
-    return dot + lo;
 #endif
+    return ff_round(dot, lo);
 }
 
 float value_at(uint row, uint d) {
@@ -145,7 +149,8 @@ void main() {
     const uint head = gl_WorkGroupID.x, t = p.t0 + gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
     if (head >= p.n_head || t >= p.n_tokens) return;
     const uint kvh = head / (p.n_head / p.n_head_kv);
-    const uint qo = (t * p.n_head + head) * p.hd, so = ((t - p.t0) * p.n_head + head) * p.max_keys;
+    const uint qo = (t * p.n_head + head) * p.hd, so = ((t - p.t0) * p.n_head + head) * 2u * p.max_keys;
+    const uint lo_at = so + p.max_keys; // the weights' low halves
     const uint ro = t * (1u + 2u * p.max_runs), n_runs = runs[ro];
 
     for (uint d = tid; d < p.hd; d += 64u) {
@@ -160,9 +165,12 @@ void main() {
     if (tid < p.hd / 32u) { // q8_0 as the CPU's quantizer makes it: scale amax / 127, rint
         float amax = 0.0;
         for (uint j = 0u; j < 32u; j++) amax = max(amax, abs(qs[32u * tid + j]));
-        const float id = amax != 0.0 ? 127.0 / amax : 0.0;
-        qd[tid] = round_f16(amax / 127.0);
-        for (uint j = 0u; j < 32u; j++) qq[32u * tid + j] = int(roundEven(qs[32u * tid + j] * id));
+        const float id = amax != 0.0 ? exact_div(127.0, amax) : 0.0;
+        qd[tid] = round_f16(exact_div(amax, 127.0));
+        for (uint j = 0u; j < 32u; j++) {
+            precise float v = qs[32u * tid + j] * id;
+            qq[32u * tid + j] = int(roundEven(v));
+        }
     }
     barrier();
 #endif
@@ -173,15 +181,14 @@ void main() {
     for (uint r = 0u; r < n_runs; r++) {
         const uint first = runs[ro + 1u + 2u * r], n = runs[ro + 2u + 2u * r];
         for (uint j = tid; j < n; j += 64u) {
-            float s = key_dot((first + j) * p.k_row_bytes + kvh * p.k_head_bytes) * p.scale;
-            if (p.softcap != 0.0) {
-                const float c = s / p.softcap, a = abs(c); // tanh accurate near zero (ops.comp's)
-                const float th = a < 0.1 ? c * (1.0 + c * c * (-1.0 / 3.0 + c * c * (2.0 / 15.0 + c * c * (-17.0 / 315.0))))
-                                         : sign(c) * (1.0 - 2.0 / (exp(2.0 * a) + 1.0));
-                s = p.softcap * th;
+            precise float s = key_dot((first + j) * p.k_row_bytes + kvh * p.k_head_bytes) * p.scale;
+            float score = s;
+            if (p.softcap != 0.0) { // ei_attn_score: softcap * (float)tanh((double)(s / softcap))
+                precise float capped = p.softcap * exact_tanh(exact_div(s, p.softcap));
+                score = capped;
             }
-            sc[so + at + j] = s;
-            if (s > m) m = s;
+            sc[so + at + j] = score;
+            if (score > m) m = score;
         }
         at += n;
     }
@@ -190,14 +197,29 @@ void main() {
     m = reduce_max(m);
 
     // the weights and their sum
-    float sum = 0.0;
+    float sum = 0.0, sum_lo = 0.0;
     for (uint k = tid; k < n_keys; k += 64u) {
-        const float w = exp(sc[so + k] - m);
-        sc[so + k] = w;
-        sum += w;
+        precise float x = sc[so + k] - m;
+        float wh, wl;
+        exp_pair(x, wh, wl);
+        sc[so + k] = wh;
+        sc[lo_at + k] = wl;
+        ff_add2(sum, sum_lo, wh, wl);
     }
     memoryBarrierBuffer();
-    sum = reduce_sum(sum); // its barriers: every weight is there after it
+    reduce_pair(sum, sum_lo); // its barriers: every weight is there after it
+
+    // each key's probability, as the values meet it
+    for (uint k = tid; k < n_keys; k += 64u) {
+        const float prob = ff_quotient(sc[so + k], sc[lo_at + k], sum, sum_lo);
+#if defined(V_F16)
+        sc[so + k] = round_f16(prob);
+#else
+        sc[so + k] = prob;
+#endif
+    }
+    memoryBarrierBuffer();
+    barrier();
 
     // the values: each invocation its output dimensions
     for (uint d = tid; d < p.hv; d += 64u) {
@@ -206,15 +228,18 @@ void main() {
         for (uint r = 0u; r < n_runs; r++) {
             const uint first = runs[ro + 1u + 2u * r], n = runs[ro + 2u + 2u * r];
             for (uint j = 0u; j < n; j++) {
+                const float v = value_at((first + j) * p.v_row_bytes + kvh * p.v_head_bytes, d);
 #if defined(V_F16)
-                const float prob = round_f16(sc[so + at + j] / sum);
+                precise float pv = sc[so + at + j] * v; // f16 times f16: exact
+                ff_add(acc, lo, pv);
 #else
-                const float prob = sc[so + at + j] / sum;
+                float ph, pl;
+                two_prod(sc[so + at + j], v, ph, pl);
+                ff_add2(acc, lo, ph, pl);
 #endif
-                add2(acc, lo, prob * value_at((first + j) * p.v_row_bytes + kvh * p.v_head_bytes, d));
             }
             at += n;
         }
-        o[(t * p.n_head + head) * p.hv + d] = acc + lo;
+        o[(t * p.n_head + head) * p.hv + d] = ff_round(acc, lo);
     }
 }

@@ -1,13 +1,14 @@
 #version 450
 // y = W x with the activations quantized as the CPU engine quantizes them (quantize.comp: q8_0
 // for Q4_0 / Q5_0 / Q8_0, q8_1 for Q4_1 / Q5_1, q8_K for the K types): the same integer dot
-// products of each block, scaled as simd/ref/quants.c's vec_dot scales them, so that the
-// device's products differ from the CPU's only by float32 rounding (the CPU sums in double).
-// The tiles, the row order and the reduction are gemm.comp's.
+// products of each block, scaled as simd/ref/quants.c's vec_dot scales them and summed as
+// float pairs (exact.glsl), so that a product rounds to the CPU's float but where the exact
+// sum lies within about 2^-47 of a rounding boundary. The tiles, the row order and the
+// reduction are gemm.comp's.
 #extension GL_GOOGLE_include_directive : require
 #if defined(SUBGROUPS)
 #extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
 #endif
 
 #define THREADS 64u
@@ -31,7 +32,8 @@ layout(push_constant) uniform Push {
 
 #include "quants.glsl"
 
-shared float partial[THREADS * TOKENS];
+#include "exact.glsl"
+shared float part_hi[THREADS * TOKENS], part_lo[THREADS * TOKENS];
 #include "reduce.glsl"
 
 void main() {
@@ -39,8 +41,8 @@ void main() {
     if (row >= p.rows) return;
     const uint t0 = gl_WorkGroupID.z * TOKENS, nt = min(TOKENS, p.n_tokens - t0);
     const uint tid = gl_LocalInvocationID.x;
-    float acc[TOKENS];
-    for (uint t = 0u; t < TOKENS; t++) acc[t] = 0.0;
+    float hi[TOKENS], lo[TOKENS];
+    for (uint t = 0u; t < TOKENS; t++) hi[t] = lo[t] = 0.0;
     int q[32];
     scales32 k;
     for (uint s = tid; s < p.cols / 32u; s += THREADS) {
@@ -55,13 +57,17 @@ void main() {
 #if defined(KQUANT)
             const float xd = S[so + s / 8u];
             const int imin = k.mn.x * int(S[so + p.cols / 32u + 2u * s]) + k.mn.y * int(S[so + p.cols / 32u + 2u * s + 1u]);
-            acc[t] += (xd * k.d) * float(k.sc.x * isum.x + k.sc.y * isum.y) - (xd * k.m) * float(imin);
+            ff_add_scaled(hi[t], lo[t], xd, k.d, k.sc.x * isum.x + k.sc.y * isum.y);
+            ff_add_scaled(hi[t], lo[t], xd, -k.m, imin);
 #elif defined(MIN)
-            acc[t] += (k.d * S[so + s]) * float(isum.x + isum.y) + k.m * S[so + p.cols / 32u + s];
+            ff_add_scaled(hi[t], lo[t], k.d, S[so + s], isum.x + isum.y);
+            float mp, me;
+            two_prod(k.m, S[so + p.cols / 32u + s], mp, me);
+            ff_add2(hi[t], lo[t], mp, me);
 #else
-            acc[t] += (k.d * S[so + s]) * float(isum.x + isum.y);
+            ff_add_scaled(hi[t], lo[t], k.d, S[so + s], isum.x + isum.y);
 #endif
         }
     }
-    reduce_and_store(acc, row, t0, nt);
+    reduce_and_store(hi, lo, row, t0, nt);
 }

@@ -1,7 +1,10 @@
 #version 450
 // The gated FFN's activation in place: g = act(g) * u over n values. GELU reads the CPU's
 // table of GELU at every fp16 value (as GGML does), so both engines take the same values;
-// SiLU is g / (1 + exp(-g)) in float32 here (the CPU rounds it from double).
+// SiLU is g / (1 + exp(-g)) in float pairs (exact.glsl), rounded once to float as the CPU
+// rounds it from double.
+#extension GL_GOOGLE_include_directive : require
+#include "exact.glsl"
 layout(local_size_x = 64) in;
 
 layout(std430, binding = 0) buffer Gate { float g[]; };
@@ -39,7 +42,7 @@ void main() {
             a = unpackHalf2x16(table[h >> 1] >> (16u * (h & 1u))).x;
         }
     } else {
-        a = v / (1.0 + exp(-v));
+        a = exact_silu(v);
     }
     precise float r = a * u[i];
     g[i] = r;

@@ -1,6 +1,9 @@
 #version 450
 // Element-wise steps over n values: y += x (the residual adds), y += x[i % period] (a bias on
-// every row), y *= s (a scale), y = tanh(y / s) * s (soft-capping); OP selects which.
+// every row), y *= s (a scale), y = tanh(y / s) * s (soft-capping, with tanh and the division
+// rounded as the CPU rounds them: exact.glsl); OP selects which.
+#extension GL_GOOGLE_include_directive : require
+#include "exact.glsl"
 layout(local_size_x = 64) in;
 
 layout(std430, binding = 0) buffer Values { float y[]; };
@@ -12,17 +15,6 @@ layout(push_constant) uniform Push {
     uint period;
 } p;
 
-// tanh to a few float ulps (GLSL's tanh may lose its relative precision near zero): a series
-// below |t| = 0.1, else 1 - 2 / (exp(2|t|) + 1) with the sign put back
-float tanh_accurate(float t) {
-    const float a = abs(t);
-    if (a < 0.1) {
-        const float t2 = t * t;
-        return t * (1.0 + t2 * (-1.0 / 3.0 + t2 * (2.0 / 15.0 + t2 * (-17.0 / 315.0))));
-    }
-    return sign(t) * (1.0 - 2.0 / (exp(2.0 * a) + 1.0));
-}
-
 void main() {
     const uint i = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 64u + gl_LocalInvocationID.x;
     if (i >= p.n) return;
@@ -33,7 +25,7 @@ void main() {
 #elif defined(OP_SCALE)
     precise float r = y[i] * p.s;
 #elif defined(OP_SOFTCAP)
-    precise float r = tanh_accurate(y[i] / p.s) * p.s;
+    precise float r = exact_tanh(exact_div(y[i], p.s)) * p.s;
 #else
 #error "ops.comp: no OP_* defined"
 #endif

@@ -6,6 +6,9 @@
 // sums of each 16), or the values rounded to f16 / bf16. The integers go four to a word into
 // Q (n, cols / 4); the scales as floats into S (n, s_stride): q8_0 / q8_K's d per block from 0,
 // q8_1's sums (and q8_K's 16-value sums) from cols / 32; rounded values into F (n, cols).
+// Divisions go through exact.glsl's exact_div: Vulkan's need not be rounded to nearest.
+#extension GL_GOOGLE_include_directive : require
+#include "exact.glsl"
 layout(local_size_x = 32) in;
 
 layout(std430, binding = 0) readonly buffer Input { float x[]; };  // (n, x_stride)
@@ -82,26 +85,31 @@ void main() {
     amax = red[0];
     const uint so = t * p.s_stride;
 #if defined(ACT_Q8_K)
-    const float iscale = amax != 0.0 ? -127.0 / redv[0] : 0.0;
-    for (uint j = tid; j < BLOCK; j += 32u) qv[j] = amax != 0.0 ? min(int(roundEven(iscale * x[xo + j])), 127) : 0;
+    const float iscale = amax != 0.0 ? exact_div(-127.0, redv[0]) : 0.0;
+    for (uint j = tid; j < BLOCK; j += 32u) {
+        precise float v = iscale * x[xo + j];
+        qv[j] = amax != 0.0 ? min(int(roundEven(v)), 127) : 0;
+    }
     barrier();
     if (tid < 16u) {
         int s = 0;
         for (uint l = 0u; l < 16u; l++) s += qv[16u * tid + l];
         S[so + p.cols / 32u + blk * 16u + tid] = float(s);
     }
-    if (tid == 0u) S[so + blk] = amax != 0.0 ? 1.0 / iscale : 0.0;
+    if (tid == 0u) S[so + blk] = amax != 0.0 ? exact_div(1.0, iscale) : 0.0;
 #else
-    const float id = amax != 0.0 ? 127.0 / amax : 0.0;
-    qv[tid] = int(roundEven(x[xo + tid] * id));
+    const float id = amax != 0.0 ? exact_div(127.0, amax) : 0.0;
+    precise float v = x[xo + tid] * id;
+    qv[tid] = int(roundEven(v));
     barrier();
     if (tid == 0u) {
-        const float d = amax / 127.0;
+        const float d = exact_div(amax, 127.0);
         S[so + blk] = round_f16(d);
 #if defined(ACT_Q8_1)
         int s = 0;
         for (uint l = 0u; l < 32u; l++) s += qv[l];
-        S[so + p.cols / 32u + blk] = round_f16(d * float(s));
+        precise float ds = d * float(s);
+        S[so + p.cols / 32u + blk] = round_f16(ds);
 #endif
     }
 #endif
