@@ -185,6 +185,12 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ei_vk_kernel_rope": (c_int, [c_void_p] + [c_int32] * 4 + [c_void_p, c_void_p, c_int32]),
     "ei_vk_kernel_glu": (c_int, [c_void_p, c_int32, c_int32] + [c_void_p] * 3),
     "ei_vk_kernel_op": (c_int, [c_void_p, c_int32, c_int32, c_void_p, c_void_p, c_float]),
+    "ei_vk_kernel_hadamard": (c_int, [c_void_p, c_int32, c_int32, c_int32, c_void_p]),
+    # context, type, n, width, x, rows, cache rows, row bytes, cache
+    "ei_vk_kernel_set_rows": (
+        c_int,
+        [c_void_p, c_int32, c_int32, c_int32, c_void_p, c_void_p, c_int32, c_int64, c_void_p],
+    ),
     # context, heads, KV heads, hd, hv, runs, types, row bytes, scale, softcap, q, k, v, out
     "ei_vk_kernel_attn": (
         c_int,
@@ -544,6 +550,28 @@ class VulkanKernels:
         xp = _ptr(np.ascontiguousarray(x, dtype=np.float32)) if x is not None else None
         op = ("add", "scale", "softcap").index(name)
         check(self.lib.ei_vk_kernel_op(self._live(), op, out.size, _ptr(out), xp, s))
+        return out
+
+    def hadamard(self, x: np.ndarray, block: int) -> np.ndarray:
+        """Rows of x rotated in blocks of ``block`` values, as a quantized cache rotates them."""
+        out = np.array(x, dtype=np.float32, copy=True, order="C")
+        rows = out.reshape(-1, out.shape[-1])
+        check(self.lib.ei_vk_kernel_hadamard(self._live(), rows.shape[0], rows.shape[1], block,
+                                             _ptr(rows)))  # fmt: skip
+        return out
+
+    def set_rows(
+        self, ggml_type: int, x: np.ndarray, rows: Sequence[int], cache: np.ndarray
+    ) -> np.ndarray:
+        """cache (n_rows, row bytes, uint8) with row rows[i] replaced by x[i] as the cache type
+        stores it."""
+        out = np.array(cache, dtype=np.uint8, copy=True, order="C")
+        xs = np.ascontiguousarray(x, dtype=np.float32)
+        ids = np.ascontiguousarray(rows, dtype=np.int32)
+        check(self.lib.ei_vk_kernel_set_rows(
+            self._live(), int(ggml_type), xs.shape[0], xs.shape[1], _ptr(xs), _ptr(ids),
+            out.shape[0], out.shape[1], _ptr(out),
+        ))  # fmt: skip
         return out
 
     def attention(

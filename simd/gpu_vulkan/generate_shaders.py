@@ -58,7 +58,11 @@ def variants() -> list[tuple[str, str, list[str]]]:
         for k in cache
         for v in cache
     ]
-    out += [(f"set_rows_{t}", "set_rows.comp", [f"OUT_{t.upper()}"]) for t in ("f32", "f16")]
+    out += [
+        (f"set_rows_{t}", "set_rows.comp", [f"OUT_{t.upper()}"])
+        for t in ("f32", "f16", "q8_0", "q4_0")
+    ]
+    out += [("hadamard", "hadamard.comp", [])]
     return out
 
 

@@ -35,6 +35,7 @@ struct ei_vk_offload {
     int64_t logit_rows; /* output rows a part */
     int32_t *tables;    /* the parameters' arrays, copied: (n_layer) groups, (n_layer) bases, (MAX_GROUPS) rows */
     int q_dim, kv_dim, v_dim, att_dim;
+    int hadamard_k, hadamard_v; /* a quantized cache's rotation blocks (ei_hadamard_block), 0: none */
 };
 
 
@@ -206,11 +207,10 @@ ei_status ei_vk_offload_budget(const ei_vk_offload *o, uint64_t *free_bytes, int
 static ei_status set_params(ei_vk_offload *o, const ei_vk_offload_params *p) {
     const ei_model_desc *m = p->m;
     if (p->first_layer < 0 || p->first_layer > m->n_layer) return ei_fail(EI_ERR_INVALID, "Vulkan offload: first layer %d", p->first_layer);
-    if (p->kv_type_k != EI_TYPE_F16 && p->kv_type_k != EI_TYPE_F32)
-        return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: a %s key cache is not supported on the GPU yet (use f16 or f32)",
-                       p->kv_type_k == EI_TYPE_Q8_0 ? "q8_0" : "quantized");
-    if (p->kv_type_v != EI_TYPE_F16 && p->kv_type_v != EI_TYPE_F32)
-        return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: a quantized value cache is not supported on the GPU yet (use f16 or f32)");
+    const int kt = p->kv_type_k, vt = p->kv_type_v;
+    if ((kt != EI_TYPE_F16 && kt != EI_TYPE_F32 && kt != EI_TYPE_Q8_0 && kt != EI_TYPE_Q4_0) ||
+        (vt != EI_TYPE_F16 && vt != EI_TYPE_F32 && vt != EI_TYPE_Q8_0 && vt != EI_TYPE_Q4_0))
+        return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: cache types %d / %d (f32, f16, q8_0 and q4_0 run on the GPU)", kt, vt);
     if (m->head_dim > 512 || m->n_rot > m->head_dim) return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: heads of %d values", m->head_dim);
     const int L = m->n_layer;
     for (int il = p->first_layer; il < L; il++)
@@ -235,6 +235,8 @@ static ei_status set_params(ei_vk_offload *o, const ei_vk_offload_params *p) {
     o->kv_dim = m->n_head_kv * m->head_dim;
     o->v_dim = m->n_head_kv * m->head_dim_v;
     o->att_dim = m->n_head * m->head_dim_v;
+    o->hadamard_k = ei_hadamard_block(kt, m->head_dim, 1);
+    o->hadamard_v = ei_hadamard_block(vt, m->head_dim_v, 0);
     memset(o->used, 0, sizeof o->used);
     memset(o->used_runs, 0, sizeof o->used_runs);
     for (int il = p->first_layer; il < L; il++) {
@@ -323,6 +325,12 @@ static ei_status attention_part(ei_vk_offload *o, const dev_layer *d, int il, in
     TRY(ei_vk_rope_at(ctx, &o->kk, &o->rope, (int64_t)o->p.layer_base[il] * o->p.n_batch * m->n_rot, n, m->n_head_kv, hd, m->n_rot,
                       o->kv_dim, m->rope_neox));
     if (m->scale_q) TRY(ei_vk_op(ctx, EI_VK_OP_SCALE, &o->q, NULL, (int64_t)n * o->q_dim, m->kq_scale));
+    /* a quantized cache holds its rows rotated, and the queries meet them rotated (engine.c) */
+    if (o->hadamard_k) {
+        TRY(ei_vk_hadamard(ctx, &o->q, n, o->q_dim, o->q_dim, o->hadamard_k));
+        TRY(ei_vk_hadamard(ctx, &o->kk, n, o->kv_dim, o->kv_dim, o->hadamard_k));
+    }
+    if (o->hadamard_v) TRY(ei_vk_hadamard(ctx, &o->vv, n, o->v_dim, o->v_dim, o->hadamard_v));
     ei_vk_buffer *rows = &o->rows[d->group];
     TRY(ei_vk_set_rows(ctx, o->p.kv_type_k, (ei_vk_buffer *)&d->k, o->p.k_row_bytes, &o->kk, n, o->kv_dim, o->kv_dim, rows));
     TRY(ei_vk_set_rows(ctx, o->p.kv_type_v, (ei_vk_buffer *)&d->v, o->p.v_row_bytes, &o->vv, n, o->v_dim, o->v_dim, rows));
@@ -330,6 +338,7 @@ static ei_status attention_part(ei_vk_offload *o, const dev_layer *d, int il, in
                                 o->p.k_row_bytes, o->p.v_row_bytes, o->p.max_runs, o->p.n_ctx,
                                 m->scale_q ? 1.0f : m->kq_scale, 0.0f};
     TRY(ei_vk_attn(ctx, &a, n, &o->q, (ei_vk_buffer *)&d->k, (ei_vk_buffer *)&d->v, &o->runs[d->runs], &o->att, &o->scratch));
+    if (o->hadamard_v) TRY(ei_vk_hadamard(ctx, &o->att, n, o->att_dim, o->att_dim, o->hadamard_v)); /* rotated back */
     const ei_vk_product wo = {&d->wo, &o->t, E};
     TRY(ei_vk_products(ctx, &o->act, &wo, 1, &o->att, 0, n, o->att_dim));
     if (l->attn_post_norm.data) TRY(ei_vk_rms_norm(ctx, &o->t, (ei_vk_buffer *)&d->attn_post_norm, &o->t, E, n, E, E, m->norm_eps));

@@ -1,6 +1,7 @@
 /* The non-matmul steps of a layer on the GPU (shaders norm.comp, rope.comp, glu.comp and
  * ops.comp), recorded into the context like gemm; and their ei_vk_kernel_* entry points from
  * host arrays, which the tests hold against the scalar reference's ops (simd/ref/ops.c). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,19 +93,48 @@ ei_status ei_vk_op_rows(ei_vk_context *ctx, int op, ei_vk_buffer *y, ei_vk_buffe
     return st != EI_OK ? st : ei_vk_dispatch(ctx, index, bind, &push, sizeof push, gx, gy, 1);
 }
 
+#define SET_ROWS_MAX_WORDS 2048 /* set_rows.comp's shared row for Q8_0 / Q4_0 */
+
+static const char *set_rows_shader(int type) {
+    switch (type) {
+    case EI_TYPE_F32: return "set_rows_f32";
+    case EI_TYPE_F16: return "set_rows_f16";
+    case EI_TYPE_Q8_0: return "set_rows_q8_0";
+    case EI_TYPE_Q4_0: return "set_rows_q4_0";
+    default: return NULL;
+    }
+}
+
 ei_status ei_vk_set_rows(ei_vk_context *ctx, int type, ei_vk_buffer *cache, int64_t row_bytes, ei_vk_buffer *x, int64_t n,
                          int64_t width, int64_t x_stride, ei_vk_buffer *rows) {
-    if ((type != EI_TYPE_F32 && type != EI_TYPE_F16) || n <= 0 || n > (int64_t)EI_VK_MAX_GROUPS || width <= 0 || row_bytes % 4 ||
-        (type == EI_TYPE_F16 && width % 2) || (int64_t)ei_row_size(type, width) > row_bytes || (uint64_t)n > rows->bytes / 4)
+    const char *name = set_rows_shader(type);
+    const int blocks = type == EI_TYPE_Q8_0 || type == EI_TYPE_Q4_0;
+    if (!name || n <= 0 || n > (int64_t)EI_VK_MAX_GROUPS || width <= 0 || row_bytes % 4 || (type == EI_TYPE_F16 && width % 2) ||
+        (blocks && (width % 32 || ei_row_size(type, width) > 4 * SET_ROWS_MAX_WORDS)) ||
+        (int64_t)ei_row_size(type, width) > row_bytes || (uint64_t)n > rows->bytes / 4)
         return ei_fail(EI_ERR_INVALID, "ei_vk_set_rows: bad arguments");
     struct {
         uint32_t n, width, x_stride, row_bytes;
     } push = {(uint32_t)n, (uint32_t)width, (uint32_t)x_stride, (uint32_t)row_bytes};
     int s;
-    ei_status st = shader(type == EI_TYPE_F32 ? "set_rows_f32" : "set_rows_f16", &s);
-    const uint32_t gx = (uint32_t)(((type == EI_TYPE_F16 ? width / 2 : width) + 63) / 64);
+    ei_status st = shader(name, &s);
+    const uint32_t gx = blocks ? 1 : (uint32_t)(((type == EI_TYPE_F16 ? width / 2 : width) + 63) / 64);
     ei_vk_buffer *bind[EI_VK_BINDINGS] = {cache, x, rows, NULL, NULL, NULL};
     return st != EI_OK ? st : ei_vk_dispatch(ctx, s, bind, &push, sizeof push, gx, (uint32_t)n, 1);
+}
+
+ei_status ei_vk_hadamard(ei_vk_context *ctx, ei_vk_buffer *x, int64_t n, int64_t width, int64_t stride, int block) {
+    if (n <= 0 || n > (int64_t)EI_VK_MAX_GROUPS || block < 2 || block > 512 || (block & (block - 1)) || width % block ||
+        stride < width || (uint64_t)(n - 1) * (uint64_t)stride + (uint64_t)width > x->bytes / 4)
+        return ei_fail(EI_ERR_INVALID, "ei_vk_hadamard: bad arguments");
+    struct {
+        uint32_t n, width, stride, block;
+        float scale;
+    } push = {(uint32_t)n, (uint32_t)width, (uint32_t)stride, (uint32_t)block, 1.0f / sqrtf((float)block)}; /* ref/ops.c's */
+    int s;
+    ei_status st = shader("hadamard", &s);
+    ei_vk_buffer *bind[EI_VK_BINDINGS] = {x, NULL, NULL, NULL, NULL, NULL};
+    return st != EI_OK ? st : ei_vk_dispatch(ctx, s, bind, &push, sizeof push, (uint32_t)(width / block), (uint32_t)n, 1);
 }
 
 /* ---- from host arrays ---------------------------------------------------------------------- */
@@ -182,4 +212,29 @@ ei_status ei_vk_kernel_op(void *ctx, int32_t op, int32_t n, float *y, const floa
     ei_status st = host_upload(ctx, &h, x ? 2 : 1, in, sizes);
     if (st == EI_OK) st = ei_vk_op(ctx, op, &h.b[0], x ? &h.b[1] : NULL, n, s);
     return host_finish(ctx, &h, st, 0, y, bytes);
+}
+
+ei_status ei_vk_kernel_hadamard(void *ctx, int32_t n, int32_t width, int32_t block, float *x) {
+    if (!ctx || n <= 0 || width <= 0 || !x) return ei_fail(EI_ERR_INVALID, "ei_vk_kernel_hadamard: bad arguments");
+    host_set h;
+    const uint64_t bytes = (uint64_t)n * (uint64_t)width * 4;
+    const void *in[1] = {x};
+    ei_status st = host_upload(ctx, &h, 1, in, &bytes);
+    if (st == EI_OK) st = ei_vk_hadamard(ctx, &h.b[0], n, width, width, block);
+    return host_finish(ctx, &h, st, 0, x, bytes);
+}
+
+ei_status ei_vk_kernel_set_rows(void *ctx, int32_t type, int32_t n, int32_t width, const float *x, const int32_t *rows,
+                                int32_t n_rows, int64_t row_bytes, void *cache) {
+    if (!ctx || n <= 0 || width <= 0 || n_rows <= 0 || !x || !rows || !cache)
+        return ei_fail(EI_ERR_INVALID, "ei_vk_kernel_set_rows: bad arguments");
+    for (int32_t i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= n_rows) return ei_fail(EI_ERR_INVALID, "ei_vk_kernel_set_rows: row %d outside the cache", rows[i]);
+    host_set h;
+    const uint64_t cache_bytes = (uint64_t)n_rows * (uint64_t)row_bytes;
+    const void *in[3] = {cache, x, rows};
+    const uint64_t sizes[3] = {cache_bytes, (uint64_t)n * (uint64_t)width * 4, (uint64_t)n * 4};
+    ei_status st = host_upload(ctx, &h, 3, in, sizes);
+    if (st == EI_OK) st = ei_vk_set_rows(ctx, type, &h.b[0], row_bytes, &h.b[1], n, width, width, &h.b[2]);
+    return host_finish(ctx, &h, st, 0, cache, cache_bytes);
 }

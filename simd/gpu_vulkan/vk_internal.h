@@ -172,9 +172,12 @@ ei_status ei_vk_op(ei_vk_context *ctx, int op, ei_vk_buffer *y, ei_vk_buffer *x,
 /* the same, ADD_ROW adding x[i % period] (a bias on every row of period values) */
 ei_status ei_vk_op_rows(ei_vk_context *ctx, int op, ei_vk_buffer *y, ei_vk_buffer *x, int64_t n, float s, int64_t period);
 /* n rows of width floats into cache rows (row_bytes apart, at the indices rows holds) of the
- * cache type (F32 or F16) */
+ * cache type (F32, F16, Q8_0 or Q4_0, as from_float makes its blocks) */
 ei_status ei_vk_set_rows(ei_vk_context *ctx, int type, ei_vk_buffer *cache, int64_t row_bytes, ei_vk_buffer *x, int64_t n,
                          int64_t width, int64_t x_stride, ei_vk_buffer *rows);
+/* the quantized cache's Walsh-Hadamard rotation (ref/ops.c's hadamard) in place on n rows of
+ * width values, stride apart, in blocks of block values */
+ei_status ei_vk_hadamard(ei_vk_context *ctx, ei_vk_buffer *x, int64_t n, int64_t width, int64_t stride, int block);
 /* recorded copies between two buffers (or within one, regions apart), after the work before */
 ei_status ei_vk_copy(ei_vk_context *ctx, ei_vk_buffer *src, ei_vk_buffer *dst, uint32_t n, const ei_vk_buffer_copy *regions);
 

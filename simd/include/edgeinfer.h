@@ -392,6 +392,13 @@ EI_EXPORT ei_status ei_vk_kernel_rope(void *ctx, int32_t n_tokens, int32_t n_hea
                                       float *x, const float *cs, int32_t neox);
 EI_EXPORT ei_status ei_vk_kernel_glu(void *ctx, int32_t gelu, int32_t n, float *y, const float *g, const float *u);
 EI_EXPORT ei_status ei_vk_kernel_op(void *ctx, int32_t op, int32_t n, float *y, const float *x, float s);
+/* the quantized cache's rotation in place on n rows of width values, in blocks of block (a
+ * power of two up to 512), as the CPU kernels' hadamard (simd/ref/ops.c); and n rows of width values written into the
+ * cache rows rows[i] of cache (n_rows rows of row_bytes) as type (F32, F16, Q8_0, Q4_0) stores
+ * them, the rest of cache unchanged */
+EI_EXPORT ei_status ei_vk_kernel_hadamard(void *ctx, int32_t n, int32_t width, int32_t block, float *x);
+EI_EXPORT ei_status ei_vk_kernel_set_rows(void *ctx, int32_t type, int32_t n, int32_t width, const float *x, const int32_t *rows,
+                                          int32_t n_rows, int64_t row_bytes, void *cache);
 /* attention of one token's n_head query heads q (n_head, hd) over the n_runs runs (first row,
  * rows) of the k_rows key and v_rows value rows k and v (a row holds n_head_kv heads of
  * k_type / v_type: F32, F16, Q8_0, Q4_0), as ei_kernel_attn computes each head; out (n_head, hv) */

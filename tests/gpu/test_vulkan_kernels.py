@@ -256,3 +256,57 @@ def test_attention_matches_the_reference(gpu, ref, kt, vt, softcap):
             types=(kt, vt), dims=(hd, hv),
         )  # fmt: skip
         assert_same_floats(got[h], want, f"head {h}")
+
+
+# ---- a quantized cache's writes -------------------------------------------------------------
+
+
+def _hadamard_reference(x: np.ndarray, block: int) -> np.ndarray:
+    """simd/ref/ops.c's hadamard in numpy float32: scaled by 1 / sqrtf(block) first, then the
+    butterflies (u + v, u - v) stage by stage, each a single float32 operation."""
+    y = (x * (np.float32(1.0) / np.sqrt(np.float32(block)))).astype(np.float32)
+    y = y.reshape(*x.shape[:-1], -1, block)
+    length = 1
+    while length < block:
+        v = y.reshape(*y.shape[:-1], block // (2 * length), 2, length)
+        a, b = v[..., 0, :].copy(), v[..., 1, :].copy()
+        v[..., 0, :], v[..., 1, :] = a + b, a - b
+        y = v.reshape(y.shape)
+        length *= 2
+    return y.reshape(x.shape)
+
+
+@pytest.mark.parametrize("block", [64, 128, 256])
+def test_hadamard_matches_the_reference_bit_for_bit(gpu, block):
+    rng = np.random.default_rng(block)
+    x = (rng.standard_normal((5, 512)) * 3).astype(np.float32)
+    want = _hadamard_reference(x, block)
+    assert_same_floats(gpu.hadamard(x, block).ravel(), want.ravel(), "hadamard")
+    # rotating twice gives the rows back, to rounding: it is its own inverse
+    np.testing.assert_allclose(gpu.hadamard(gpu.hadamard(x, block), block), x, atol=1e-5)
+
+
+@pytest.mark.parametrize("t", CACHE_TYPES, ids=lambda t: t.name)
+def test_cache_rows_are_written_as_the_cpu_writes_them(gpu, ref, t):
+    """New keys and values into chosen rows of a cache, each row (two heads of 64) as the CPU's
+    from_float stores it; the other rows untouched. Blocks with ties, zeros and a lone extreme
+    test the quantizers' edges."""
+    rng = np.random.default_rng(int(t))
+    width, n_rows = 128, 9
+    rb = row_bytes(t, width)
+    x = (rng.standard_normal((4, width)) * [[1], [1e-3], [40], [1]]).astype(np.float32)
+    x[3, :32] = 0.0  # an all-zero block
+    x[3, 32:64] = np.float32(0.5)  # every value the extreme
+    x[3, 64] = -7.0  # a negative extreme
+    cache = rng.integers(0, 256, (n_rows, rb), dtype=np.uint8)
+    rows = [6, 0, 3, 8]
+    got = gpu.set_rows(t, x, rows, cache)
+    want = cache.copy()
+    for i, r in enumerate(rows):
+        if t == GGMLType.F32:
+            want[r] = x[i].view(np.uint8)
+        elif t == GGMLType.F16:
+            want[r] = x[i].astype(np.float16).view(np.uint8)
+        else:
+            want[r] = ref.from_float(t, x[i], rb)
+    np.testing.assert_array_equal(got, want)
