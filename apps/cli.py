@@ -924,6 +924,16 @@ def _print_gpus(gpus: dict[str, Any]) -> None:
             f"          features {' '.join(features) or '(none)'}; subgroups of "
             f"{d['subgroup_size']} ({' '.join(d['subgroup_ops']) or 'no operations'})"
         )
+        uses = d.get("uses", {})
+        if "error" in uses:
+            print(f"          offload  unavailable: {uses['error']}")
+        elif uses:
+            used = [
+                "subgroup shuffles" if uses["subgroups"] else "shared-memory sums (no subgroups)",
+                "integer dot product" if uses["integer_dot"] else "scalar int8 dots",
+                f"free memory from the {uses['free_memory']}",
+            ]
+            print(f"          offload  uses {', '.join(used)}")
 
 
 if __name__ == "__main__":

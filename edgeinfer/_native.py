@@ -474,14 +474,16 @@ class VulkanKernels:
 
     def info(self) -> dict[str, Any]:
         """The device as vulkan_devices() describes it, plus ``subgroups`` (the subgroup shader
-        variants run), ``max_binding_bytes``, ``weight_part_bytes`` (the most one part of a
-        split weight spans) and ``allocated_bytes`` (device memory held)."""
+        variants run), ``integer_dot`` (the products' packed int8 dot-product variants run),
+        ``max_binding_bytes``, ``weight_part_bytes`` (the most one part of a split weight
+        spans) and ``allocated_bytes`` (device memory held)."""
         d, sg = VkDevice(), c_int32()
         most, part, held = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
         outs = [ctypes.byref(v) for v in (d, sg, most, part, held)]
         check(self.lib.ei_vk_context_info(self._live(), *outs))
         info = _vk_device(d)
-        info.update(subgroups=bool(sg.value), max_binding_bytes=most.value,
+        info.update(subgroups=bool(sg.value & 1), integer_dot=bool(sg.value & 2),
+                    max_binding_bytes=most.value,
                     weight_part_bytes=part.value, allocated_bytes=held.value)  # fmt: skip
         return info
 

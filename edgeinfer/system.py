@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import Any
 
+from edgeinfer import errors
+
 # the features that matter to our kernels, by the names Linux's /proc/cpuinfo uses
 INTERESTING = (
     "sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c",
@@ -159,13 +161,28 @@ def backends() -> list[dict[str, Any]]:
 
 def gpus() -> dict[str, Any]:
     """The Vulkan devices the native library finds (``devices``), and why there are none
-    (``none``: no native library, no Vulkan loader, no driver; "" when there are)."""
+    (``none``: no native library, no Vulkan loader, no driver; "" when there are). Each
+    device's ``uses`` says what layer offload would use on it, from a context opened on it:
+    the subgroup and integer dot product shader variants, and where its free memory is read
+    (or ``error``: why no context opened)."""
     from edgeinfer import _native
 
     loaded, why = _native.available()
     if not loaded:
         return {"devices": [], "none": f"the native library is not available: {why}"}
     devices, why = _native.vulkan_devices()
+    for i, d in enumerate(devices):
+        try:
+            with _native.VulkanKernels(i) as ctx:
+                info = ctx.info()
+        except errors.EdgeInferError as e:
+            d["uses"] = {"error": str(e)}
+            continue
+        d["uses"] = {
+            "subgroups": info["subgroups"],
+            "integer_dot": info["integer_dot"],
+            "free_memory": "VK_EXT_memory_budget" if d["budget_bytes"] is not None else "heap size",
+        }
     return {"devices": devices, "none": why}
 
 

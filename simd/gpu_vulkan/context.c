@@ -63,7 +63,15 @@ static ei_status create_device(ei_vk_context *ctx) {
     if (family == UINT32_MAX) return ei_fail(EI_ERR_UNSUPPORTED, "no GPU: %s has no compute queue", ctx->info.name);
     const float priority = 1.0f;
     const ei_vk_queue_create_info queue = {EI_VK_ST_DEVICE_QUEUE_CREATE_INFO, NULL, 0, family, 1, &priority};
-    const ei_vk_device_create_info info = {EI_VK_ST_DEVICE_CREATE_INFO, NULL, 0, 1, &queue, 0, NULL, 0, NULL, NULL};
+    /* the integer dot product where the device has it (Vulkan 1.3, or its KHR extension),
+     * unless EDGEINFER_VULKAN_INTEGER_DOT=0 asks for the shaders' fallback */
+    const char *dot_env = getenv("EDGEINFER_VULKAN_INTEGER_DOT");
+    ctx->int_dot = ctx->info.integer_dot_product && !(dot_env && !strcmp(dot_env, "0"));
+    ei_vk_integer_dot_product_features dot = {EI_VK_ST_INTEGER_DOT_PRODUCT_FEATURES, NULL, 1};
+    const char *dot_ext[1] = {"VK_KHR_shader_integer_dot_product"};
+    const int need_ext = ctx->int_dot && ctx->info.api_version < EI_VK_MAKE_API_VERSION(1, 3, 0);
+    const ei_vk_device_create_info info = {EI_VK_ST_DEVICE_CREATE_INFO, ctx->int_dot ? &dot : NULL, 0, 1, &queue, 0, NULL,
+                                           need_ext ? 1u : 0u, need_ext ? dot_ext : NULL, NULL};
     ei_vk_result r = create(ctx->physical, &info, NULL, &ctx->device);
     if (r != 0) return vk_error(r, "vkCreateDevice");
 #define EI_VK_FN_LOAD(name, ret, args)                                                   \

@@ -55,7 +55,9 @@ ei_status ei_vk_weights_upload(ei_vk_context *ctx, int type, const void *data, i
     w->n_parts = (int)((rows + per_part - 1) / per_part);
     w->parts = calloc((size_t)w->n_parts, sizeof *w->parts);
     if (!w->parts) return ei_fail(EI_ERR_NOMEM, "Vulkan: out of memory for weight parts");
-    ei_status st = ei_vk_shader_index_for(name, "gemm", ctx->subgroups, &w->gemm_shader);
+    const int float_rows = type == EI_TYPE_F32 || type == EI_TYPE_F16 || type == EI_TYPE_BF16;
+    ei_status st = ei_vk_shader_index_for(name, "gemm", ctx->subgroups | (ctx->int_dot && !float_rows ? EI_VK_INT_DOT : 0),
+                                          &w->gemm_shader);
     if (st == EI_OK) st = ei_vk_shader_index_for(name, "get_rows", 0, &w->rows_shader);
     for (int i = 0; st == EI_OK && i < w->n_parts; i++) {
         const int64_t r0 = (int64_t)i * per_part, n = rows - r0 < per_part ? rows - r0 : per_part;
@@ -69,9 +71,9 @@ ei_status ei_vk_weights_upload(ei_vk_context *ctx, int type, const void *data, i
     return st;
 }
 
-ei_status ei_vk_shader_index_for(const char *type, const char *kernel, int subgroups, int *index) {
+ei_status ei_vk_shader_index_for(const char *type, const char *kernel, int variant, int *index) {
     char name[64];
-    snprintf(name, sizeof name, "%s_%s%s", kernel, type, subgroups ? "_sg" : "");
+    snprintf(name, sizeof name, "%s_%s%s%s", kernel, type, variant & EI_VK_SUBGROUPS ? "_sg" : "", variant & EI_VK_INT_DOT ? "_dot" : "");
     return ei_vk_shader_index(name, index);
 }
 
@@ -261,13 +263,13 @@ ei_status ei_vk_open(int32_t device, void **ctx) { return ei_vk_context_open(dev
 
 void ei_vk_close(void *ctx) { ei_vk_context_close(ctx); }
 
-ei_status ei_vk_context_info(void *vctx, ei_vk_device *info, int32_t *subgroups, uint64_t *max_binding_bytes,
+ei_status ei_vk_context_info(void *vctx, ei_vk_device *info, int32_t *variants, uint64_t *max_binding_bytes,
                              uint64_t *weight_part_bytes, uint64_t *allocated_bytes) {
     const ei_vk_context *ctx = vctx;
-    if (!ctx || !info || !subgroups || !max_binding_bytes || !weight_part_bytes || !allocated_bytes)
+    if (!ctx || !info || !variants || !max_binding_bytes || !weight_part_bytes || !allocated_bytes)
         return ei_fail(EI_ERR_INVALID, "ei_vk_context_info: bad arguments");
     *info = ctx->info;
-    *subgroups = ctx->subgroups;
+    *variants = (ctx->subgroups ? EI_VK_SUBGROUPS : 0) | (ctx->int_dot ? EI_VK_INT_DOT : 0);
     *max_binding_bytes = ctx->max_binding_bytes;
     *weight_part_bytes = ctx->weight_part_bytes;
     *allocated_bytes = ctx->allocated_bytes;

@@ -44,6 +44,9 @@ def variants() -> list[tuple[str, str, list[str]]]:
         product = "gemm.comp" if t in FLOAT_TYPES else "gemm_q.comp"
         out.append((f"gemm_{t}", product, [type_define]))
         out.append((f"gemm_{t}_sg", product, [type_define, "SUBGROUPS"]))
+        if t not in FLOAT_TYPES:  # the int8 dots as packed dot products (integer dot product)
+            out.append((f"gemm_{t}_dot", product, [type_define, "INT_DOT"]))
+            out.append((f"gemm_{t}_sg_dot", product, [type_define, "SUBGROUPS", "INT_DOT"]))
         out.append((f"get_rows_{t}", "get_rows.comp", [type_define]))
     acts = ("q8_0", "q8_1", "q8_k", "f16", "bf16")
     out += [(f"quantize_{a}", "quantize.comp", [f"ACT_{a.upper()}"]) for a in acts]

@@ -52,7 +52,8 @@ typedef struct ei_vk_context {
     ei_vk_device info;             /* what ei_vk_devices reports for it */
     int32_t index;                 /* its index among them */
     ei_vk_memory_properties memory;
-    int subgroups;                 /* compute subgroups with arithmetic: the *_sg shader variants */
+    int subgroups;                 /* compute subgroups with shuffles: the *_sg shader variants */
+    int int_dot;                   /* shaderIntegerDotProduct enabled: the products' *_dot variants */
     uint64_t max_binding_bytes;    /* the most one storage binding (and one allocation) may span */
     uint64_t weight_part_bytes;    /* the most one part of a weight spans: the above, or less (tests) */
     ei_vk_handle set_layout, pipeline_layout, descriptor_pool, command_pool, fence;
@@ -131,7 +132,9 @@ typedef struct {
 ei_status ei_vk_products(ei_vk_context *ctx, ei_vk_act *act, const ei_vk_product *jobs, int n_jobs, ei_vk_buffer *x,
                          int64_t x_first, int64_t n, int64_t x_stride);
 
-ei_status ei_vk_shader_index_for(const char *type, const char *kernel, int subgroups, int *index);
+/* the shader kernel_type with the variant's suffixes: _sg (EI_VK_SUBGROUPS), _dot (EI_VK_INT_DOT) */
+enum { EI_VK_SUBGROUPS = 1, EI_VK_INT_DOT = 2 };
+ei_status ei_vk_shader_index_for(const char *type, const char *kernel, int variant, int *index);
 ei_status ei_vk_weights_upload(ei_vk_context *ctx, int type, const void *data, int64_t rows, int64_t cols, ei_vk_weights *w);
 void ei_vk_weights_free(ei_vk_context *ctx, ei_vk_weights *w);
 /* y[t][r] = row r of w . x[t] for n_tokens float-row tokens from x_first floats into x (x:

@@ -367,13 +367,13 @@ EI_EXPORT ei_status ei_vk_devices(ei_vk_device *out, int32_t cap, int32_t *count
 
 /* A compute context on device index (-1: the first discrete GPU, else integrated, else the
  * first), for one thread at a time; EI_ERR_UNSUPPORTED as above when there is none. Its
- * description, whether it runs the subgroup shader variants (EDGEINFER_VULKAN_SUBGROUPS=0
- * turns them off), the most bytes one binding spans, the most one part of a weight spans
+ * description, the shader variants it runs (bit 0: subgroups, which EDGEINFER_VULKAN_SUBGROUPS=0
+ * turns off; bit 1: the integer dot product, which EDGEINFER_VULKAN_INTEGER_DOT=0 turns off), the most bytes one binding spans, the most one part of a weight spans
  * (that, or less with EDGEINFER_VULKAN_MAX_BUFFER: it exercises the splitting of large
  * weights) and the device memory it holds. */
 EI_EXPORT ei_status ei_vk_open(int32_t device, void **ctx);
 EI_EXPORT void ei_vk_close(void *ctx);
-EI_EXPORT ei_status ei_vk_context_info(void *ctx, ei_vk_device *info, int32_t *subgroups, uint64_t *max_binding_bytes,
+EI_EXPORT ei_status ei_vk_context_info(void *ctx, ei_vk_device *info, int32_t *variants, uint64_t *max_binding_bytes,
                                        uint64_t *weight_part_bytes, uint64_t *allocated_bytes);
 /* The GPU kernels from host arrays, each uploading its weight (rows x cols of a GGML type, as
  * GGUF stores it), running and reading back: y (n, rows) = x (n, cols) W^T; y (n, cols) = the

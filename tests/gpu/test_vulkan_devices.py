@@ -84,12 +84,21 @@ def test_doctor_lists_the_devices():
             capture_output=True, text=True, check=True, timeout=120,
         ).stdout
     )  # fmt: skip
+    uses = [d.pop("uses") for d in report["gpus"]["devices"]]
     assert report["gpus"] == {"devices": devices, "none": ""}
+    for i, used in enumerate(uses):  # what a context on the device runs
+        with _native.VulkanKernels(i) as ctx:
+            info = ctx.info()
+        assert used == {
+            "subgroups": info["subgroups"], "integer_dot": info["integer_dot"],
+            "free_memory": "VK_EXT_memory_budget" if devices[i]["budget_bytes"] else "heap size",
+        }  # fmt: skip
     text = subprocess.run(
         [sys.executable, "-m", "edgeinfer.apps.cli", "doctor"],
         capture_output=True, text=True, check=True, timeout=120,
     ).stdout  # fmt: skip
     assert f"gpu 0     {devices[0]['name']}" in text and "one buffer up to" in text
+    assert "offload  uses " in text
 
 
 @pytest.mark.parametrize(

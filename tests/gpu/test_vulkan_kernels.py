@@ -45,13 +45,18 @@ def ref():
     return _native.Kernels("scalar")
 
 
-@pytest.fixture(scope="module", params=["subgroups", "shared"])
+@pytest.fixture(scope="module", params=["integer_dot", "subgroups", "shared"])
 def gpu(request):
-    ctx = _open(EDGEINFER_VULKAN_SUBGROUPS="1" if request.param == "subgroups" else "0")
-    if request.param == "subgroups" and not ctx.info()["subgroups"]:
+    """Each variant of the shaders: the products' packed int8 dot products (and subgroups),
+    subgroups alone, and neither (shared memory and scalar int8 products)."""
+    dot, sg = request.param == "integer_dot", request.param != "shared"
+    ctx = _open(EDGEINFER_VULKAN_SUBGROUPS="1" if sg else "0",
+                EDGEINFER_VULKAN_INTEGER_DOT="1" if dot else "0")  # fmt: skip
+    info = ctx.info()
+    if (sg and not info["subgroups"]) or (dot and not info["integer_dot"]):
         ctx.close()
-        pytest.skip("this device has no subgroup arithmetic in compute shaders")
-    assert ctx.info()["subgroups"] == (request.param == "subgroups")
+        pytest.skip(f"this device lacks what the {request.param} variant needs")
+    assert (info["subgroups"], info["integer_dot"]) == (sg, dot)
     yield ctx
     ctx.close()
 

@@ -11,6 +11,13 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 #endif
 
+#if defined(INT_DOT) // OpSDot on 4 x int8 packed in a word (SPV_KHR_integer_dot_product), which
+// Debian's glslc knows no GLSL name for: declared through GL_EXT_spirv_intrinsics
+#extension GL_EXT_spirv_intrinsics : require
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sdot_4x8(uint a, uint b, spirv_literal int packed_vector_format); // format 0: 4x8 bits packed
+#endif
+
 #define THREADS 64u
 #define TOKENS 8u
 layout(local_size_x = 64) in;
@@ -47,12 +54,22 @@ void main() {
     scales32 k;
     for (uint s = tid; s < p.cols / 32u; s += THREADS) {
         unpack32(row * p.row_bytes, s, q, k);
+#if defined(INT_DOT)
+        uint pw[8]; // the weights' integers, four to a word as the activations are
+        for (uint w = 0u; w < 8u; w++)
+            pw[w] = (uint(q[4u * w]) & 0xFFu) | ((uint(q[4u * w + 1u]) & 0xFFu) << 8) | ((uint(q[4u * w + 2u]) & 0xFFu) << 16) |
+                    ((uint(q[4u * w + 3u]) & 0xFFu) << 24);
+#endif
         for (uint t = 0u; t < nt; t++) {
             const uint qo = (t0 + t) * (p.cols / 4u) + 8u * s, so = (t0 + t) * p.s_stride;
             ivec2 isum = ivec2(0);
             for (uint w = 0u; w < 8u; w++) {
+#if defined(INT_DOT)
+                isum[w >> 2] += sdot_4x8(pw[w], Q[qo + w], 0);
+#else
                 const int v = int(Q[qo + w]);
                 for (uint i = 0u; i < 4u; i++) isum[w >> 2] += q[4u * w + i] * bitfieldExtract(v, int(8u * i), 8);
+#endif
             }
 #if defined(KQUANT)
             const float xd = S[so + s / 8u];
