@@ -664,8 +664,8 @@ def load(
     MemoryPressureWarning when the memory-mapped weights beside them do not fit either),
     ``n_gpu_layers`` (0, the default: none; N: the output and the last N - 1 layers on a Vulkan
     GPU, as llama.cpp counts them; "all": every layer and the output; "auto": as many as fit in
-    the device's free memory less a margin, none without a GPU; the native engine with an f16
-    or f32 cache; an N that does not fit raises OutOfMemoryError with the numbers;
+    the device's free memory less a margin, none without a GPU; the native engine with an f32,
+    f16, q8_0 or q4_0 cache; an N that does not fit raises OutOfMemoryError with the numbers;
     ``Model.gpu_plan`` says what went where; see the README's Vulkan section) and
     ``gpu_device`` (the Vulkan device's index; -1, the default, picks the first discrete GPU,
     else integrated, else the first).

@@ -379,7 +379,9 @@ static ei_status fit_auto(ei_engine *e, int32_t *ints) {
     uint64_t parts[3], *layer_bytes = calloc((size_t)L, sizeof(uint64_t));
     if (!layer_bytes) return ei_fail(EI_ERR_NOMEM, "out of memory");
     ei_status st = measure_from(e, 0, ints, parts, layer_bytes);
-    if (st == EI_ERR_UNSUPPORTED) { /* this model or cache cannot go: the CPU runs it all, and the plan says why */
+    /* this model or cache cannot go, or a layer's cache is over the device's binding limit (a
+     * dry run allocates nothing else): the CPU runs it all, and the plan says why */
+    if (st == EI_ERR_UNSUPPORTED || st == EI_ERR_NOMEM) {
         snprintf(plan->reason, sizeof plan->reason, "%s", ei_last_error());
         free(layer_bytes);
         return settle_layers(e, 0);

@@ -75,7 +75,7 @@ static ei_status upload_layer(ei_vk_offload *o, int il, dev_layer *d, uint64_t *
     parts[1] += ei_vk_held_bytes(ctx) - weights;
     if (st == EI_OK && (d->k.bytes > ctx->max_binding_bytes || d->v.bytes > ctx->max_binding_bytes))
         st = ei_fail(EI_ERR_NOMEM, "Vulkan offload: layer %d's KV cache (%llu bytes of keys) is over %s's binding limit of %llu bytes; "
-                     "use a smaller context or fewer sequences", il, (unsigned long long)d->k.bytes, ctx->info.name,
+                     "use a smaller context, fewer sequences or a smaller kv_budget", il, (unsigned long long)d->k.bytes, ctx->info.name,
                      (unsigned long long)ctx->max_binding_bytes);
     return st;
 }

@@ -119,9 +119,10 @@ typedef struct {
                             * faster (another program holds a core: simd/common/step_threads.h).
                             * Results are the same on any count */
     int32_t n_gpu_layers;  /* on a Vulkan device, as llama.cpp counts: 0 none; N the output and
-                            * the last N - 1 layers; n_layer + 1 all. Their weights, and the KV
-                            * rows of those layers, live on the device (f16 or f32 caches,
-                            * EI_KV_ROWS); the residual stream crosses once a step */
+                            * the last N - 1 layers; n_layer + 1 all; EI_GPU_AUTO what fits.
+                            * Their weights, and the KV rows of those layers, live on the
+                            * device (f32, f16, q8_0 or q4_0 caches, EI_KV_ROWS); the residual
+                            * stream crosses once a step */
     int32_t gpu_device;    /* the Vulkan device index; -1: the first discrete GPU, else integrated, else the first */
 } ei_engine_params;
 

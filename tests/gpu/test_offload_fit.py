@@ -197,3 +197,15 @@ def test_auto_with_a_cpu_only_cache_runs_on_the_cpu_and_says_why(vulkan, fixture
         assert m.n_gpu_layers == 3 and m.gpu_plan.reason == ""
     with _load(fixture_models["llama"], "auto", cache_type_k="kivi4", cache_type_v="kivi4") as m:
         assert m.n_gpu_layers == 0 and "KIVI" in m.gpu_plan.reason
+
+
+def test_a_cache_over_the_binding_limit(vulkan, fixture_models):
+    """A pool of 1 GiB (kv_budget) makes each layer's cache rows one buffer over lavapipe's
+    128 MiB binding limit: auto runs on the CPU and says so; an explicit number is refused with
+    the sizes, never a crash."""
+    limit = vulkan[0]["max_storage_buffer_bytes"]
+    with _load(fixture_models["llama"], "auto", kv_budget="1GiB") as m:
+        assert m.n_gpu_layers == 0
+        assert f"binding limit of {limit} bytes" in m.gpu_plan.reason
+    with pytest.raises(errors.OutOfMemoryError, match="smaller kv_budget"):
+        _load(fixture_models["llama"], "all", kv_budget="1GiB")
