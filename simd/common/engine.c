@@ -100,7 +100,13 @@ struct ei_engine {
     int32_t *gpu_out;              /* (n_batch) output rows as the device sees them */
     int32_t *gpu_run_set;          /* (n_layer) each device layer's set of runs (offload.h) */
     ei_gpu_plan gpu_plan;          /* what went to the device, and why (ei_engine_gpu_plan) */
+    int32_t *gpu_moves;            /* (n_ctx, 3) an eviction's row moves in one device layer */
+    float *gpu_angles;             /* (EI_MAX_SHIFTS, n_rot) their rotations */
 };
+
+/* the distinct shifts one device layer's eviction step may move rows by (offload.c's
+ * MOVE_CHUNK angles a dispatch) */
+#define EI_MAX_SHIFTS 1024
 
 /* ---- allocation ------------------------------------------------------------------------ */
 
@@ -471,8 +477,12 @@ static ei_status create_offload(ei_engine *e) {
     e->gpu_runs = alloc(e, 4 * nb * (size_t)(1 + 2 * e->max_pool_runs) * sizeof(uint32_t));
     e->gpu_out = alloc(e, nb * sizeof(int32_t));
     e->gpu_run_set = alloc(e, sizeof(int32_t) * (size_t)L);
+    e->gpu_moves = alloc(e, 3 * sizeof(int32_t) * (size_t)e->p.n_ctx);
+    e->gpu_angles = alloc(e, sizeof(float) * EI_MAX_SHIFTS * (size_t)(e->m.n_rot > 0 ? e->m.n_rot : 2));
     if (e->gpu_run_set) memcpy(e->gpu_run_set, ints + 2 * L, sizeof(int32_t) * (size_t)L);
-    st = e->gpu_rows && e->gpu_runs && e->gpu_out && e->gpu_run_set ? EI_OK : ei_fail(EI_ERR_NOMEM, "out of memory");
+    st = e->gpu_rows && e->gpu_runs && e->gpu_out && e->gpu_run_set && e->gpu_moves && e->gpu_angles
+             ? EI_OK
+             : ei_fail(EI_ERR_NOMEM, "out of memory");
     if (st == EI_OK && (st = ei_vk_offload_load(e->gpu, &op)) == EI_ERR_NOMEM) { /* the plan fitted, the driver said no */
         char why[512];
         snprintf(why, sizeof why, "%s", ei_last_error());
@@ -672,7 +682,7 @@ size_t ei_engine_weight_copies(const ei_engine *e) { return e ? e->repack.bytes 
 void ei_engine_free(ei_engine *e) {
     if (!e) return;
     ei_vk_offload_free(e->gpu);
-    free(e->gpu_rows); free(e->gpu_runs); free(e->gpu_out); free(e->gpu_run_set);
+    free(e->gpu_rows); free(e->gpu_runs); free(e->gpu_out); free(e->gpu_run_set); free(e->gpu_moves); free(e->gpu_angles);
     ei_pool_free(e->pool);
     ei_kv_pool_free(e->kv);
     free(e->runs);
@@ -1512,6 +1522,25 @@ static void move_key(ei_engine *e, uint8_t *dst, const uint8_t *src, const float
     store_kv(e, e->p.kv_type_k, dst, buf, e->kv_dim);
 }
 
+/* whether layer il's rows live on the device (n_gpu_layers) */
+static int on_gpu(const ei_engine *e, int il) { return e->gpu && il >= e->first_gpu; }
+
+/* move i of an eviction on a device layer: the row of position src to that of position dst */
+static void add_move(ei_engine *e, int i, int s, int il, int src, int dst, int angles) {
+    int32_t *m = e->gpu_moves + 3 * (size_t)i;
+    m[0] = (int32_t)ei_kv_pool_row_index(e->kv, s, il, src);
+    m[1] = (int32_t)ei_kv_pool_row_index(e->kv, s, il, dst);
+    m[2] = angles;
+}
+
+/* the blocks the pool copied for device layers, copied there now (before rows move into them) */
+static ei_status flush_device_copies(ei_engine *e) {
+    if (!e->gpu) return EI_OK;
+    const int32_t *copies;
+    const int n = ei_kv_pool_device_copies(e->kv, &copies);
+    return ei_vk_offload_copy_blocks(e->gpu, n, copies, ei_kv_pool_block_size(e->kv));
+}
+
 /* whether layer il keeps only its window's blocks (kv_pool.h): a ring */
 static int ring_layer(const ei_engine *e, int il) {
     return ei_kv_pool_layer_rows(e->kv, il) < e->p.n_ctx;
@@ -1542,9 +1571,10 @@ static int first_kept(int n_runs, const int32_t *runs, int p) {
 /* layer il of sequence s: the rows of every kept position p >= from (from >= the first run)
  * to p less the positions dropped below it, in order (each lands below the rows still to be
  * read; ei_kv_pool_write made the destinations private), keys rotated back by as much */
-static void evict_layer(ei_engine *e, int s, int il, int from, int n_runs, const int32_t *runs, int n_past,
-                        float *cs, float *buf) {
-    int delta = 0;
+static ei_status evict_layer(ei_engine *e, int s, int il, int from, int n_runs, const int32_t *runs, int n_past,
+                             float *cs, float *buf) {
+    const int dev = on_gpu(e, il);
+    int delta = 0, n_moves = 0, n_angles = 0;
     for (int r = 0; r < n_runs; r++) {
         delta += runs[2 * r + 1];
         const int end = r + 1 < n_runs ? runs[2 * r + 2] : n_past;
@@ -1552,11 +1582,19 @@ static void evict_layer(ei_engine *e, int s, int il, int from, int n_runs, const
         if (p < from) p = from;
         if (p >= end) continue;
         rope_row(e, e->layer_base[il], -delta, cs);
+        if (dev && n_angles == EI_MAX_SHIFTS)
+            return ei_fail(EI_ERR_UNSUPPORTED, "dropping positions on the GPU: more than %d runs", EI_MAX_SHIFTS);
+        if (dev) memcpy(e->gpu_angles + (size_t)n_angles++ * e->m.n_rot, cs, sizeof(float) * (size_t)e->m.n_rot);
         for (; p < end; p++) {
+            if (dev) {
+                add_move(e, n_moves++, s, il, p, p - delta, n_angles - 1);
+                continue;
+            }
             move_key(e, k_row(e, s, il, p - delta), k_row(e, s, il, p), cs, buf);
             memcpy(v_row(e, s, il, p - delta), v_row(e, s, il, p), e->v_row_bytes);
         }
     }
+    return dev && n_moves ? ei_vk_offload_move_rows(e->gpu, il, n_moves, e->gpu_moves, n_angles, e->gpu_angles) : EI_OK;
 }
 
 /* the sliding-window layers of sequence s with the window of layer `first`, the first of
@@ -1573,18 +1611,31 @@ static ei_status evict_window(ei_engine *e, int s, int first, int from, int n_ru
     int next = lo / B + 1; /* the lowest block not yet given back above the destinations */
     for (int b0 = lo / B * B; b0 < kept; b0 += B) {
         const int d0 = lo > b0 ? lo : b0, d1 = kept < b0 + B ? kept : b0 + B;
-        const ei_status st = ei_kv_pool_write_layer(e->kv, s, first, d0, d1);
+        ei_status st = ei_kv_pool_write_layer(e->kv, s, first, d0, d1);
+        if (st == EI_OK) st = flush_device_copies(e);
         if (st != EI_OK) return st;
         for (int il = first; il < e->m.n_layer; il++) {
             if (e->layers[il].window != w) continue;
-            int delta = 0;
+            const int dev = on_gpu(e, il);
+            int delta = 0, n_moves = 0, n_angles = 0;
             for (int d = d0; d < d1; d++) {
                 const int src = source_of(n_runs, runs, d);
                 if (src == d) continue;
-                if (src - d != delta) rope_row(e, e->layer_base[il], -(delta = src - d), cs);
+                if (src - d != delta || (dev && !n_angles)) {
+                    rope_row(e, e->layer_base[il], -(delta = src - d), cs);
+                    if (dev && n_angles == EI_MAX_SHIFTS)
+                        return ei_fail(EI_ERR_UNSUPPORTED, "dropping positions on the GPU: more than %d shifts", EI_MAX_SHIFTS);
+                    if (dev) memcpy(e->gpu_angles + (size_t)n_angles++ * e->m.n_rot, cs, sizeof(float) * (size_t)e->m.n_rot);
+                }
+                if (dev) {
+                    add_move(e, n_moves++, s, il, src, d, n_angles - 1);
+                    continue;
+                }
                 move_key(e, k_row(e, s, il, d), k_row(e, s, il, src), cs, buf);
                 memcpy(v_row(e, s, il, d), v_row(e, s, il, src), e->v_row_bytes);
             }
+            if (dev && n_moves && (st = ei_vk_offload_move_rows(e->gpu, il, n_moves, e->gpu_moves, n_angles, e->gpu_angles)) != EI_OK)
+                return st;
         }
         const int read = source_of(n_runs, runs, d1 - 1); /* every row up to here was read */
         if (next <= b0 / B) next = b0 / B + 1;
@@ -1789,7 +1840,10 @@ static ei_status host_rows_only(const ei_engine *e, const char *what) {
 
 ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const int32_t *runs, int32_t n_past) {
     ei_status st = check_runs(e, seq, n_runs, runs, n_past);
-    if (st == EI_OK && n_runs > 0) st = host_rows_only(e, "evicting cache positions");
+    if (st == EI_OK && n_runs > 0 && e->gpu && e->first_gpu < e->m.n_layer && e->ks.shift) /* key_shifts.h */
+        st = ei_fail(EI_ERR_UNSUPPORTED, "evicting cache positions: a quantized key cache's moved keys are read with shifted "
+                     "queries, which the GPU's layers %d to %d do not do yet (use an f16 or f32 key cache)", e->first_gpu,
+                     e->m.n_layer - 1);
     if (st != EI_OK || n_runs == 0) return st;
     if (e->kivi) return kivi_evict(e, seq, n_runs, runs, n_past);
     int *from = malloc(sizeof(int) * (size_t)e->m.n_layer);
@@ -1805,6 +1859,7 @@ ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const i
         const int p = first_kept(n_runs, runs, from[il]);
         if (p < n_past) st = ei_kv_pool_write_layer(e->kv, seq, il, p - dropped_below(n_runs, runs, p), kept);
     }
+    if (st == EI_OK) st = flush_device_copies(e);
     /* the last step that can fail before rows move (keys kept as first rotated: their shifts) */
     if (st == EI_OK) st = ei_key_shifts_drop(&e->ks, seq, n_runs, runs, n_past, shift_rotation, e);
     for (int il = 0; st == EI_OK && il < e->m.n_layer; il++) {
@@ -1812,9 +1867,9 @@ ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const i
         for (int j = 0; j < il && !seen; j++) seen = ring_layer(e, j) && e->layers[j].window == e->layers[il].window;
         if (ring_layer(e, il) && !seen) st = evict_window(e, seq, il, from[il], n_runs, runs, n_past, cs, buf);
     }
+    for (int il = 0; st == EI_OK && il < e->m.n_layer; il++)
+        if (!ring_layer(e, il)) st = evict_layer(e, seq, il, from[il], n_runs, runs, n_past, cs, buf);
     if (st == EI_OK) {
-        for (int il = 0; il < e->m.n_layer; il++)
-            if (!ring_layer(e, il)) evict_layer(e, seq, il, from[il], n_runs, runs, n_past, cs, buf);
         if (e->scores) evict_scores(e, seq, n_runs, runs, n_past);
         ei_kv_pool_trim(e->kv, seq, kept);
     }

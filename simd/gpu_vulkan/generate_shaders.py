@@ -65,7 +65,7 @@ def variants() -> list[tuple[str, str, list[str]]]:
         (f"set_rows_{t}", "set_rows.comp", [f"OUT_{t.upper()}"])
         for t in ("f32", "f16", "q8_0", "q4_0")
     ]
-    out += [("hadamard", "hadamard.comp", [])]
+    out += [("hadamard", "hadamard.comp", []), ("move_rows", "move_rows.comp", [])]
     return out
 
 

@@ -11,6 +11,7 @@
 
 #define MAX_GROUPS 4
 #define LOGITS_BYTES (64ull << 20) /* one part of the output product's results */
+#define MOVE_CHUNK 1024 /* an eviction's row moves a dispatch */
 #define SCRATCH_BYTES (32ull << 20) /* attention's scores between its passes: tokens beyond go in further dispatches */
 
 typedef struct {
@@ -30,6 +31,9 @@ struct ei_vk_offload {
     /* (n_batch, width) activations, as the engine's buffers of the same names */
     ei_vk_buffer x, h, q, kk, vv, att, t, gate, up, xo, logits, rope, gelu, scratch;
     ei_vk_act act; /* the products' inputs quantized as the CPU quantizes them */
+    /* an eviction's row moves: (MOVE_CHUNK, 3) moves and (MOVE_CHUNK, n_rot) angles, host
+     * visible; (MOVE_CHUNK, kv_dim floats + v_row_bytes) the rows between the two passes */
+    ei_vk_buffer moves, angles, move_rows;
     ei_vk_buffer rows[MAX_GROUPS], runs[MAX_GROUPS];
     int used[MAX_GROUPS], used_runs[MAX_GROUPS];
     int64_t logit_rows; /* output rows a part */
@@ -94,7 +98,7 @@ static void release(ei_vk_offload *o) {
     o->layers = NULL;
     ei_vk_weights_free(o->ctx, &o->output);
     ei_vk_buffer *b[] = {&o->output_norm, &o->x, &o->h, &o->q, &o->kk, &o->vv, &o->att, &o->t, &o->gate, &o->up,
-                         &o->xo, &o->logits, &o->rope, &o->gelu, &o->scratch};
+                         &o->xo, &o->logits, &o->rope, &o->gelu, &o->scratch, &o->moves, &o->angles, &o->move_rows};
     for (size_t i = 0; i < sizeof b / sizeof *b; i++) ei_vk_buffer_free(o->ctx, b[i]);
     ei_vk_act_free(o->ctx, &o->act);
     for (int g = 0; g < MAX_GROUPS; g++) {
@@ -138,6 +142,8 @@ static ei_status alloc_activations(ei_vk_offload *o) {
         {&o->logits, (uint64_t)o->logit_rows * (uint64_t)m->n_vocab * 4, 1},
         {&o->rope, (uint64_t)(o->p.n_bases > 0 ? o->p.n_bases : 1) * nb * (uint64_t)m->n_rot * 4, 1},
         {&o->gelu, 65536 * 2, 0}, {&o->scratch, scratch, 0},
+        {&o->moves, MOVE_CHUNK * 3 * 4, 1}, {&o->angles, (uint64_t)MOVE_CHUNK * (uint64_t)(m->n_rot > 0 ? m->n_rot : 2) * 4, 1},
+        {&o->move_rows, MOVE_CHUNK * ((uint64_t)o->kv_dim * 4 + (uint64_t)o->p.v_row_bytes), 0},
     };
     ei_status st = EI_OK;
     for (size_t i = 0; i < sizeof want / sizeof *want && st == EI_OK; i++) st = ei_vk_buffer_alloc(ctx, want[i].bytes, want[i].host, want[i].b);
@@ -363,19 +369,57 @@ static ei_status ffn_part(ei_vk_offload *o, const dev_layer *d, int il, int n) {
 
 /* the pool's block copies (a sequence writing into a block it shared) in every device layer of
  * the block's group */
-static ei_status copy_blocks(ei_vk_offload *o, const ei_vk_offload_step *s) {
-    for (int c = 0; c < s->n_copies; c++) {
-        const int32_t g = s->copies[3 * c], src = s->copies[3 * c + 1], dst = s->copies[3 * c + 2];
+static ei_status record_copies(ei_vk_offload *o, int n, const int32_t *copies, int block) {
+    for (int c = 0; c < n; c++) {
+        const int32_t g = copies[3 * c], src = copies[3 * c + 1], dst = copies[3 * c + 2];
         for (int i = 0; i < o->n_dev; i++) {
             dev_layer *d = &o->layers[i];
             if (d->group != g) continue;
-            const uint64_t kb = (uint64_t)s->block * (uint64_t)o->p.k_row_bytes, vb = (uint64_t)s->block * (uint64_t)o->p.v_row_bytes;
+            const uint64_t kb = (uint64_t)block * (uint64_t)o->p.k_row_bytes, vb = (uint64_t)block * (uint64_t)o->p.v_row_bytes;
             const ei_vk_buffer_copy k = {(uint64_t)src * kb, (uint64_t)dst * kb, kb}, v = {(uint64_t)src * vb, (uint64_t)dst * vb, vb};
             TRY(ei_vk_copy(o->ctx, &d->k, &d->k, 1, &k));
             TRY(ei_vk_copy(o->ctx, &d->v, &d->v, 1, &v));
         }
     }
     return EI_OK;
+}
+
+static ei_status copy_blocks(ei_vk_offload *o, const ei_vk_offload_step *s) { return record_copies(o, s->n_copies, s->copies, s->block); }
+
+ei_status ei_vk_offload_copy_blocks(ei_vk_offload *o, int n, const int32_t *copies, int block) {
+    if (n <= 0) return EI_OK;
+    ei_status st = record_copies(o, n, copies, block);
+    if (st == EI_OK) st = ei_vk_submit(o->ctx);
+    else ei_vk_discard(o->ctx);
+    return st;
+}
+
+ei_status ei_vk_offload_move_rows(ei_vk_offload *o, int il, int n, const int32_t *moves, int n_angles, const float *angles) {
+    const ei_model_desc *m = o->p.m;
+    if (il < o->p.first_layer || il >= m->n_layer || n < 0 || n_angles < 0 || n_angles > MOVE_CHUNK || o->kv_dim > 4096 ||
+        (o->p.kv_type_k != EI_TYPE_F16 && o->p.kv_type_k != EI_TYPE_F32) || o->p.k_row_bytes % 4 || o->p.v_row_bytes % 4)
+        return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: moving %d rows of layer %d (%d shifts)", n, il, n_angles);
+    dev_layer *d = &o->layers[il - o->p.first_layer];
+    ei_vk_context *ctx = o->ctx;
+    int s;
+    ei_status st = ei_vk_shader_index("move_rows", &s);
+    if (st == EI_OK && n_angles) st = ei_vk_buffer_write(ctx, &o->angles, 0, angles, (uint64_t)n_angles * (uint64_t)m->n_rot * 4);
+    for (int c0 = 0; st == EI_OK && c0 < n; c0 += MOVE_CHUNK) { /* the buffers are rewritten: a submit a chunk */
+        const int count = n - c0 < MOVE_CHUNK ? n - c0 : MOVE_CHUNK;
+        st = ei_vk_buffer_write(ctx, &o->moves, 0, moves + 3 * (size_t)c0, (uint64_t)count * 12);
+        struct {
+            uint32_t n, kv_dim, k_words, v_words, n_head_kv, head_dim, n_rot, neox, k_f16, phase;
+        } push = {(uint32_t)count, (uint32_t)o->kv_dim, (uint32_t)(o->p.k_row_bytes / 4), (uint32_t)(o->p.v_row_bytes / 4),
+                  (uint32_t)m->n_head_kv, (uint32_t)m->head_dim, (uint32_t)m->n_rot, (uint32_t)m->rope_neox,
+                  o->p.kv_type_k == EI_TYPE_F16, 0};
+        ei_vk_buffer *bind[EI_VK_BINDINGS] = {&d->k, &d->v, &o->move_rows, &o->moves, &o->angles, NULL};
+        if (st == EI_OK) st = ei_vk_dispatch(ctx, s, bind, &push, sizeof push, (uint32_t)count, 1, 1);
+        push.phase = 1;
+        if (st == EI_OK) st = ei_vk_dispatch(ctx, s, bind, &push, sizeof push, (uint32_t)count, 1, 1);
+        if (st == EI_OK) st = ei_vk_submit(ctx);
+        else ei_vk_discard(ctx);
+    }
+    return st;
 }
 
 static ei_status output_part(ei_vk_offload *o, const ei_vk_offload_step *s) {

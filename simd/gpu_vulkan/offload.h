@@ -59,6 +59,12 @@ ei_status ei_vk_offload_measure(ei_vk_offload *o, const ei_vk_offload_params *p,
 ei_status ei_vk_offload_load(ei_vk_offload *o, const ei_vk_offload_params *p);
 const ei_vk_device *ei_vk_offload_device(const ei_vk_offload *o, int32_t *index);
 uint64_t ei_vk_offload_held(const ei_vk_offload *o); /* device memory its buffers hold */
+/* an eviction's work on the device layers (engine.c), each run at once, in the order the
+ * engine makes it: the blocks the pool copied (its device copy log: (n, 3) group, source,
+ * destination), then layer il's row moves ((n, 3) source row, destination row, angles index
+ * or -1), the keys (f16 or f32) rotated by angles ((n_angles, n_rot) cos, sin pairs) */
+ei_status ei_vk_offload_copy_blocks(ei_vk_offload *o, int n, const int32_t *copies, int block);
+ei_status ei_vk_offload_move_rows(ei_vk_offload *o, int il, int n, const int32_t *moves, int n_angles, const float *angles);
 void ei_vk_offload_free(ei_vk_offload *o);
 ei_status ei_vk_offload_run(ei_vk_offload *o, const ei_vk_offload_step *s);
 

@@ -21,18 +21,7 @@ layout(push_constant) uniform Push {
     uint row_bytes;  // multiple of 4
 } p;
 
-uint half_bits(float v) {
-    const uint b = floatBitsToUint(v), sign = (b >> 16) & 0x8000u, a = b & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return sign | 0x7E00u | ((a >> 13) & 0x3FFu); // NaN stays NaN
-    if (a >= 0x477FF000u) return sign | 0x7C00u;                        // rounds past 65504: inf
-    if (a >= 0x38800000u) {
-        const uint r = a - 0x38000000u, rem = r & 0x1FFFu;
-        uint h = r >> 13;
-        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u) != 0u)) h += 1u;
-        return sign | h;
-    }
-    return sign | uint(roundEven(uintBitsToFloat(a) * 16777216.0));
-}
+#include "half.glsl"
 
 #if defined(OUT_Q8_0) || defined(OUT_Q4_0)
 #define MAX_WORDS 2048u
