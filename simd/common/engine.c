@@ -101,12 +101,8 @@ struct ei_engine {
     int32_t *gpu_run_set;          /* (n_layer) each device layer's set of runs (offload.h) */
     ei_gpu_plan gpu_plan;          /* what went to the device, and why (ei_engine_gpu_plan) */
     int32_t *gpu_moves;            /* (n_ctx, 3) an eviction's row moves in one device layer */
-    float *gpu_angles;             /* (EI_MAX_SHIFTS, n_rot) their rotations */
+    float *gpu_angles;             /* (EI_VK_MAX_ANGLES, n_rot) their rotations */
 };
-
-/* the distinct shifts one device layer's eviction step may move rows by (offload.c's
- * MOVE_CHUNK angles a dispatch) */
-#define EI_MAX_SHIFTS 1024
 
 /* ---- allocation ------------------------------------------------------------------------ */
 
@@ -478,7 +474,7 @@ static ei_status create_offload(ei_engine *e) {
     e->gpu_out = alloc(e, nb * sizeof(int32_t));
     e->gpu_run_set = alloc(e, sizeof(int32_t) * (size_t)L);
     e->gpu_moves = alloc(e, 3 * sizeof(int32_t) * (size_t)e->p.n_ctx);
-    e->gpu_angles = alloc(e, sizeof(float) * EI_MAX_SHIFTS * (size_t)(e->m.n_rot > 0 ? e->m.n_rot : 2));
+    e->gpu_angles = alloc(e, sizeof(float) * EI_VK_MAX_ANGLES * (size_t)(e->m.n_rot > 0 ? e->m.n_rot : 2));
     if (e->gpu_run_set) memcpy(e->gpu_run_set, ints + 2 * L, sizeof(int32_t) * (size_t)L);
     st = e->gpu_rows && e->gpu_runs && e->gpu_out && e->gpu_run_set && e->gpu_moves && e->gpu_angles
              ? EI_OK
@@ -1533,6 +1529,13 @@ static void add_move(ei_engine *e, int i, int s, int il, int src, int dst, int a
     m[2] = angles;
 }
 
+/* cs, the rotation of a shift, as angles entry *n of a device layer's moves */
+static ei_status add_angles(ei_engine *e, int *n, const float *cs) {
+    if (*n == EI_VK_MAX_ANGLES) return ei_fail(EI_ERR_UNSUPPORTED, "dropping positions on the GPU: more than %d shifts", EI_VK_MAX_ANGLES);
+    memcpy(e->gpu_angles + (size_t)(*n)++ * e->m.n_rot, cs, sizeof(float) * (size_t)e->m.n_rot);
+    return EI_OK;
+}
+
 /* the blocks the pool copied for device layers, copied there now (before rows move into them) */
 static ei_status flush_device_copies(ei_engine *e) {
     if (!e->gpu) return EI_OK;
@@ -1582,9 +1585,8 @@ static ei_status evict_layer(ei_engine *e, int s, int il, int from, int n_runs, 
         if (p < from) p = from;
         if (p >= end) continue;
         rope_row(e, e->layer_base[il], -delta, cs);
-        if (dev && n_angles == EI_MAX_SHIFTS)
-            return ei_fail(EI_ERR_UNSUPPORTED, "dropping positions on the GPU: more than %d runs", EI_MAX_SHIFTS);
-        if (dev) memcpy(e->gpu_angles + (size_t)n_angles++ * e->m.n_rot, cs, sizeof(float) * (size_t)e->m.n_rot);
+        ei_status st;
+        if (dev && (st = add_angles(e, &n_angles, cs)) != EI_OK) return st;
         for (; p < end; p++) {
             if (dev) {
                 add_move(e, n_moves++, s, il, p, p - delta, n_angles - 1);
@@ -1621,11 +1623,9 @@ static ei_status evict_window(ei_engine *e, int s, int first, int from, int n_ru
             for (int d = d0; d < d1; d++) {
                 const int src = source_of(n_runs, runs, d);
                 if (src == d) continue;
-                if (src - d != delta || (dev && !n_angles)) {
+                if (src - d != delta) { /* the first move too: src > d */
                     rope_row(e, e->layer_base[il], -(delta = src - d), cs);
-                    if (dev && n_angles == EI_MAX_SHIFTS)
-                        return ei_fail(EI_ERR_UNSUPPORTED, "dropping positions on the GPU: more than %d shifts", EI_MAX_SHIFTS);
-                    if (dev) memcpy(e->gpu_angles + (size_t)n_angles++ * e->m.n_rot, cs, sizeof(float) * (size_t)e->m.n_rot);
+                    if (dev && (st = add_angles(e, &n_angles, cs)) != EI_OK) return st;
                 }
                 if (dev) {
                     add_move(e, n_moves++, s, il, src, d, n_angles - 1);

@@ -31,7 +31,7 @@ struct ei_vk_offload {
     /* (n_batch, width) activations, as the engine's buffers of the same names */
     ei_vk_buffer x, h, q, kk, vv, att, t, gate, up, xo, logits, rope, gelu, scratch;
     ei_vk_act act; /* the products' inputs quantized as the CPU quantizes them */
-    /* an eviction's row moves: (MOVE_CHUNK, 3) moves and (MOVE_CHUNK, n_rot) angles, host
+    /* an eviction's row moves: (MOVE_CHUNK, 3) moves and (EI_VK_MAX_ANGLES, n_rot) angles, host
      * visible; (MOVE_CHUNK, kv_dim floats + v_row_bytes) the rows between the two passes */
     ei_vk_buffer moves, angles, move_rows;
     ei_vk_buffer rows[MAX_GROUPS], runs[MAX_GROUPS];
@@ -110,10 +110,9 @@ static void release(ei_vk_offload *o) {
 void ei_vk_offload_free(ei_vk_offload *o) {
     if (!o) return;
     if (o->ctx) {
-        release(o);
+        release(o); /* the layers with it: they are made with a context only */
         ei_vk_context_close(o->ctx);
     }
-    free(o->layers);
     free(o->tables);
     free(o);
 }
@@ -142,7 +141,7 @@ static ei_status alloc_activations(ei_vk_offload *o) {
         {&o->logits, (uint64_t)o->logit_rows * (uint64_t)m->n_vocab * 4, 1},
         {&o->rope, (uint64_t)(o->p.n_bases > 0 ? o->p.n_bases : 1) * nb * (uint64_t)m->n_rot * 4, 1},
         {&o->gelu, 65536 * 2, 0}, {&o->scratch, scratch, 0},
-        {&o->moves, MOVE_CHUNK * 3 * 4, 1}, {&o->angles, (uint64_t)MOVE_CHUNK * (uint64_t)(m->n_rot > 0 ? m->n_rot : 2) * 4, 1},
+        {&o->moves, MOVE_CHUNK * 3 * 4, 1}, {&o->angles, (uint64_t)EI_VK_MAX_ANGLES * (uint64_t)(m->n_rot > 0 ? m->n_rot : 2) * 4, 1},
         {&o->move_rows, MOVE_CHUNK * ((uint64_t)o->kv_dim * 4 + (uint64_t)o->p.v_row_bytes), 0},
     };
     ei_status st = EI_OK;
@@ -384,8 +383,6 @@ static ei_status record_copies(ei_vk_offload *o, int n, const int32_t *copies, i
     return EI_OK;
 }
 
-static ei_status copy_blocks(ei_vk_offload *o, const ei_vk_offload_step *s) { return record_copies(o, s->n_copies, s->copies, s->block); }
-
 ei_status ei_vk_offload_copy_blocks(ei_vk_offload *o, int n, const int32_t *copies, int block) {
     if (n <= 0) return EI_OK;
     ei_status st = record_copies(o, n, copies, block);
@@ -396,7 +393,7 @@ ei_status ei_vk_offload_copy_blocks(ei_vk_offload *o, int n, const int32_t *copi
 
 ei_status ei_vk_offload_move_rows(ei_vk_offload *o, int il, int n, const int32_t *moves, int n_angles, const float *angles) {
     const ei_model_desc *m = o->p.m;
-    if (il < o->p.first_layer || il >= m->n_layer || n < 0 || n_angles < 0 || n_angles > MOVE_CHUNK || o->kv_dim > 4096 ||
+    if (il < o->p.first_layer || il >= m->n_layer || n < 0 || n_angles < 0 || n_angles > EI_VK_MAX_ANGLES || o->kv_dim > 4096 ||
         (o->p.kv_type_k != EI_TYPE_F16 && o->p.kv_type_k != EI_TYPE_F32) || o->p.k_row_bytes % 4 || o->p.v_row_bytes % 4)
         return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: moving %d rows of layer %d (%d shifts)", n, il, n_angles);
     dev_layer *d = &o->layers[il - o->p.first_layer];
@@ -466,7 +463,7 @@ static ei_status run_step(ei_vk_offload *o, const ei_vk_offload_step *s) {
         if (o->used[g]) TRY(ei_vk_buffer_write(ctx, &o->rows[g], 0, s->rows[g], (uint64_t)n * 4));
         if (o->used_runs[g]) TRY(ei_vk_buffer_write(ctx, &o->runs[g], 0, s->runs[g], (uint64_t)n * (uint64_t)(1 + 2 * o->p.max_runs) * 4));
     }
-    TRY(copy_blocks(o, s));
+    TRY(record_copies(o, s->n_copies, s->copies, s->block));
     for (int i = 0; i < o->n_dev; i++) {
         TRY(attention_part(o, &o->layers[i], o->p.first_layer + i, n));
         TRY(ffn_part(o, &o->layers[i], o->p.first_layer + i, n));

@@ -63,6 +63,7 @@ uint64_t ei_vk_offload_held(const ei_vk_offload *o); /* device memory its buffer
  * engine makes it: the blocks the pool copied (its device copy log: (n, 3) group, source,
  * destination), then layer il's row moves ((n, 3) source row, destination row, angles index
  * or -1), the keys (f16 or f32) rotated by angles ((n_angles, n_rot) cos, sin pairs) */
+#define EI_VK_MAX_ANGLES 1024 /* the angles one ei_vk_offload_move_rows call may take */
 ei_status ei_vk_offload_copy_blocks(ei_vk_offload *o, int n, const int32_t *copies, int block);
 ei_status ei_vk_offload_move_rows(ei_vk_offload *o, int il, int n, const int32_t *moves, int n_angles, const float *angles);
 void ei_vk_offload_free(ei_vk_offload *o);
