@@ -1830,14 +1830,6 @@ static ei_status kivi_evict(ei_engine *e, int s, int n_runs, const int32_t *runs
     return EI_OK;
 }
 
-/* the calls that move or read cache rows on the host, which device layers do not keep there */
-static ei_status host_rows_only(const ei_engine *e, const char *what) {
-    if (e && e->gpu && e->first_gpu < e->m.n_layer)
-        return ei_fail(EI_ERR_UNSUPPORTED, "%s: layers %d to %d keep their KV rows on the GPU (n_gpu_layers); this is not "
-                       "supported there yet", what, e->first_gpu, e->m.n_layer - 1);
-    return EI_OK;
-}
-
 ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const int32_t *runs, int32_t n_past) {
     ei_status st = check_runs(e, seq, n_runs, runs, n_past);
     if (st == EI_OK && n_runs > 0 && e->gpu && e->first_gpu < e->m.n_layer && e->ks.shift) /* key_shifts.h */
@@ -1957,6 +1949,18 @@ static void copy_entry(uint8_t *kc, uint8_t *vc, uint8_t *ko, uint8_t *vo, int i
  * at least that many), which the caller (edgeinfer/session_state.py, knowing n_past) asks
  * for. */
 
+/* seq_rows of a device layer: the blocks the pool copied for the writer first, then the rows
+ * by their pool indices */
+static ei_status device_rows(ei_engine *e, int seq, int layer, int pos0, int n, void *k_rows, void *v_rows, int write) {
+    ei_status st = write ? flush_device_copies(e) : EI_OK;
+    int64_t *rows = st == EI_OK ? malloc(sizeof(int64_t) * (size_t)n) : NULL;
+    if (st == EI_OK && !rows) st = ei_fail(EI_ERR_NOMEM, "out of memory for %d cache rows", n);
+    for (int i = 0; st == EI_OK && i < n; i++) rows[i] = ei_kv_pool_row_index(e->kv, seq, layer, pos0 + i);
+    if (st == EI_OK) st = ei_vk_offload_rows(e->gpu, layer, n, rows, k_rows, v_rows, write);
+    free(rows);
+    return st;
+}
+
 ei_status ei_engine_row_bytes(const ei_engine *e, size_t *k_bytes, size_t *v_bytes) {
     if (!e || !k_bytes || !v_bytes) return ei_fail(EI_ERR_INVALID, "bad arguments");
     *k_bytes = e->k_row_bytes;
@@ -1972,7 +1976,6 @@ int32_t ei_engine_layer_rows(const ei_engine *e, int32_t layer) {
 ei_status ei_engine_seq_rows(ei_engine *e, int32_t seq, int32_t layer, int32_t pos0, int32_t n,
                              void *k_rows, void *v_rows, int32_t write) {
     if (!e || seq < 0 || seq >= e->p.n_seq_max) return ei_fail(EI_ERR_INVALID, "no sequence %d", seq);
-    if (layer >= e->first_gpu && e->gpu) return host_rows_only(e, "reading cache rows");
     if (layer < 0 || layer >= e->m.n_layer) return ei_fail(EI_ERR_INVALID, "no layer %d", layer);
     if (e->kivi) layer += e->m.n_layer; /* its residual's rows */
     /* more than a ring's rows at once would name some rows twice */
@@ -1987,6 +1990,7 @@ ei_status ei_engine_seq_rows(ei_engine *e, int32_t seq, int32_t layer, int32_t p
     } else if (!ei_kv_pool_holds(e->kv, seq, layer, pos0, pos0 + n)) {
         return ei_fail(EI_ERR_INVALID, "sequence %d holds no rows [%d, %d) of layer %d", seq, pos0, pos0 + n, layer);
     }
+    if (on_gpu(e, layer)) return device_rows(e, seq, layer, pos0, n, k_rows, v_rows, write);
     uint8_t *ko = k_rows, *vo = v_rows; /* (n, k_row_bytes), (n, v_row_bytes); either NULL */
     for (int i = 0; i < n; i++)
         copy_entry(k_row(e, seq, layer, pos0 + i), v_row(e, seq, layer, pos0 + i), ko, vo, i, e->k_row_bytes,
@@ -2067,6 +2071,10 @@ ei_status ei_engine_seq_key_shifts(ei_engine *e, int32_t seq, int32_t n, int32_t
             return ei_fail(EI_ERR_INVALID, "this key cache rotates its keys where they move (only q8_0 and q4_0 "
                            "keys are kept as first rotated): position %d cannot hold a key rotated %d positions "
                            "ahead", p, shifts[p]);
+        if (shifts[p] && e->gpu && e->first_gpu < e->m.n_layer) /* as in ei_engine_seq_evict */
+            return ei_fail(EI_ERR_UNSUPPORTED, "position %d holds a key rotated %d positions ahead: such keys are read with "
+                           "shifted queries, which the GPU's layers %d to %d do not do yet", p, shifts[p], e->first_gpu,
+                           e->m.n_layer - 1);
         if (shifts[p] < 0 || shifts[p] > e->p.n_ctx - 1 - p)
             return ei_fail(EI_ERR_INVALID, "position %d cannot hold a key rotated %d positions ahead of it (the "
                            "context is %d)", p, shifts[p], e->p.n_ctx);

@@ -419,6 +419,27 @@ ei_status ei_vk_offload_move_rows(ei_vk_offload *o, int il, int n, const int32_t
     return st;
 }
 
+/* entries [i, i + n) of the caller's rows (n, bytes) to or from rows [row, row + n) of b */
+static ei_status copy_rows(ei_vk_context *ctx, ei_vk_buffer *b, int64_t row, int i, int n, uint64_t bytes, void *rows, int write) {
+    if (!rows) return EI_OK;
+    char *at = (char *)rows + (uint64_t)i * bytes;
+    return write ? ei_vk_buffer_write(ctx, b, (uint64_t)row * bytes, at, (uint64_t)n * bytes)
+                 : ei_vk_buffer_read(ctx, b, (uint64_t)row * bytes, at, (uint64_t)n * bytes);
+}
+
+ei_status ei_vk_offload_rows(ei_vk_offload *o, int il, int n, const int64_t *rows, void *k, void *v, int write) {
+    if (il < o->p.first_layer || il >= o->p.m->n_layer || n < 0) return ei_fail(EI_ERR_INVALID, "Vulkan offload: rows of layer %d", il);
+    dev_layer *d = &o->layers[il - o->p.first_layer];
+    const int64_t held = (int64_t)o->p.group_rows[d->group];
+    for (int i = 0, run; i < n; i += run) { /* consecutive rows in one copy (a block's positions) */
+        if (rows[i] < 0 || rows[i] >= held) return ei_fail(EI_ERR_INVALID, "Vulkan offload: layer %d has no row %lld", il, (long long)rows[i]);
+        for (run = 1; i + run < n && rows[i + run] == rows[i] + run && rows[i] + run < held;) run++;
+        TRY(copy_rows(o->ctx, &d->k, rows[i], i, run, (uint64_t)o->p.k_row_bytes, k, write));
+        TRY(copy_rows(o->ctx, &d->v, rows[i], i, run, (uint64_t)o->p.v_row_bytes, v, write));
+    }
+    return EI_OK;
+}
+
 static ei_status output_part(ei_vk_offload *o, const ei_vk_offload_step *s) {
     const ei_model_desc *m = o->p.m;
     ei_vk_context *ctx = o->ctx;

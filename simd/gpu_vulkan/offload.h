@@ -66,6 +66,10 @@ uint64_t ei_vk_offload_held(const ei_vk_offload *o); /* device memory its buffer
 #define EI_VK_MAX_ANGLES 1024 /* the angles one ei_vk_offload_move_rows call may take */
 ei_status ei_vk_offload_copy_blocks(ei_vk_offload *o, int n, const int32_t *copies, int block);
 ei_status ei_vk_offload_move_rows(ei_vk_offload *o, int il, int n, const int32_t *moves, int n_angles, const float *angles);
+/* rows of layer il's cache in its own encoding (saved sessions): entry i is row rows[i] (the
+ * pool's row index), copied out to k (n, k_row_bytes) and v (n, v_row_bytes), or with write
+ * != 0 from them into the cache; either buffer may be NULL */
+ei_status ei_vk_offload_rows(ei_vk_offload *o, int il, int n, const int64_t *rows, void *k, void *v, int write);
 void ei_vk_offload_free(ei_vk_offload *o);
 ei_status ei_vk_offload_run(ei_vk_offload *o, const ei_vk_offload_step *s);
 

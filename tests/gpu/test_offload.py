@@ -20,6 +20,7 @@ import edgeinfer
 from edgeinfer import _native, errors
 from edgeinfer.engines.base import Batch
 from tests.gpu import need_vulkan
+from tests.kv.test_session_state import _assert_continues, _fixture_prompt, _run_and_save
 
 pytestmark = pytest.mark.skipif(not _native.available()[0], reason="no native library")
 
@@ -217,3 +218,33 @@ def test_context_policies_run_with_device_layers(vulkan, fixture_models, policy)
 
     cpu = tokens(0)
     assert len(cpu) == 150 and tokens("all") == cpu
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+@pytest.mark.parametrize(("writer", "reader"), [("all", 0), (0, "all"), (2, "all")])
+def test_saved_states_move_between_the_cpu_and_the_device(vulkan, fixture_models, tmp_path,
+                                                          kv_type, writer, reader):  # fmt: skip
+    """save_state reads the device layers' rows (their sliding-window rings too) and
+    load_state writes them: a state saved with any offload continues with any other exactly
+    as the run that was never interrupted."""
+    path, state = fixture_models["gemma3"], tmp_path / "s.state"
+    options = {"n_ctx": 256, "n_batch": 16, "n_threads": 2, "kv_type": kv_type}
+    with edgeinfer.load(path, n_gpu_layers=writer, **options) as m:
+        cached, want = _run_and_save(m, _fixture_prompt(), state)
+    with edgeinfer.load(path, n_gpu_layers=reader, **options) as m:
+        _assert_continues(m, state, cached, want)
+
+
+def test_a_state_with_shifted_keys_is_refused_on_the_device(vulkan, fixture_models, tmp_path):
+    """q4_0 keys moved as they were (streaming past the context) are read with shifted
+    queries, which the device does not do: a typed error, and an empty session."""
+    path, state = fixture_models["llama"], tmp_path / "s.state"
+    options = {"n_ctx": 64, "n_threads": 2, "context_policy": "streaming", "kv_type": "q4_0"}
+    with edgeinfer.load(path, **options) as m:
+        m.generate(_fixture_prompt(40), max_tokens=40, temperature=0)
+        assert m.backend.key_shifts().any()
+        m.save_state(state)
+    with edgeinfer.load(path, n_gpu_layers="all", **options) as m:
+        with pytest.raises(errors.UnsupportedModelError, match="shifted queries"):
+            m.load_state(state)
+        assert m.backend.n_past == 0

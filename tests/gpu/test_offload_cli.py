@@ -133,3 +133,21 @@ def test_serve_offloads_and_batches(vulkan, fixture_models):
         proc.terminate()
         _, err = proc.communicate(timeout=60)
     assert any(PLAN.match(line) for line in log + err.splitlines()), log
+
+
+def test_prompt_cache_with_device_layers(vulkan, fixture_models, tmp_path):
+    """--prompt-cache saves the device layers' rows and restores them: the second run
+    evaluates only the prompt's last token and prints the same text, and a CPU-only run reads
+    the same file."""
+    cache = tmp_path / "prompt.state"
+    args = ("run", fixture_models["gemma3"], "-p", "Once upon a time there was a small model",
+            "-n", "6", "--temp", "0", "-t", "2", "--prompt-cache", cache)  # fmt: skip
+    first, second, cpu = cli(*args, "-ngl", "all"), cli(*args, "-ngl", "all"), cli(*args)
+    for proc in (first, second, cpu):
+        assert proc.returncode == 0, proc.stderr
+    n_prompt = int(first.stderr.split("prompt ")[1].split(" tok")[0])
+    assert "cached" not in first.stderr
+    for proc in (second, cpu):
+        assert f"prompt {n_prompt} tok ({n_prompt - 1} cached)" in proc.stderr
+    want = _generate(fixture_models["gemma3"], "Once upon a time there was a small model", 6, 0)
+    assert first.stdout == second.stdout == cpu.stdout == want
