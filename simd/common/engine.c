@@ -297,6 +297,8 @@ static ei_status create_pool(ei_engine *e) {
     return st;
 }
 
+static void rope_row(const ei_engine *e, int bi, int pos, float *cs);
+
 /* the offload's parameters for layers [first_gpu, n_layer) as the pool places them, into ints
  * ((3 n_layer + 4): groups, bases, runs, rows) */
 static ei_status offload_params(const ei_engine *e, int32_t *ints, ei_vk_offload_params *op) {
@@ -323,7 +325,7 @@ static ei_status offload_params(const ei_engine *e, int32_t *ints, ei_vk_offload
     }
     const ei_vk_offload_params p = {&e->m, e->first_gpu, e->p.gpu_device, e->p.n_batch, e->p.n_ctx, e->p.kv_type_k,
                                     e->p.kv_type_v, (int64_t)e->k_row_bytes, (int64_t)e->v_row_bytes, groups, runs, group_rows,
-                                    e->max_pool_runs, bases, e->n_bases, e->gelu};
+                                    e->max_pool_runs, bases, e->n_bases, e->gelu, e->ks.shift != NULL, NULL};
     *op = p;
     return EI_OK;
 }
@@ -479,12 +481,21 @@ static ei_status create_offload(ei_engine *e) {
     st = e->gpu_rows && e->gpu_runs && e->gpu_out && e->gpu_run_set && e->gpu_moves && e->gpu_angles
              ? EI_OK
              : ei_fail(EI_ERR_NOMEM, "out of memory");
+    float *angles = NULL; /* (n_bases, n_ctx, n_rot) the rotations of key shifts (offload.h) */
+    if (st == EI_OK && op.key_shifts) {
+        angles = malloc(sizeof(float) * (size_t)e->n_bases * (size_t)e->p.n_ctx * (size_t)e->m.n_rot);
+        if (!angles) st = ei_fail(EI_ERR_NOMEM, "out of memory");
+        for (int b = 0; angles && b < e->n_bases; b++)
+            for (int d = 0; d < e->p.n_ctx; d++) rope_row(e, b, d, angles + ((size_t)b * e->p.n_ctx + d) * e->m.n_rot);
+        op.shift_angles = angles;
+    }
     if (st == EI_OK && (st = ei_vk_offload_load(e->gpu, &op)) == EI_ERR_NOMEM) { /* the plan fitted, the driver said no */
         char why[512];
         snprintf(why, sizeof why, "%s", ei_last_error());
         st = ei_fail(EI_ERR_NOMEM, "%s (loading n_gpu_layers %d: %.1f MiB planned, %.1f MiB free)", why, e->p.n_gpu_layers,
                      mib(total), mib(plan->free_bytes));
     }
+    free(angles);
     free(ints);
     return st;
 }
@@ -1404,6 +1415,7 @@ static ei_status offload_step(ei_engine *e, const step *st) {
     s.x = e->x;
     s.rope = e->rope;
     s.block = ei_kv_pool_block_size(e->kv);
+    for (int i = 0; e->ks.shift && i < st->n; i++) s.shifted |= e->ks.any[st->seq[i]];
     int rows_done[4] = {0, 0, 0, 0}, runs_done[4] = {0, 0, 0, 0};
     for (int il = e->first_gpu; il < L; il++) {
         const int g = ei_kv_pool_layer_group(e->kv, il), rs = e->gpu_run_set[il];
@@ -1536,6 +1548,25 @@ static ei_status add_angles(ei_engine *e, int *n, const float *cs) {
     return EI_OK;
 }
 
+/* keys kept as first rotated (key_shifts.h) on device layers: the rows of positions [0, n)
+ * of sequence s, those each group holds, take their shifts (after the shifts changed: a drop,
+ * a restored state) */
+static ei_status sync_device_shifts(ei_engine *e, int s, int n) {
+    if (!e->gpu || !e->ks.shift || e->first_gpu >= e->m.n_layer || n <= 0) return EI_OK;
+    int64_t *rows = malloc(sizeof(int64_t) * (size_t)n);
+    if (!rows) return ei_fail(EI_ERR_NOMEM, "out of memory for the key shifts of sequence %d", s);
+    ei_status st = EI_OK;
+    int done[4] = {0, 0, 0, 0}; /* per group: one of its layers names its rows */
+    for (int il = e->first_gpu; st == EI_OK && il < e->m.n_layer; il++) {
+        const int g = ei_kv_pool_layer_group(e->kv, il), p0 = ei_kv_pool_oldest(e->kv, s, il);
+        if (g < 0 || g >= 4 || done[g]++ || p0 >= n) continue;
+        for (int p = p0; p < n; p++) rows[p - p0] = ei_kv_pool_row_index(e->kv, s, il, p);
+        st = ei_vk_offload_set_shifts(e->gpu, il, n - p0, rows, e->ks.shift + (size_t)s * e->p.n_ctx + p0);
+    }
+    free(rows);
+    return st;
+}
+
 /* the blocks the pool copied for device layers, copied there now (before rows move into them) */
 static ei_status flush_device_copies(ei_engine *e) {
     if (!e->gpu) return EI_OK;
@@ -1586,10 +1617,10 @@ static ei_status evict_layer(ei_engine *e, int s, int il, int from, int n_runs, 
         if (p >= end) continue;
         rope_row(e, e->layer_base[il], -delta, cs);
         ei_status st;
-        if (dev && (st = add_angles(e, &n_angles, cs)) != EI_OK) return st;
+        if (dev && !e->ks.shift && (st = add_angles(e, &n_angles, cs)) != EI_OK) return st;
         for (; p < end; p++) {
-            if (dev) {
-                add_move(e, n_moves++, s, il, p, p - delta, n_angles - 1);
+            if (dev) { /* keys kept as first rotated move as they are (no angles) */
+                add_move(e, n_moves++, s, il, p, p - delta, e->ks.shift ? -1 : n_angles - 1);
                 continue;
             }
             move_key(e, k_row(e, s, il, p - delta), k_row(e, s, il, p), cs, buf);
@@ -1625,10 +1656,10 @@ static ei_status evict_window(ei_engine *e, int s, int first, int from, int n_ru
                 if (src == d) continue;
                 if (src - d != delta) { /* the first move too: src > d */
                     rope_row(e, e->layer_base[il], -(delta = src - d), cs);
-                    if (dev && (st = add_angles(e, &n_angles, cs)) != EI_OK) return st;
+                    if (dev && !e->ks.shift && (st = add_angles(e, &n_angles, cs)) != EI_OK) return st;
                 }
                 if (dev) {
-                    add_move(e, n_moves++, s, il, src, d, n_angles - 1);
+                    add_move(e, n_moves++, s, il, src, d, e->ks.shift ? -1 : n_angles - 1);
                     continue;
                 }
                 move_key(e, k_row(e, s, il, d), k_row(e, s, il, src), cs, buf);
@@ -1832,10 +1863,6 @@ static ei_status kivi_evict(ei_engine *e, int s, int n_runs, const int32_t *runs
 
 ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const int32_t *runs, int32_t n_past) {
     ei_status st = check_runs(e, seq, n_runs, runs, n_past);
-    if (st == EI_OK && n_runs > 0 && e->gpu && e->first_gpu < e->m.n_layer && e->ks.shift) /* key_shifts.h */
-        st = ei_fail(EI_ERR_UNSUPPORTED, "evicting cache positions: a quantized key cache's moved keys are read with shifted "
-                     "queries, which the GPU's layers %d to %d do not do yet (use an f16 or f32 key cache)", e->first_gpu,
-                     e->m.n_layer - 1);
     if (st != EI_OK || n_runs == 0) return st;
     if (e->kivi) return kivi_evict(e, seq, n_runs, runs, n_past);
     int *from = malloc(sizeof(int) * (size_t)e->m.n_layer);
@@ -1864,6 +1891,7 @@ ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const i
     if (st == EI_OK) {
         if (e->scores) evict_scores(e, seq, n_runs, runs, n_past);
         ei_kv_pool_trim(e->kv, seq, kept);
+        st = sync_device_shifts(e, seq, kept);
     }
     free(from); free(cs); free(buf);
     return st;
@@ -2071,13 +2099,10 @@ ei_status ei_engine_seq_key_shifts(ei_engine *e, int32_t seq, int32_t n, int32_t
             return ei_fail(EI_ERR_INVALID, "this key cache rotates its keys where they move (only q8_0 and q4_0 "
                            "keys are kept as first rotated): position %d cannot hold a key rotated %d positions "
                            "ahead", p, shifts[p]);
-        if (shifts[p] && e->gpu && e->first_gpu < e->m.n_layer) /* as in ei_engine_seq_evict */
-            return ei_fail(EI_ERR_UNSUPPORTED, "position %d holds a key rotated %d positions ahead: such keys are read with "
-                           "shifted queries, which the GPU's layers %d to %d do not do yet", p, shifts[p], e->first_gpu,
-                           e->m.n_layer - 1);
         if (shifts[p] < 0 || shifts[p] > e->p.n_ctx - 1 - p)
             return ei_fail(EI_ERR_INVALID, "position %d cannot hold a key rotated %d positions ahead of it (the "
                            "context is %d)", p, shifts[p], e->p.n_ctx);
     }
-    return ei_key_shifts_set(&e->ks, seq, n, shifts, shift_rotation, e);
+    const ei_status st = ei_key_shifts_set(&e->ks, seq, n, shifts, shift_rotation, e);
+    return st == EI_OK ? sync_device_shifts(e, seq, n) : st;
 }

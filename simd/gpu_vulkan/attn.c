@@ -2,14 +2,14 @@
  * ei_vk_kernel_attn entry point from host arrays, which the tests hold against the scalar
  * reference's attention (simd/ref/attn.c, through ei_kernel_attn). */
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "vk_internal.h"
 
 static ei_status ei_vk_attn_part(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, int64_t t0, int64_t count,
-                                 ei_vk_buffer *q, ei_vk_buffer *k, ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out,
-                                 ei_vk_buffer *scratch);
+                                 ei_vk_buffer **bind);
 
 static const char *cache_type(int type) {
     switch (type) {
@@ -22,21 +22,25 @@ static const char *cache_type(int type) {
 }
 
 ei_status ei_vk_attn(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, ei_vk_buffer *q, ei_vk_buffer *k,
-                     ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out, ei_vk_buffer *scratch) {
+                     ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out, ei_vk_buffer *scratch, ei_vk_buffer *shifts,
+                     ei_vk_buffer *angles) {
+    if (a->shifted && (!shifts || !angles)) return ei_fail(EI_ERR_INVALID, "ei_vk_attn: shifted keys without their shifts");
+    ei_vk_buffer *bind[EI_VK_BINDINGS] = {q, k, v, runs, out, scratch, shifts, angles};
     /* as many tokens a dispatch as the scratch holds */
     const uint64_t per_token = (uint64_t)(a->n_head > 0 ? a->n_head : 1) * (uint64_t)(a->max_keys > 0 ? a->max_keys : 1) * EI_VK_ATTN_KEY_BYTES;
     const int64_t chunk = (int64_t)(scratch->bytes / per_token);
     if (chunk < 1) return ei_fail(EI_ERR_INVALID, "ei_vk_attn: the scratch holds no token's scores");
     for (int64_t t0 = 0; t0 < n_tokens; t0 += chunk) {
-        const ei_status st = ei_vk_attn_part(ctx, a, n_tokens, t0, n_tokens - t0 < chunk ? n_tokens - t0 : chunk, q, k, v, runs, out, scratch);
+        const ei_status st = ei_vk_attn_part(ctx, a, n_tokens, t0, n_tokens - t0 < chunk ? n_tokens - t0 : chunk, bind);
         if (st != EI_OK) return st;
     }
     return EI_OK;
 }
 
+/* bind: q, k, v, runs, out, scratch, shifts, angles */
 static ei_status ei_vk_attn_part(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, int64_t t0, int64_t count,
-                                 ei_vk_buffer *q, ei_vk_buffer *k, ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out,
-                                 ei_vk_buffer *scratch) {
+                                 ei_vk_buffer **bind) {
+    ei_vk_buffer *q = bind[0], *runs = bind[3], *out = bind[4], *scratch = bind[5];
     const char *kt = cache_type(a->k_type), *vt = cache_type(a->v_type);
     if (!kt || !vt) return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan attention: no kernel for cache types %d / %d", a->k_type, a->v_type);
     const int quantized = a->k_type == EI_TYPE_Q8_0 || a->k_type == EI_TYPE_Q4_0 || a->v_type == EI_TYPE_Q8_0 || a->v_type == EI_TYPE_Q4_0;
@@ -46,7 +50,9 @@ static ei_status ei_vk_attn_part(ei_vk_context *ctx, const ei_vk_attn_shape *a, 
         (uint64_t)n_tokens * (uint64_t)a->n_head * (uint64_t)a->hd > q->bytes / 4 ||
         (uint64_t)n_tokens * (uint64_t)a->n_head * (uint64_t)a->hv > out->bytes / 4 ||
         (uint64_t)count * (uint64_t)a->n_head * (uint64_t)a->max_keys > scratch->bytes / EI_VK_ATTN_KEY_BYTES ||
-        (uint64_t)n_tokens * (uint64_t)(1 + 2 * a->max_runs) > runs->bytes / 4)
+        (uint64_t)n_tokens * (uint64_t)(1 + 2 * a->max_runs) > runs->bytes / 4 ||
+        (a->hadamard && (!quantized || a->hadamard > a->hd || a->hd % a->hadamard || (a->hadamard & (a->hadamard - 1)))) ||
+        (a->shifted && (a->n_rot <= 0 || a->n_rot > a->hd || a->n_rot % 2 || a->angles_first < 0)))
         return ei_fail(EI_ERR_INVALID, "ei_vk_attn: shapes do not fit the buffers");
     char name[48];
     snprintf(name, sizeof name, "attn_%s_%s", kt, vt);
@@ -56,11 +62,14 @@ static ei_status ei_vk_attn_part(ei_vk_context *ctx, const ei_vk_attn_shape *a, 
     struct {
         uint32_t hd, hv, n_head, n_head_kv, n_tokens, k_row_bytes, v_row_bytes, k_head_bytes, v_head_bytes, max_runs, max_keys;
         float scale, softcap;
-        uint32_t t0;
+        uint32_t t0, shifted, n_rot, neox, hadamard;
+        float hadamard_scale;
+        uint32_t angles_first;
     } push = {(uint32_t)a->hd, (uint32_t)a->hv, (uint32_t)a->n_head, (uint32_t)a->n_head_kv, (uint32_t)n_tokens,
               (uint32_t)a->k_row_bytes, (uint32_t)a->v_row_bytes, (uint32_t)ei_row_size(a->k_type, a->hd),
-              (uint32_t)ei_row_size(a->v_type, a->hv), (uint32_t)a->max_runs, (uint32_t)a->max_keys, a->scale, a->softcap, (uint32_t)t0};
-    ei_vk_buffer *bind[EI_VK_BINDINGS] = {q, k, v, runs, out, scratch};
+              (uint32_t)ei_row_size(a->v_type, a->hv), (uint32_t)a->max_runs, (uint32_t)a->max_keys, a->scale, a->softcap,
+              (uint32_t)t0, (uint32_t)a->shifted, (uint32_t)a->n_rot, (uint32_t)a->neox, (uint32_t)a->hadamard,
+              a->hadamard ? 1.0f / sqrtf((float)a->hadamard) : 1.0f, (uint32_t)a->angles_first};
     return ei_vk_dispatch(ctx, s, bind, &push, sizeof push, (uint32_t)a->n_head, (uint32_t)count, 1);
 }
 
@@ -85,7 +94,8 @@ ei_status ei_vk_kernel_attn(void *vctx, int32_t n_head, int32_t n_head_kv, int32
         table[2 + 2 * r] = (uint32_t)n;
         keys += n;
     }
-    const ei_vk_attn_shape shape = {hd, hv, n_head, n_head_kv, k_type, v_type, k_row_bytes, v_row_bytes, n_runs, (int32_t)keys, scale, softcap};
+    const ei_vk_attn_shape shape = {hd, hv, n_head, n_head_kv, k_type, v_type, k_row_bytes, v_row_bytes, n_runs, (int32_t)keys, scale, softcap,
+                                    0, 0, 0, 0, 0};
     ei_vk_buffer b[6];
     memset(b, 0, sizeof b);
     const uint64_t sizes[6] = {(uint64_t)n_head * hd * 4, (uint64_t)(k_rows * k_row_bytes), (uint64_t)(v_rows * v_row_bytes),
@@ -97,7 +107,7 @@ ei_status ei_vk_kernel_attn(void *vctx, int32_t n_head, int32_t n_head_kv, int32
         if (st == EI_OK && src[i]) st = ei_vk_buffer_write(ctx, &b[i], 0, src[i], sizes[i]);
     }
     free(table);
-    if (st == EI_OK) st = ei_vk_attn(ctx, &shape, 1, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5]);
+    if (st == EI_OK) st = ei_vk_attn(ctx, &shape, 1, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], NULL, NULL);
     if (st == EI_OK) st = ei_vk_submit(ctx);
     else ei_vk_discard(ctx);
     if (st == EI_OK) st = ei_vk_buffer_read(ctx, &b[4], 0, out, sizes[4]);

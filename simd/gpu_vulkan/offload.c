@@ -35,6 +35,10 @@ struct ei_vk_offload {
      * visible; (MOVE_CHUNK, kv_dim floats + v_row_bytes) the rows between the two passes */
     ei_vk_buffer moves, angles, move_rows;
     ei_vk_buffer rows[MAX_GROUPS], runs[MAX_GROUPS];
+    /* key_shifts: (group rows) each row's shift, host visible, and (n_bases, n_ctx, n_rot) the
+     * rotations of the shifts */
+    ei_vk_buffer shifts[MAX_GROUPS], shift_angles;
+    int shifted; /* the step's */
     int used[MAX_GROUPS], used_runs[MAX_GROUPS];
     int64_t logit_rows; /* output rows a part */
     int32_t *tables;    /* the parameters' arrays, copied: (n_layer) groups, (n_layer) bases, (MAX_GROUPS) rows */
@@ -98,12 +102,14 @@ static void release(ei_vk_offload *o) {
     o->layers = NULL;
     ei_vk_weights_free(o->ctx, &o->output);
     ei_vk_buffer *b[] = {&o->output_norm, &o->x, &o->h, &o->q, &o->kk, &o->vv, &o->att, &o->t, &o->gate, &o->up,
-                         &o->xo, &o->logits, &o->rope, &o->gelu, &o->scratch, &o->moves, &o->angles, &o->move_rows};
+                         &o->xo, &o->logits, &o->rope, &o->gelu, &o->scratch, &o->moves, &o->angles, &o->move_rows,
+                         &o->shift_angles};
     for (size_t i = 0; i < sizeof b / sizeof *b; i++) ei_vk_buffer_free(o->ctx, b[i]);
     ei_vk_act_free(o->ctx, &o->act);
     for (int g = 0; g < MAX_GROUPS; g++) {
         ei_vk_buffer_free(o->ctx, &o->rows[g]);
         ei_vk_buffer_free(o->ctx, &o->runs[g]);
+        ei_vk_buffer_free(o->ctx, &o->shifts[g]);
     }
 }
 
@@ -149,6 +155,18 @@ static ei_status alloc_activations(ei_vk_offload *o) {
     for (int g = 0; g < MAX_GROUPS && st == EI_OK; g++) {
         if (o->used[g]) st = ei_vk_buffer_alloc(ctx, nb * 4, 1, &o->rows[g]);
         if (st == EI_OK && o->used_runs[g]) st = ei_vk_buffer_alloc(ctx, nb * (uint64_t)(1 + 2 * o->p.max_runs) * 4, 1, &o->runs[g]);
+        if (st == EI_OK && o->used[g] && o->p.key_shifts) {
+            st = ei_vk_buffer_alloc(ctx, (uint64_t)o->p.group_rows[g] * 4, 1, &o->shifts[g]);
+            if (st == EI_OK && o->shifts[g].mapped) memset(o->shifts[g].mapped, 0, o->shifts[g].bytes); /* no row shifted yet */
+        }
+    }
+    const uint64_t angles = (uint64_t)o->p.n_bases * (uint64_t)o->p.n_ctx * (uint64_t)m->n_rot * 4;
+    if (st == EI_OK && o->p.key_shifts) st = ei_vk_buffer_alloc(ctx, angles, 0, &o->shift_angles);
+    if (st == EI_OK && o->p.key_shifts && !ctx->dry_run) {
+        st = o->p.shift_angles ? ei_vk_buffer_write(ctx, &o->shift_angles, 0, o->p.shift_angles, angles)
+                               : ei_fail(EI_ERR_INVALID, "Vulkan offload: shifted keys without their rotations");
+        for (int g = 0; g < MAX_GROUPS && st == EI_OK; g++)
+            if (o->shifts[g].buffer && !o->shifts[g].mapped) st = ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: no mapped memory for key shifts");
     }
     int64_t cols = m->n_embd > m->n_ff ? m->n_embd : m->n_ff;
     if (o->att_dim > cols) cols = o->att_dim;
@@ -330,19 +348,19 @@ static ei_status attention_part(ei_vk_offload *o, const dev_layer *d, int il, in
     TRY(ei_vk_rope_at(ctx, &o->kk, &o->rope, (int64_t)o->p.layer_base[il] * o->p.n_batch * m->n_rot, n, m->n_head_kv, hd, m->n_rot,
                       o->kv_dim, m->rope_neox));
     if (m->scale_q) TRY(ei_vk_op(ctx, EI_VK_OP_SCALE, &o->q, NULL, (int64_t)n * o->q_dim, m->kq_scale));
-    /* a quantized cache holds its rows rotated, and the queries meet them rotated (engine.c) */
-    if (o->hadamard_k) {
-        TRY(ei_vk_hadamard(ctx, &o->q, n, o->q_dim, o->q_dim, o->hadamard_k));
-        TRY(ei_vk_hadamard(ctx, &o->kk, n, o->kv_dim, o->kv_dim, o->hadamard_k));
-    }
+    /* a quantized cache holds its rows rotated, and the queries meet them rotated: the
+     * attention rotates each query as it prepares it (after a key shift's rope) */
+    if (o->hadamard_k) TRY(ei_vk_hadamard(ctx, &o->kk, n, o->kv_dim, o->kv_dim, o->hadamard_k));
     if (o->hadamard_v) TRY(ei_vk_hadamard(ctx, &o->vv, n, o->v_dim, o->v_dim, o->hadamard_v));
     ei_vk_buffer *rows = &o->rows[d->group];
     TRY(ei_vk_set_rows(ctx, o->p.kv_type_k, (ei_vk_buffer *)&d->k, o->p.k_row_bytes, &o->kk, n, o->kv_dim, o->kv_dim, rows));
     TRY(ei_vk_set_rows(ctx, o->p.kv_type_v, (ei_vk_buffer *)&d->v, o->p.v_row_bytes, &o->vv, n, o->v_dim, o->v_dim, rows));
     const ei_vk_attn_shape a = {m->head_dim, m->head_dim_v, m->n_head, m->n_head_kv, o->p.kv_type_k, o->p.kv_type_v,
                                 o->p.k_row_bytes, o->p.v_row_bytes, o->p.max_runs, o->p.n_ctx,
-                                m->scale_q ? 1.0f : m->kq_scale, 0.0f};
-    TRY(ei_vk_attn(ctx, &a, n, &o->q, (ei_vk_buffer *)&d->k, (ei_vk_buffer *)&d->v, &o->runs[d->runs], &o->att, &o->scratch));
+                                m->scale_q ? 1.0f : m->kq_scale, 0.0f, o->hadamard_k, o->shifted, m->n_rot, m->rope_neox,
+                                (int64_t)o->p.layer_base[il] * o->p.n_ctx * m->n_rot};
+    TRY(ei_vk_attn(ctx, &a, n, &o->q, (ei_vk_buffer *)&d->k, (ei_vk_buffer *)&d->v, &o->runs[d->runs], &o->att, &o->scratch,
+                   o->shifted ? &o->shifts[d->group] : NULL, o->shifted ? &o->shift_angles : NULL));
     if (o->hadamard_v) TRY(ei_vk_hadamard(ctx, &o->att, n, o->att_dim, o->att_dim, o->hadamard_v)); /* rotated back */
     const ei_vk_product wo = {&d->wo, &o->t, E};
     TRY(ei_vk_products(ctx, &o->act, &wo, 1, &o->att, 0, n, o->att_dim));
@@ -371,6 +389,10 @@ static ei_status ffn_part(ei_vk_offload *o, const dev_layer *d, int il, int n) {
 static ei_status record_copies(ei_vk_offload *o, int n, const int32_t *copies, int block) {
     for (int c = 0; c < n; c++) {
         const int32_t g = copies[3 * c], src = copies[3 * c + 1], dst = copies[3 * c + 2];
+        if (g >= 0 && g < MAX_GROUPS && o->shifts[g].mapped) { /* the rows' shifts go with them (host memory) */
+            uint32_t *sh = o->shifts[g].mapped;
+            memcpy(sh + (size_t)dst * (size_t)block, sh + (size_t)src * (size_t)block, sizeof(uint32_t) * (size_t)block);
+        }
         for (int i = 0; i < o->n_dev; i++) {
             dev_layer *d = &o->layers[i];
             if (d->group != g) continue;
@@ -393,8 +415,9 @@ ei_status ei_vk_offload_copy_blocks(ei_vk_offload *o, int n, const int32_t *copi
 
 ei_status ei_vk_offload_move_rows(ei_vk_offload *o, int il, int n, const int32_t *moves, int n_angles, const float *angles) {
     const ei_model_desc *m = o->p.m;
+    const int k_mode = o->p.kv_type_k == EI_TYPE_F32 ? 0 : o->p.kv_type_k == EI_TYPE_F16 ? 1 : 2; /* 2: as they are */
     if (il < o->p.first_layer || il >= m->n_layer || n < 0 || n_angles < 0 || n_angles > EI_VK_MAX_ANGLES || o->kv_dim > 4096 ||
-        (o->p.kv_type_k != EI_TYPE_F16 && o->p.kv_type_k != EI_TYPE_F32) || o->p.k_row_bytes % 4 || o->p.v_row_bytes % 4)
+        (k_mode == 2 && (!o->p.key_shifts || n_angles)) || o->p.k_row_bytes % 4 || o->p.v_row_bytes % 4)
         return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: moving %d rows of layer %d (%d shifts)", n, il, n_angles);
     dev_layer *d = &o->layers[il - o->p.first_layer];
     ei_vk_context *ctx = o->ctx;
@@ -405,10 +428,9 @@ ei_status ei_vk_offload_move_rows(ei_vk_offload *o, int il, int n, const int32_t
         const int count = n - c0 < MOVE_CHUNK ? n - c0 : MOVE_CHUNK;
         st = ei_vk_buffer_write(ctx, &o->moves, 0, moves + 3 * (size_t)c0, (uint64_t)count * 12);
         struct {
-            uint32_t n, kv_dim, k_words, v_words, n_head_kv, head_dim, n_rot, neox, k_f16, phase;
+            uint32_t n, kv_dim, k_words, v_words, n_head_kv, head_dim, n_rot, neox, k_mode, phase;
         } push = {(uint32_t)count, (uint32_t)o->kv_dim, (uint32_t)(o->p.k_row_bytes / 4), (uint32_t)(o->p.v_row_bytes / 4),
-                  (uint32_t)m->n_head_kv, (uint32_t)m->head_dim, (uint32_t)m->n_rot, (uint32_t)m->rope_neox,
-                  o->p.kv_type_k == EI_TYPE_F16, 0};
+                  (uint32_t)m->n_head_kv, (uint32_t)m->head_dim, (uint32_t)m->n_rot, (uint32_t)m->rope_neox, (uint32_t)k_mode, 0};
         ei_vk_buffer *bind[EI_VK_BINDINGS] = {&d->k, &d->v, &o->move_rows, &o->moves, &o->angles, NULL};
         if (st == EI_OK) st = ei_vk_dispatch(ctx, s, bind, &push, sizeof push, (uint32_t)count, 1, 1);
         push.phase = 1;
@@ -417,6 +439,19 @@ ei_status ei_vk_offload_move_rows(ei_vk_offload *o, int il, int n, const int32_t
         else ei_vk_discard(ctx);
     }
     return st;
+}
+
+ei_status ei_vk_offload_set_shifts(ei_vk_offload *o, int il, int n, const int64_t *rows, const int32_t *shifts) {
+    if (il < o->p.first_layer || il >= o->p.m->n_layer || n < 0) return ei_fail(EI_ERR_INVALID, "Vulkan offload: shifts of layer %d", il);
+    const int g = o->layers[il - o->p.first_layer].group;
+    uint32_t *sh = o->shifts[g].mapped; /* (group rows) */
+    if (!sh) return ei_fail(EI_ERR_INVALID, "Vulkan offload: this cache keeps no key shifts");
+    for (int i = 0; i < n; i++) {
+        if (rows[i] < 0 || rows[i] >= (int64_t)o->p.group_rows[g] || shifts[i] < 0 || shifts[i] >= o->p.n_ctx)
+            return ei_fail(EI_ERR_INVALID, "Vulkan offload: row %lld cannot hold shift %d", (long long)rows[i], shifts[i]);
+        sh[rows[i]] = (uint32_t)shifts[i];
+    }
+    return EI_OK;
 }
 
 /* entries [i, i + n) of the caller's rows (n, bytes) to or from rows [row, row + n) of b */
@@ -480,11 +515,17 @@ static ei_status run_step(ei_vk_offload *o, const ei_vk_offload_step *s) {
     const uint64_t base = (uint64_t)o->p.n_batch * (uint64_t)m->n_rot; /* floats of one base's table */
     for (int b = 0; b < o->p.n_bases; b++) /* the step's rows of each: n of n_batch */
         TRY(ei_vk_buffer_write(ctx, &o->rope, (uint64_t)b * base * 4, s->rope + (size_t)b * base, (uint64_t)n * (uint64_t)m->n_rot * 4));
+    o->shifted = s->shifted && o->p.key_shifts;
     for (int g = 0; g < MAX_GROUPS; g++) {
         if (o->used[g]) TRY(ei_vk_buffer_write(ctx, &o->rows[g], 0, s->rows[g], (uint64_t)n * 4));
         if (o->used_runs[g]) TRY(ei_vk_buffer_write(ctx, &o->runs[g], 0, s->runs[g], (uint64_t)n * (uint64_t)(1 + 2 * o->p.max_runs) * 4));
     }
     TRY(record_copies(o, s->n_copies, s->copies, s->block));
+    for (int g = 0; g < MAX_GROUPS; g++) /* a new key is rotated where it is (after the copies' shifts) */
+        for (int i = 0; o->used[g] && o->shifts[g].mapped && i < n; i++) {
+            if (s->rows[g][i] >= (uint32_t)o->p.group_rows[g]) return ei_fail(EI_ERR_INVALID, "Vulkan offload: no cache row %u", s->rows[g][i]);
+            ((uint32_t *)o->shifts[g].mapped)[s->rows[g][i]] = 0;
+        }
     for (int i = 0; i < o->n_dev; i++) {
         TRY(attention_part(o, &o->layers[i], o->p.first_layer + i, n));
         TRY(ffn_part(o, &o->layers[i], o->p.first_layer + i, n));

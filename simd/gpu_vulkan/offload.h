@@ -26,6 +26,12 @@ typedef struct {
     const int32_t *layer_base;  /* (n_layer) each layer's rope table */
     int32_t n_bases;
     const ei_f16 *gelu;         /* (65536) the GELU table */
+    /* q8_0 / q4_0 keys are kept as first rotated when positions are dropped (key_shifts.h):
+     * each device group's rows then carry their shift (ei_vk_offload_set_shifts), and a query
+     * meets keys of shift d rotated by shift_angles' pairs of position d at its layer's base
+     * ((n_bases, n_ctx, n_rot), as the engine's rope_row makes them; needed by load only) */
+    int32_t key_shifts;
+    const float *shift_angles;
 } ei_vk_offload_params;
 
 /* what one step gives the device: the tokens' residual stream after the CPU's layers, the rope
@@ -40,6 +46,7 @@ typedef struct {
     int32_t n_copies;
     const int32_t *copies;      /* (n_copies, 3): group, source block, destination block */
     int32_t block;              /* positions per block */
+    int32_t shifted;            /* whether a token's keys may have shifts other than 0 */
     int32_t n_out;
     const int32_t *out_rows;    /* (n_out) */
     float *logits;              /* (n_out, n_vocab) */
@@ -62,10 +69,14 @@ uint64_t ei_vk_offload_held(const ei_vk_offload *o); /* device memory its buffer
 /* an eviction's work on the device layers (engine.c), each run at once, in the order the
  * engine makes it: the blocks the pool copied (its device copy log: (n, 3) group, source,
  * destination), then layer il's row moves ((n, 3) source row, destination row, angles index
- * or -1), the keys (f16 or f32) rotated by angles ((n_angles, n_rot) cos, sin pairs) */
+ * or -1), the keys (f16 or f32) rotated by angles ((n_angles, n_rot) cos, sin pairs); q8_0 /
+ * q4_0 keys move as they are (key_shifts) */
 #define EI_VK_MAX_ANGLES 1024 /* the angles one ei_vk_offload_move_rows call may take */
 ei_status ei_vk_offload_copy_blocks(ei_vk_offload *o, int n, const int32_t *copies, int block);
 ei_status ei_vk_offload_move_rows(ei_vk_offload *o, int il, int n, const int32_t *moves, int n_angles, const float *angles);
+/* with key_shifts: rows[i] of the group of layer il carries the shift shifts[i] (a step's new
+ * rows take 0, and a block the pool copies takes its source's, by themselves) */
+ei_status ei_vk_offload_set_shifts(ei_vk_offload *o, int il, int n, const int64_t *rows, const int32_t *shifts);
 /* rows of layer il's cache in its own encoding (saved sessions): entry i is row rows[i] (the
  * pool's row index), copied out to k (n, k_row_bytes) and v (n, v_row_bytes), or with write
  * != 0 from them into the cache; either buffer may be NULL */

@@ -27,8 +27,8 @@ extern const int ei_vk_n_shaders;
 extern const char ei_vk_shaders_glslc[];  /* the glslc version that compiled them */
 extern const char ei_vk_shaders_source_sha256[]; /* of the shader sources, as generate_shaders.py hashes them */
 
-#define EI_VK_BINDINGS 6     /* every pipeline: storage buffers 0..5 */
-#define EI_VK_PUSH_BYTES 64  /* and up to 64 bytes of push constants (128 are guaranteed) */
+#define EI_VK_BINDINGS 8     /* every pipeline: storage buffers 0..7 */
+#define EI_VK_PUSH_BYTES 128 /* and up to 128 bytes of push constants (every device allows them) */
 #define EI_VK_MAX_GROUPS 65535u /* workgroups per dimension every device allows */
 
 typedef struct {
@@ -160,10 +160,16 @@ typedef struct {
     int64_t k_row_bytes, v_row_bytes; /* between positions; a KV head's row is at kv_head * its size */
     int32_t max_runs, max_keys;
     float scale, softcap;
+    /* quantized keys: their Walsh-Hadamard block (0: none), and with `shifted` the keys kept
+     * as first rotated (key_shifts.h): shifts (rows) each row's shift, angles (bases, n_ctx,
+     * n_rot) from angles_first the rotation of each shift (n_rot, neox as RoPE's) */
+    int32_t hadamard, shifted, n_rot, neox;
+    int64_t angles_first;
 } ei_vk_attn_shape;
 #define EI_VK_ATTN_KEY_BYTES 8 /* scratch per (token, head, key): a score, then a weight's two halves */
 ei_status ei_vk_attn(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, ei_vk_buffer *q, ei_vk_buffer *k,
-                     ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out, ei_vk_buffer *scratch);
+                     ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out, ei_vk_buffer *scratch, ei_vk_buffer *shifts,
+                     ei_vk_buffer *angles);
 ei_status ei_vk_rms_norm(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *w, ei_vk_buffer *y, int64_t n, int64_t rows,
                          int64_t x_stride, int64_t y_stride, float eps);
 ei_status ei_vk_rope(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim,

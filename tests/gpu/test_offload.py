@@ -19,6 +19,7 @@ import pytest
 import edgeinfer
 from edgeinfer import _native, errors
 from edgeinfer.engines.base import Batch
+from tests.api.conftest import ScriptedSampler
 from tests.gpu import need_vulkan
 from tests.kv.test_session_state import _assert_continues, _fixture_prompt, _run_and_save
 
@@ -149,10 +150,6 @@ def test_what_the_offload_does_not_do_is_refused(vulkan, fixture_models):
         edgeinfer.load(path, n_ctx=64, n_gpu_layers=1, kv_type="kivi4")
     with pytest.raises(errors.UnsupportedModelError, match="attention"):
         edgeinfer.load(path, n_ctx=64, n_gpu_layers=1, context_policy="h2o")
-    with edgeinfer.load(path, n_ctx=64, n_threads=2, n_gpu_layers=2, kv_type="q8_0") as m:
-        m._engine.decode(Batch.sequence(TOKENS[:10], 0))
-        with pytest.raises(errors.UnsupportedModelError, match="quantized key cache"):
-            m._engine.discard(2, 3, 0)  # its moved keys would need shifted queries
 
 
 def test_forked_sequences_write_their_own_copies_on_the_gpu(vulkan, fixture_models_f32):
@@ -177,13 +174,15 @@ def test_forked_sequences_write_their_own_copies_on_the_gpu(vulkan, fixture_mode
     np.testing.assert_allclose(gpu, cpu, rtol=0, atol=1e-3 * np.abs(cpu).max())
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0", "q4_0"])
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_dropping_positions_on_the_gpu_matches_the_cpu(vulkan, fixture_models, arch, kv_type):
     """Positions discarded from the middle of two sequences that share blocks (a fork): the
     device layers' rows move down with their keys rotated back, after the blocks the pool
-    copied for the writer (gemma3: sliding-window rings too). The logits that follow equal the
-    CPU engine's bit for bit."""
+    copied for the writer (gemma3: sliding-window rings too); q8_0 / q4_0 keys move as they
+    are, and the queries meet each run of them rotated by its shift (two discards: keys of
+    three shifts), a block copied for a writer keeping its rows' shifts. The logits that
+    follow equal the CPU engine's bit for bit."""
     path = fixture_models[arch]
     tokens = [5 + (7 * i) % 200 for i in range(80)]
 
@@ -199,20 +198,26 @@ def test_dropping_positions_on_the_gpu_matches_the_cpu(vulkan, fixture_models, a
             out.append(e.decode(Batch.sequence(tokens[60:64], 60, seq=1, all_logits=True)))
             e.discard(0, 5, 1)
             out.append(e.decode(Batch.sequence(tokens[64:70], 59, seq=1, all_logits=True)))
+            e.fork(1, 0, 50)  # then a write into the shared block copies it, shifts and all
+            out.append(e.decode(Batch.sequence(tokens[70:74], 50, seq=0, all_logits=True)))
             return np.concatenate([np.asarray(o) for o in out])
 
     np.testing.assert_array_equal(run("all"), run(0))
 
 
-@pytest.mark.parametrize("policy", ["shift", "streaming"])
-def test_context_policies_run_with_device_layers(vulkan, fixture_models, policy):
+POLICY_CASES = [("shift", "f16"), ("streaming", "f16"), ("streaming", "q4_0")]
+
+
+@pytest.mark.parametrize(("policy", "kv_type"), POLICY_CASES)
+def test_context_policies_run_with_device_layers(vulkan, fixture_models, policy, kv_type):
     """Generation past a 64-token context, the policy dropping positions as it goes, every
     layer on the device: the same greedy tokens as the CPU engine."""
     path = fixture_models["gemma3"]
 
     def tokens(n_gpu_layers):
         with edgeinfer.load(
-            path, n_ctx=64, n_threads=2, n_gpu_layers=n_gpu_layers, context_policy=policy
+            path, n_ctx=64, n_threads=2, n_gpu_layers=n_gpu_layers, context_policy=policy,
+            kv_type=kv_type,
         ) as m:  # fmt: skip
             return m.generate("Once upon a time", max_tokens=150, temperature=0).tokens
 
@@ -235,16 +240,26 @@ def test_saved_states_move_between_the_cpu_and_the_device(vulkan, fixture_models
         _assert_continues(m, state, cached, want)
 
 
-def test_a_state_with_shifted_keys_is_refused_on_the_device(vulkan, fixture_models, tmp_path):
-    """q4_0 keys moved as they were (streaming past the context) are read with shifted
-    queries, which the device does not do: a typed error, and an empty session."""
+@pytest.mark.parametrize(("writer", "reader"), [(0, "all"), ("all", 0)])
+def test_shifted_keys_in_a_state_move_between_cpu_and_device(vulkan, fixture_models, tmp_path,
+                                                              writer, reader):  # fmt: skip
+    """q4_0 keys moved as they were (streaming past the context) keep their shifts in the
+    state: restored on the device (or from it), the next token's logits are the
+    uninterrupted run's, bit for bit."""
     path, state = fixture_models["llama"], tmp_path / "s.state"
     options = {"n_ctx": 64, "n_threads": 2, "context_policy": "streaming", "kv_type": "q4_0"}
-    with edgeinfer.load(path, **options) as m:
-        m.generate(_fixture_prompt(40), max_tokens=40, temperature=0)
-        assert m.backend.key_shifts().any()
+    with edgeinfer.load(path, n_gpu_layers=writer, **options) as m:
+        out = m.generate(_fixture_prompt(40), max_tokens=40, temperature=0)
+        history = _fixture_prompt(40) + out.tokens
+        shifts = m.backend.key_shifts()
+        assert shifts.any()
         m.save_state(state)
-    with edgeinfer.load(path, n_gpu_layers="all", **options) as m:
-        with pytest.raises(errors.UnsupportedModelError, match="shifted queries"):
-            m.load_state(state)
-        assert m.backend.n_past == 0
+        want = ScriptedSampler([11])
+        m.generate(history + [11], max_tokens=1, sampler=want)
+    with edgeinfer.load(path, n_gpu_layers=reader, **options) as m:
+        m.load_state(state)
+        assert m.backend.key_shifts().tolist() == shifts.tolist()
+        got = ScriptedSampler([11])
+        restored = m.generate(history + [11], max_tokens=1, sampler=got)
+        assert restored.stats.cached_tokens == len(history)
+    np.testing.assert_array_equal(got.seen[0], want.seen[0])

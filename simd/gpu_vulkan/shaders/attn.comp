@@ -13,6 +13,11 @@
 // the probabilities wait in a scratch buffer between the passes: 2 * max_keys floats per
 // (token, head). K_* and V_* select the cache types (F32, F16, Q8_0, Q4_0). A key row is
 // row * k_row_bytes + kv_head * k_head_bytes into K (the same for V).
+// Quantized keys are stored Walsh-Hadamard rotated (hadamard: the block, 0 for none) and may
+// have been kept as first rotated when positions were dropped (simd/common/key_shifts.h):
+// with `shifted`, Shifts holds each row's shift d, and a query meets the keys of shift d
+// rotated d positions further itself (Angles: the (cos, sin) pairs of every position at each
+// rope base), then Hadamard rotated, then quantized, as ei_attn_quant_scores does per run.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 
@@ -23,6 +28,8 @@ layout(std430, binding = 2) readonly buffer Values { uint V[]; };
 layout(std430, binding = 3) readonly buffer Runs { uint runs[]; };
 layout(std430, binding = 4) writeonly buffer Output { float o[]; };  // (n_tokens, n_head, hv)
 layout(std430, binding = 5) buffer Scratch { float sc[]; };          // (n_tokens, n_head, 2, max_keys)
+layout(std430, binding = 6) readonly buffer Shifts { uint shift[]; };  // (rows) each key row's shift
+layout(std430, binding = 7) readonly buffer Angles { float cs[]; };    // (bases, n_ctx, n_rot)
 
 layout(push_constant) uniform Push {
     uint hd, hv, n_head, n_head_kv, n_tokens;
@@ -30,6 +37,9 @@ layout(push_constant) uniform Push {
     uint max_runs, max_keys;
     float scale, softcap;
     uint t0; // the dispatch's first token (the scratch holds its tokens from t0 on)
+    uint shifted, n_rot, neox, hadamard;
+    float hadamard_scale; // 1.0f / sqrtf(hadamard), as the host computes it
+    uint angles_first;    // where the layer's rope base starts in cs
 } p;
 
 #define U8(B, o) ((B[(o) >> 2] >> (((o) & 3u) * 8u)) & 0xFFu)
@@ -103,6 +113,57 @@ void reduce_pair(inout float hi, inout float lo) {
     barrier();
 }
 
+#if defined(K_QUANTIZED)
+// the query of (token, head) at qo as keys of shift d meet it: rotated d positions further
+// (rope.comp's arithmetic), Hadamard rotated (hadamard.comp's), then quantized to q8_0 as the
+// CPU's quantizer makes it (scale amax / 127, rint) into qq and qd
+void prepare_query(uint qo, uint d) {
+    const uint tid = gl_LocalInvocationID.x;
+    barrier(); // the last keys' dots are done with qq
+    for (uint i = tid; i < p.hd; i += 64u) qs[i] = q[qo + i];
+    barrier();
+    const uint half_ = p.n_rot / 2u;
+    for (uint j = tid; d != 0u && j < half_; j += 64u) {
+        const uint ia = p.neox != 0u ? j : 2u * j, ib = p.neox != 0u ? j + half_ : 2u * j + 1u;
+        const uint at = p.angles_first + d * p.n_rot + 2u * j;
+        const float c = cs[at], s = cs[at + 1u], x0 = qs[ia], x1 = qs[ib];
+        precise float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+        qs[ia] = r0;
+        qs[ib] = r1;
+    }
+    barrier();
+    if (p.hadamard != 0u) {
+        for (uint i = tid; i < p.hd; i += 64u) {
+            precise float v = qs[i] * p.hadamard_scale;
+            qs[i] = v;
+        }
+        barrier();
+        for (uint len = 1u; len < p.hadamard; len <<= 1) {
+            for (uint k = tid; k < p.hd / 2u; k += 64u) { // pair k: (i, i + len) in its block
+                const uint b = k / (p.hadamard / 2u), kk = k % (p.hadamard / 2u);
+                const uint i = b * p.hadamard + (kk / len) * 2u * len + kk % len;
+                const float a = qs[i], c = qs[i + len];
+                precise float su = a + c, di = a - c;
+                qs[i] = su;
+                qs[i + len] = di;
+            }
+            barrier();
+        }
+    }
+    if (tid < p.hd / 32u) {
+        float amax = 0.0;
+        for (uint j = 0u; j < 32u; j++) amax = max(amax, abs(qs[32u * tid + j]));
+        const float id = amax != 0.0 ? exact_div(127.0, amax) : 0.0;
+        qd[tid] = round_f16(exact_div(amax, 127.0));
+        for (uint j = 0u; j < 32u; j++) {
+            precise float v = qs[32u * tid + j] * id;
+            qq[32u * tid + j] = int(roundEven(v));
+        }
+    }
+    barrier();
+}
+#endif
+
 float key_dot(uint row) {
     float dot = 0.0, lo = 0.0;
 #if defined(K_QUANTIZED)
@@ -153,6 +214,7 @@ void main() {
     const uint lo_at = so + p.max_keys; // the weights' low halves
     const uint ro = t * (1u + 2u * p.max_runs), n_runs = runs[ro];
 
+#if !defined(K_QUANTIZED)
     for (uint d = tid; d < p.hd; d += 64u) {
 #if defined(K_F16)
         qs[d] = round_f16(q[qo + d]);
@@ -161,34 +223,38 @@ void main() {
 #endif
     }
     barrier();
-#if defined(K_QUANTIZED)
-    if (tid < p.hd / 32u) { // q8_0 as the CPU's quantizer makes it: scale amax / 127, rint
-        float amax = 0.0;
-        for (uint j = 0u; j < 32u; j++) amax = max(amax, abs(qs[32u * tid + j]));
-        const float id = amax != 0.0 ? exact_div(127.0, amax) : 0.0;
-        qd[tid] = round_f16(exact_div(amax, 127.0));
-        for (uint j = 0u; j < 32u; j++) {
-            precise float v = qs[32u * tid + j] * id;
-            qq[32u * tid + j] = int(roundEven(v));
-        }
-    }
-    barrier();
 #endif
 
-    // scores, and their maximum
+    // scores, and their maximum; quantized keys in spans of one shift (the whole run
+    // without shifts), the query prepared again where the shift changes
     float m = -1.0 / 0.0;
-    uint at = 0u;
+    uint at = 0u, rotation = 0xFFFFFFFFu; // the shift the query is prepared for
     for (uint r = 0u; r < n_runs; r++) {
         const uint first = runs[ro + 1u + 2u * r], n = runs[ro + 2u + 2u * r];
-        for (uint j = tid; j < n; j += 64u) {
-            precise float s = key_dot((first + j) * p.k_row_bytes + kvh * p.k_head_bytes) * p.scale;
-            float score = s;
-            if (p.softcap != 0.0) { // ei_attn_score: softcap * (float)tanh((double)(s / softcap))
-                precise float capped = p.softcap * exact_tanh(exact_div(s, p.softcap));
-                score = capped;
+        for (uint j0 = 0u, j1; j0 < n; j0 = j1) {
+#if defined(K_QUANTIZED)
+            const uint d = p.shifted != 0u ? shift[first + j0] : 0u;
+            j1 = j0 + 1u;
+            if (p.shifted != 0u) {
+                while (j1 < n && shift[first + j1] == d) j1++;
+            } else {
+                j1 = n;
             }
-            sc[so + at + j] = score;
-            if (score > m) m = score;
+            if (d != rotation) prepare_query(qo, d);
+            rotation = d;
+#else
+            j1 = n;
+#endif
+            for (uint j = j0 + tid; j < j1; j += 64u) {
+                precise float s = key_dot((first + j) * p.k_row_bytes + kvh * p.k_head_bytes) * p.scale;
+                float score = s;
+                if (p.softcap != 0.0) { // ei_attn_score: softcap * (float)tanh((double)(s / softcap))
+                    precise float capped = p.softcap * exact_tanh(exact_div(s, p.softcap));
+                    score = capped;
+                }
+                sc[so + at + j] = score;
+                if (score > m) m = score;
+            }
         }
         at += n;
     }
