@@ -97,6 +97,7 @@ struct ei_engine {
     ei_vk_offload *gpu;
     int first_gpu;
     uint32_t *gpu_rows, *gpu_runs; /* (4, n_batch), (4, n_batch, 1 + 2 * max_pool_runs) */
+    uint32_t *gpu_track;           /* track_attention: (4, n_batch, 2) each token's first counter, keys */
     int32_t *gpu_out;              /* (n_batch) output rows as the device sees them */
     int32_t *gpu_run_set;          /* (n_layer) each device layer's set of runs (offload.h) */
     ei_gpu_plan gpu_plan;          /* what went to the device, and why (ei_engine_gpu_plan) */
@@ -325,7 +326,8 @@ static ei_status offload_params(const ei_engine *e, int32_t *ints, ei_vk_offload
     }
     const ei_vk_offload_params p = {&e->m, e->first_gpu, e->p.gpu_device, e->p.n_batch, e->p.n_ctx, e->p.kv_type_k,
                                     e->p.kv_type_v, (int64_t)e->k_row_bytes, (int64_t)e->v_row_bytes, groups, runs, group_rows,
-                                    e->max_pool_runs, bases, e->n_bases, e->gelu, e->ks.shift != NULL, NULL};
+                                    e->max_pool_runs, bases, e->n_bases, e->gelu, e->ks.shift != NULL, NULL,
+                                    e->scores != NULL, e->p.n_seq_max};
     *op = p;
     return EI_OK;
 }
@@ -435,9 +437,8 @@ static ei_status create_offload(ei_engine *e) {
     const int L = e->m.n_layer, automatic = e->p.n_gpu_layers == EI_GPU_AUTO;
     ei_gpu_plan *plan = &e->gpu_plan;
     plan->device = -1;
-    if (automatic && (e->kivi || e->p.track_attention)) {
-        snprintf(plan->reason, sizeof plan->reason, "%s", e->kivi ? "the KIVI cache layout runs on the CPU only"
-                                                                  : "attention tracking (the H2O policy) runs on the CPU only");
+    if (automatic && e->kivi) {
+        snprintf(plan->reason, sizeof plan->reason, "%s", "the KIVI cache layout runs on the CPU only");
         return settle_layers(e, 0);
     }
     ei_status st = ei_vk_offload_open(e->p.gpu_device, &e->gpu);
@@ -474,13 +475,15 @@ static ei_status create_offload(ei_engine *e) {
     e->gpu_rows = alloc(e, 4 * nb * sizeof(uint32_t));
     e->gpu_runs = alloc(e, 4 * nb * (size_t)(1 + 2 * e->max_pool_runs) * sizeof(uint32_t));
     e->gpu_out = alloc(e, nb * sizeof(int32_t));
+    if (e->scores && !(e->gpu_track = alloc(e, 4 * nb * 2 * sizeof(uint32_t)))) st = ei_fail(EI_ERR_NOMEM, "out of memory");
     e->gpu_run_set = alloc(e, sizeof(int32_t) * (size_t)L);
     e->gpu_moves = alloc(e, 3 * sizeof(int32_t) * (size_t)e->p.n_ctx);
     e->gpu_angles = alloc(e, sizeof(float) * EI_VK_MAX_ANGLES * (size_t)(e->m.n_rot > 0 ? e->m.n_rot : 2));
     if (e->gpu_run_set) memcpy(e->gpu_run_set, ints + 2 * L, sizeof(int32_t) * (size_t)L);
-    st = e->gpu_rows && e->gpu_runs && e->gpu_out && e->gpu_run_set && e->gpu_moves && e->gpu_angles
-             ? EI_OK
-             : ei_fail(EI_ERR_NOMEM, "out of memory");
+    if (st == EI_OK)
+        st = e->gpu_rows && e->gpu_runs && e->gpu_out && e->gpu_run_set && e->gpu_moves && e->gpu_angles
+                 ? EI_OK
+                 : ei_fail(EI_ERR_NOMEM, "out of memory");
     float *angles = NULL; /* (n_bases, n_ctx, n_rot) the rotations of key shifts (offload.h) */
     if (st == EI_OK && op.key_shifts) {
         angles = malloc(sizeof(float) * (size_t)e->n_bases * (size_t)e->p.n_ctx * (size_t)e->m.n_rot);
@@ -526,8 +529,6 @@ ei_status ei_engine_create(const ei_model_desc *m, const ei_engine_params *param
                        m->n_layer + 1, p.n_gpu_layers);
     if (p.n_gpu_layers > 0 && p.kv_layout != EI_KV_ROWS)
         return ei_fail(EI_ERR_UNSUPPORTED, "layer offload keeps the KV cache as rows: the KIVI layout runs on the CPU only");
-    if (p.n_gpu_layers > 0 && p.track_attention)
-        return ei_fail(EI_ERR_UNSUPPORTED, "layer offload does not track attention (the H2O policy): use n_gpu_layers 0");
     const int isa = p.isa < 0 ? ei_isa_best() : p.isa;
     const ei_kernels *k = ei_kernels_for(isa);
     if (!k) return ei_fail(EI_ERR_ISA, "instruction set %s is not available: %s", ei_isa_name(isa), ei_isa_reason(isa));
@@ -689,7 +690,7 @@ size_t ei_engine_weight_copies(const ei_engine *e) { return e ? e->repack.bytes 
 void ei_engine_free(ei_engine *e) {
     if (!e) return;
     ei_vk_offload_free(e->gpu);
-    free(e->gpu_rows); free(e->gpu_runs); free(e->gpu_out); free(e->gpu_run_set); free(e->gpu_moves); free(e->gpu_angles);
+    free(e->gpu_rows); free(e->gpu_runs); free(e->gpu_track); free(e->gpu_out); free(e->gpu_run_set); free(e->gpu_moves); free(e->gpu_angles);
     ei_pool_free(e->pool);
     ei_kv_pool_free(e->kv);
     free(e->runs);
@@ -1406,6 +1407,31 @@ static ei_status prepare_step(ei_engine *e, const step *st) {
     return e->kivi ? kivi_plan(e, st) : EI_OK;
 }
 
+/* track_attention: the attention the device layers gave each position of the step's
+ * sequences, added to their scores (every key a token of the sequence saw in any device
+ * layer: from the oldest window start to the newest position) */
+static ei_status take_device_track(ei_engine *e, const step *st) {
+    for (int i = 0; i < st->n; i++) {
+        const int s = st->seq[i];
+        int seen = 0, lo = e->p.n_ctx, hi = 0;
+        for (int j = 0; j < i && !seen; j++) seen = st->seq[j] == s;
+        if (seen) continue;
+        for (int j = i; j < st->n; j++) {
+            if (st->seq[j] != s) continue;
+            for (int il = e->first_gpu; il < e->m.n_layer; il++) {
+                const int t0 = window_start(e, st, il, j);
+                if (t0 < lo) lo = t0;
+            }
+            if (st->pos[j] + 1 > hi) hi = st->pos[j] + 1;
+        }
+        if (hi <= lo) continue;
+        int64_t *scores = e->scores + (size_t)s * e->p.n_ctx;
+        const ei_status r = ei_vk_offload_take_track(e->gpu, (int64_t)s * e->p.n_ctx + lo, hi - lo, scores + lo);
+        if (r != EI_OK) return r;
+    }
+    return EI_OK;
+}
+
 /* the device's part of a step (n_gpu_layers): each token's cache row and runs in each group of
  * the device layers, the block copies the pool made, then its layers and the output */
 static ei_status offload_step(ei_engine *e, const step *st) {
@@ -1426,11 +1452,18 @@ static ei_status offload_step(ei_engine *e, const step *st) {
         }
         if (!runs_done[rs]++) { /* the rows it reads: its window's in the group */
             uint32_t *runs = e->gpu_runs + (size_t)rs * nb * R;
+            uint32_t *track = e->gpu_track ? e->gpu_track + (size_t)rs * nb * 2 : NULL;
             for (int i = 0; i < st->n; i++) {
                 uint32_t *r = runs + (size_t)i * R;
-                r[0] = (uint32_t)ei_kv_pool_row_runs(e->kv, st->seq[i], il, window_start(e, st, il, i), st->pos[i] + 1, r + 1);
+                const int t0 = window_start(e, st, il, i);
+                r[0] = (uint32_t)ei_kv_pool_row_runs(e->kv, st->seq[i], il, t0, st->pos[i] + 1, r + 1);
+                if (track) {
+                    track[2 * i] = (uint32_t)((int64_t)st->seq[i] * e->p.n_ctx + t0);
+                    track[2 * i + 1] = (uint32_t)(st->pos[i] + 1 - t0);
+                }
             }
             s.runs[rs] = runs;
+            s.track[rs] = track;
         }
     }
     s.n_copies = ei_kv_pool_device_copies(e->kv, &s.copies);
@@ -1440,8 +1473,9 @@ static ei_status offload_step(ei_engine *e, const step *st) {
     s.out_rows = e->gpu_out;
     s.logits = st->logits;
     const int64_t t0 = e->prof.on ? ei_clock_ns() : 0;
-    const ei_status status = ei_vk_offload_run(e->gpu, &s);
+    ei_status status = ei_vk_offload_run(e->gpu, &s);
     if (e->prof.on) ei_profile_add(&e->prof, EI_PROF_gpu, -1, 0, 0, 1, ei_clock_ns() - t0, 0, 0);
+    if (status == EI_OK && e->scores) status = take_device_track(e, st);
     return status;
 }
 
@@ -1541,9 +1575,15 @@ static void add_move(ei_engine *e, int i, int s, int il, int src, int dst, int a
     m[2] = angles;
 }
 
-/* cs, the rotation of a shift, as angles entry *n of a device layer's moves */
-static ei_status add_angles(ei_engine *e, int *n, const float *cs) {
-    if (*n == EI_VK_MAX_ANGLES) return ei_fail(EI_ERR_UNSUPPORTED, "dropping positions on the GPU: more than %d shifts", EI_VK_MAX_ANGLES);
+/* cs, the rotation of a shift, as angles entry *n of layer il's moves; when the table is full
+ * the *n_moves moves so far run first (in order, as each call completes: the same as moving
+ * the rows one by one), and the table starts again */
+static ei_status add_angles(ei_engine *e, int il, int *n_moves, int *n, const float *cs) {
+    if (*n == EI_VK_MAX_ANGLES) {
+        const ei_status st = ei_vk_offload_move_rows(e->gpu, il, *n_moves, e->gpu_moves, *n, e->gpu_angles);
+        if (st != EI_OK) return st;
+        *n_moves = *n = 0;
+    }
     memcpy(e->gpu_angles + (size_t)(*n)++ * e->m.n_rot, cs, sizeof(float) * (size_t)e->m.n_rot);
     return EI_OK;
 }
@@ -1617,7 +1657,7 @@ static ei_status evict_layer(ei_engine *e, int s, int il, int from, int n_runs, 
         if (p >= end) continue;
         rope_row(e, e->layer_base[il], -delta, cs);
         ei_status st;
-        if (dev && !e->ks.shift && (st = add_angles(e, &n_angles, cs)) != EI_OK) return st;
+        if (dev && !e->ks.shift && (st = add_angles(e, il, &n_moves, &n_angles, cs)) != EI_OK) return st;
         for (; p < end; p++) {
             if (dev) { /* keys kept as first rotated move as they are (no angles) */
                 add_move(e, n_moves++, s, il, p, p - delta, e->ks.shift ? -1 : n_angles - 1);
@@ -1656,7 +1696,7 @@ static ei_status evict_window(ei_engine *e, int s, int first, int from, int n_ru
                 if (src == d) continue;
                 if (src - d != delta) { /* the first move too: src > d */
                     rope_row(e, e->layer_base[il], -(delta = src - d), cs);
-                    if (dev && !e->ks.shift && (st = add_angles(e, &n_angles, cs)) != EI_OK) return st;
+                    if (dev && !e->ks.shift && (st = add_angles(e, il, &n_moves, &n_angles, cs)) != EI_OK) return st;
                 }
                 if (dev) {
                     add_move(e, n_moves++, s, il, src, d, e->ks.shift ? -1 : n_angles - 1);

@@ -21,9 +21,25 @@ static const char *cache_type(int type) {
     }
 }
 
+/* the probabilities of tokens [t0, t0 + count), in the scratch, into the tracking counters */
+static ei_status track_part(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t t0, int64_t count, ei_vk_buffer *scratch,
+                            const ei_vk_track *track) {
+    if (!track->tokens || !track->counters || (uint64_t)t0 + (uint64_t)count > track->tokens->bytes / 8 ||
+        ((uint64_t)track->c0 + track->n) * 8 > track->counters->bytes)
+        return ei_fail(EI_ERR_INVALID, "ei_vk_attn: the tracking counters do not fit their buffers");
+    int s;
+    ei_status st = ei_vk_shader_index("track", &s);
+    if (st != EI_OK) return st;
+    const struct {
+        uint32_t t0, n_tokens, n_head, max_keys, c0, n_counters;
+    } push = {(uint32_t)t0, (uint32_t)count, (uint32_t)a->n_head, (uint32_t)a->max_keys, track->c0, track->n};
+    ei_vk_buffer *bind[EI_VK_BINDINGS] = {scratch, track->tokens, track->counters};
+    return ei_vk_dispatch(ctx, s, bind, &push, sizeof push, (track->n + 63) / 64, 1, 1);
+}
+
 ei_status ei_vk_attn(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, ei_vk_buffer *q, ei_vk_buffer *k,
                      ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out, ei_vk_buffer *scratch, ei_vk_buffer *shifts,
-                     ei_vk_buffer *angles) {
+                     ei_vk_buffer *angles, const ei_vk_track *track) {
     if (a->shifted && (!shifts || !angles)) return ei_fail(EI_ERR_INVALID, "ei_vk_attn: shifted keys without their shifts");
     ei_vk_buffer *bind[EI_VK_BINDINGS] = {q, k, v, runs, out, scratch, shifts, angles};
     /* as many tokens a dispatch as the scratch holds */
@@ -31,7 +47,9 @@ ei_status ei_vk_attn(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_to
     const int64_t chunk = (int64_t)(scratch->bytes / per_token);
     if (chunk < 1) return ei_fail(EI_ERR_INVALID, "ei_vk_attn: the scratch holds no token's scores");
     for (int64_t t0 = 0; t0 < n_tokens; t0 += chunk) {
-        const ei_status st = ei_vk_attn_part(ctx, a, n_tokens, t0, n_tokens - t0 < chunk ? n_tokens - t0 : chunk, bind);
+        const int64_t count = n_tokens - t0 < chunk ? n_tokens - t0 : chunk;
+        ei_status st = ei_vk_attn_part(ctx, a, n_tokens, t0, count, bind);
+        if (st == EI_OK && track) st = track_part(ctx, a, t0, count, scratch, track);
         if (st != EI_OK) return st;
     }
     return EI_OK;
@@ -107,7 +125,7 @@ ei_status ei_vk_kernel_attn(void *vctx, int32_t n_head, int32_t n_head_kv, int32
         if (st == EI_OK && src[i]) st = ei_vk_buffer_write(ctx, &b[i], 0, src[i], sizes[i]);
     }
     free(table);
-    if (st == EI_OK) st = ei_vk_attn(ctx, &shape, 1, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], NULL, NULL);
+    if (st == EI_OK) st = ei_vk_attn(ctx, &shape, 1, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], NULL, NULL, NULL);
     if (st == EI_OK) st = ei_vk_submit(ctx);
     else ei_vk_discard(ctx);
     if (st == EI_OK) st = ei_vk_buffer_read(ctx, &b[4], 0, out, sizes[4]);

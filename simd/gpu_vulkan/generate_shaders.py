@@ -66,6 +66,7 @@ def variants() -> list[tuple[str, str, list[str]]]:
         for t in ("f32", "f16", "q8_0", "q4_0")
     ]
     out += [("hadamard", "hadamard.comp", []), ("move_rows", "move_rows.comp", [])]
+    out += [("track", "track.comp", [])]
     return out
 
 

@@ -38,7 +38,11 @@ struct ei_vk_offload {
     /* key_shifts: (group rows) each row's shift, host visible, and (n_bases, n_ctx, n_rot) the
      * rotations of the shifts */
     ei_vk_buffer shifts[MAX_GROUPS], shift_angles;
+    /* track: (n_batch, 2) per set of runs, each token's first counter and keys; (n_seq *
+     * n_ctx, 2) the counters (lo, hi words); host visible */
+    ei_vk_buffer track_tokens[MAX_GROUPS], counters;
     int shifted; /* the step's */
+    uint32_t track_c0[MAX_GROUPS], track_n[MAX_GROUPS]; /* the step's counters per set of runs */
     int used[MAX_GROUPS], used_runs[MAX_GROUPS];
     int64_t logit_rows; /* output rows a part */
     int32_t *tables;    /* the parameters' arrays, copied: (n_layer) groups, (n_layer) bases, (MAX_GROUPS) rows */
@@ -103,13 +107,14 @@ static void release(ei_vk_offload *o) {
     ei_vk_weights_free(o->ctx, &o->output);
     ei_vk_buffer *b[] = {&o->output_norm, &o->x, &o->h, &o->q, &o->kk, &o->vv, &o->att, &o->t, &o->gate, &o->up,
                          &o->xo, &o->logits, &o->rope, &o->gelu, &o->scratch, &o->moves, &o->angles, &o->move_rows,
-                         &o->shift_angles};
+                         &o->shift_angles, &o->counters};
     for (size_t i = 0; i < sizeof b / sizeof *b; i++) ei_vk_buffer_free(o->ctx, b[i]);
     ei_vk_act_free(o->ctx, &o->act);
     for (int g = 0; g < MAX_GROUPS; g++) {
         ei_vk_buffer_free(o->ctx, &o->rows[g]);
         ei_vk_buffer_free(o->ctx, &o->runs[g]);
         ei_vk_buffer_free(o->ctx, &o->shifts[g]);
+        ei_vk_buffer_free(o->ctx, &o->track_tokens[g]);
     }
 }
 
@@ -159,6 +164,13 @@ static ei_status alloc_activations(ei_vk_offload *o) {
             st = ei_vk_buffer_alloc(ctx, (uint64_t)o->p.group_rows[g] * 4, 1, &o->shifts[g]);
             if (st == EI_OK && o->shifts[g].mapped) memset(o->shifts[g].mapped, 0, o->shifts[g].bytes); /* no row shifted yet */
         }
+    }
+    for (int g = 0; g < MAX_GROUPS && st == EI_OK && o->p.track; g++)
+        if (o->used_runs[g]) st = ei_vk_buffer_alloc(ctx, nb * 8, 1, &o->track_tokens[g]);
+    if (st == EI_OK && o->p.track) {
+        st = ei_vk_buffer_alloc(ctx, (uint64_t)o->p.n_seq * (uint64_t)o->p.n_ctx * 8, 1, &o->counters);
+        if (st == EI_OK && o->counters.mapped) memset(o->counters.mapped, 0, o->counters.bytes);
+        else if (st == EI_OK && !ctx->dry_run) st = ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: no mapped memory for attention tracking");
     }
     const uint64_t angles = (uint64_t)o->p.n_bases * (uint64_t)o->p.n_ctx * (uint64_t)m->n_rot * 4;
     if (st == EI_OK && o->p.key_shifts) st = ei_vk_buffer_alloc(ctx, angles, 0, &o->shift_angles);
@@ -359,8 +371,9 @@ static ei_status attention_part(ei_vk_offload *o, const dev_layer *d, int il, in
                                 o->p.k_row_bytes, o->p.v_row_bytes, o->p.max_runs, o->p.n_ctx,
                                 m->scale_q ? 1.0f : m->kq_scale, 0.0f, o->hadamard_k, o->shifted, m->n_rot, m->rope_neox,
                                 (int64_t)o->p.layer_base[il] * o->p.n_ctx * m->n_rot};
+    const ei_vk_track track = {&o->track_tokens[d->runs], &o->counters, o->track_c0[d->runs], o->track_n[d->runs]};
     TRY(ei_vk_attn(ctx, &a, n, &o->q, (ei_vk_buffer *)&d->k, (ei_vk_buffer *)&d->v, &o->runs[d->runs], &o->att, &o->scratch,
-                   o->shifted ? &o->shifts[d->group] : NULL, o->shifted ? &o->shift_angles : NULL));
+                   o->shifted ? &o->shifts[d->group] : NULL, o->shifted ? &o->shift_angles : NULL, o->p.track ? &track : NULL));
     if (o->hadamard_v) TRY(ei_vk_hadamard(ctx, &o->att, n, o->att_dim, o->att_dim, o->hadamard_v)); /* rotated back */
     const ei_vk_product wo = {&d->wo, &o->t, E};
     TRY(ei_vk_products(ctx, &o->act, &wo, 1, &o->att, 0, n, o->att_dim));
@@ -500,9 +513,38 @@ static ei_status output_part(ei_vk_offload *o, const ei_vk_offload_step *s) {
 
 static ei_status run_step(ei_vk_offload *o, const ei_vk_offload_step *s);
 
+/* a step's tracking tokens of run set g ((n, 2) first counter, keys) and the counters they reach */
+static ei_status track_range(ei_vk_offload *o, int g, const uint32_t *tokens, int n) {
+    const uint64_t counters = (uint64_t)o->p.n_seq * (uint64_t)o->p.n_ctx;
+    uint64_t lo = counters, hi = 0;
+    for (int i = 0; i < n; i++) {
+        const uint64_t a = tokens[2 * i], b = a + tokens[2 * i + 1];
+        if (b > counters) return ei_fail(EI_ERR_INVALID, "Vulkan offload: token %d's keys reach past the tracking counters", i);
+        if (a < lo) lo = a;
+        if (b > hi) hi = b;
+    }
+    o->track_c0[g] = (uint32_t)(hi > lo ? lo : 0);
+    o->track_n[g] = (uint32_t)(hi > lo ? hi - lo : 0);
+    return ei_vk_buffer_write(o->ctx, &o->track_tokens[g], 0, tokens, (uint64_t)n * 8);
+}
+
+ei_status ei_vk_offload_take_track(ei_vk_offload *o, int64_t c0, int n, int64_t *scores) {
+    uint32_t *c = o->counters.mapped; /* (n_seq * n_ctx, 2) */
+    if (!c || c0 < 0 || n < 0 || (uint64_t)(c0 + n) * 8 > o->counters.bytes) return ei_fail(EI_ERR_INVALID, "Vulkan offload: no such tracking counters");
+    for (int i = 0; i < n; i++) {
+        uint32_t *w = c + 2 * (c0 + i);
+        scores[i] += (int64_t)(((uint64_t)w[1] << 32) | w[0]);
+        w[0] = w[1] = 0;
+    }
+    return EI_OK;
+}
+
 ei_status ei_vk_offload_run(ei_vk_offload *o, const ei_vk_offload_step *s) {
     const ei_status st = run_step(o, s);
-    if (st != EI_OK) ei_vk_discard(o->ctx);
+    if (st != EI_OK) {
+        ei_vk_discard(o->ctx);
+        if (o->counters.mapped) memset(o->counters.mapped, 0, o->counters.bytes); /* no part of a failed step counts */
+    }
     return st;
 }
 
@@ -519,6 +561,7 @@ static ei_status run_step(ei_vk_offload *o, const ei_vk_offload_step *s) {
     for (int g = 0; g < MAX_GROUPS; g++) {
         if (o->used[g]) TRY(ei_vk_buffer_write(ctx, &o->rows[g], 0, s->rows[g], (uint64_t)n * 4));
         if (o->used_runs[g]) TRY(ei_vk_buffer_write(ctx, &o->runs[g], 0, s->runs[g], (uint64_t)n * (uint64_t)(1 + 2 * o->p.max_runs) * 4));
+        if (o->used_runs[g] && o->p.track) TRY(track_range(o, g, s->track[g], n));
     }
     TRY(record_copies(o, s->n_copies, s->copies, s->block));
     for (int g = 0; g < MAX_GROUPS; g++) /* a new key is rotated where it is (after the copies' shifts) */

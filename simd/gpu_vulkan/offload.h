@@ -32,6 +32,9 @@ typedef struct {
      * ((n_bases, n_ctx, n_rot), as the engine's rope_row makes them; needed by load only) */
     int32_t key_shifts;
     const float *shift_angles;
+    /* attention tracking (the H2O policy): each step adds the probability every key of its
+     * device layers received to counters of (n_seq, n_ctx) positions (ei_vk_offload_take_track) */
+    int32_t track, n_seq;
 } ei_vk_offload_params;
 
 /* what one step gives the device: the tokens' residual stream after the CPU's layers, the rope
@@ -43,6 +46,8 @@ typedef struct {
     const float *rope;          /* (n_bases, n_batch, n_rot) */
     const uint32_t *rows[4];    /* per group: (n) */
     const uint32_t *runs[4];    /* per set of runs: (n, 1 + 2 * max_runs) */
+    const uint32_t *track[4];   /* with track, per set of runs: (n, 2) the counter of the token's
+                                 * first key (seq * n_ctx + its position) and its keys */
     int32_t n_copies;
     const int32_t *copies;      /* (n_copies, 3): group, source block, destination block */
     int32_t block;              /* positions per block */
@@ -81,6 +86,9 @@ ei_status ei_vk_offload_set_shifts(ei_vk_offload *o, int il, int n, const int64_
  * pool's row index), copied out to k (n, k_row_bytes) and v (n, v_row_bytes), or with write
  * != 0 from them into the cache; either buffer may be NULL */
 ei_status ei_vk_offload_rows(ei_vk_offload *o, int il, int n, const int64_t *rows, void *k, void *v, int write);
+/* with track: adds counters [c0, c0 + n) (seq * n_ctx + position; in units of 2^-32) to
+ * scores[0..n) and zeroes them (after a step) */
+ei_status ei_vk_offload_take_track(ei_vk_offload *o, int64_t c0, int n, int64_t *scores);
 void ei_vk_offload_free(ei_vk_offload *o);
 ei_status ei_vk_offload_run(ei_vk_offload *o, const ei_vk_offload_step *s);
 

@@ -167,9 +167,16 @@ typedef struct {
     int64_t angles_first;
 } ei_vk_attn_shape;
 #define EI_VK_ATTN_KEY_BYTES 8 /* scratch per (token, head, key): a score, then a weight's two halves */
+/* attention tracking (track.comp, the H2O policy): after each dispatch, counters ((sequences
+ * * n_ctx, 2) uint32 lo, hi) [c0, c0 + n) add each key's probability from every head of every
+ * token, tokens ((n_tokens, 2) uint32) giving each token's first counter and its keys */
+typedef struct {
+    ei_vk_buffer *tokens, *counters;
+    uint32_t c0, n;
+} ei_vk_track;
 ei_status ei_vk_attn(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, ei_vk_buffer *q, ei_vk_buffer *k,
                      ei_vk_buffer *v, ei_vk_buffer *runs, ei_vk_buffer *out, ei_vk_buffer *scratch, ei_vk_buffer *shifts,
-                     ei_vk_buffer *angles);
+                     ei_vk_buffer *angles, const ei_vk_track *track);
 ei_status ei_vk_rms_norm(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *w, ei_vk_buffer *y, int64_t n, int64_t rows,
                          int64_t x_stride, int64_t y_stride, float eps);
 ei_status ei_vk_rope(ei_vk_context *ctx, ei_vk_buffer *x, ei_vk_buffer *cs, int64_t n_tokens, int64_t n_heads, int64_t head_dim,

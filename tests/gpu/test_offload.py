@@ -148,8 +148,6 @@ def test_what_the_offload_does_not_do_is_refused(vulkan, fixture_models):
         edgeinfer.load(path, n_ctx=64, n_gpu_layers=1, engine="reference")
     with pytest.raises(errors.UnsupportedModelError, match="KIVI"):
         edgeinfer.load(path, n_ctx=64, n_gpu_layers=1, kv_type="kivi4")
-    with pytest.raises(errors.UnsupportedModelError, match="attention"):
-        edgeinfer.load(path, n_ctx=64, n_gpu_layers=1, context_policy="h2o")
 
 
 def test_forked_sequences_write_their_own_copies_on_the_gpu(vulkan, fixture_models_f32):
@@ -263,3 +261,57 @@ def test_shifted_keys_in_a_state_move_between_cpu_and_device(vulkan, fixture_mod
         restored = m.generate(history + [11], max_tokens=1, sampler=got)
         assert restored.stats.cached_tokens == len(history)
     np.testing.assert_array_equal(got.seen[0], want.seen[0])
+
+
+H2O_CASES = [
+    ("llama", "f16", "all"), ("gemma3", "f16", "all"),
+    ("gemma3", "q8_0", 3), ("qwen3", "q4_0", "all"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("arch", "kv_type", "n_gpu_layers"), H2O_CASES)
+def test_attention_tracking_on_the_gpu_matches_the_cpu(vulkan, fixture_models, arch, kv_type,
+                                                       n_gpu_layers):  # fmt: skip
+    """The H2O policy's scores: the device adds each key's probability from every head of its
+    layers (track.comp, exact integers), so the scores equal the CPU engine's to the last
+    unit after a prompt, and generation through a 64-token context, dropping the least
+    attended positions as it goes (scattered runs, q8_0 / q4_0 keys moved with their
+    shifts), gives the same tokens and the same scores."""
+    path = fixture_models[arch]
+
+    def run(n):
+        with edgeinfer.load(
+            path, n_ctx=64, n_threads=2, n_gpu_layers=n, context_policy="h2o", kv_type=kv_type
+        ) as m:  # fmt: skip
+            e = m._engine
+            e.decode(Batch.sequence(TOKENS, 0))
+            after_prompt = np.asarray(e.attention_scores()).copy()
+            e.seq_clear(0)
+            out = m.generate("Once upon a time", max_tokens=150, temperature=0)
+            return after_prompt, out.tokens, np.asarray(e.attention_scores())
+
+    cpu, gpu = run(0), run(n_gpu_layers)
+    assert cpu[0][: len(TOKENS)].all()  # every prompt position received attention
+    np.testing.assert_array_equal(gpu[0], cpu[0])
+    assert len(cpu[1]) > 64 and gpu[1] == cpu[1]  # past the context (llama stops at 66)
+    np.testing.assert_array_equal(gpu[2], cpu[2])
+
+
+def test_more_shifts_than_one_move_call_takes(vulkan, fixture_models):
+    """An eviction of 1040 scattered runs (as H2O makes them) needs more rotations than one
+    ei_vk_offload_move_rows call takes (EI_VK_MAX_ANGLES, 1024): the engine runs the moves so
+    far and starts the table again, and the logits equal the CPU engine's bit for bit."""
+    path, n = fixture_models["llama"], 2120
+    tokens = [5 + (7 * i) % 200 for i in range(n + 4)]
+    runs = [(10 + 2 * i, 1) for i in range(1040)]
+
+    def run(n_gpu_layers):
+        with edgeinfer.load(
+            path, n_ctx=2176, n_batch=512, n_threads=2, n_gpu_layers=n_gpu_layers
+        ) as m:  # fmt: skip
+            m._engine.decode(Batch.sequence(tokens[:n], 0))
+            m._engine.evict(runs, 0)
+            after = Batch.sequence(tokens[n:], n - 1040, all_logits=True)
+            return np.asarray(m._engine.decode(after))
+
+    np.testing.assert_array_equal(run("all"), run(0))
