@@ -877,7 +877,11 @@ class NativeEngine(SequenceEngine):
         self._lengths[dst] = self._highs[dst] = n
         self._tokens[dst] = self._tokens[src][:n]
         self._keys[dst] = self._keys[src][: n // self.block_size]
-        self._unkeyed.discard(dst)
+        # a source that dropped positions holds moved rows: neither sequence keys blocks again
+        if src in self._unkeyed:
+            self._unkeyed.add(dst)
+        else:
+            self._unkeyed.discard(dst)
 
     def reuse(self, seq: int, tokens: Sequence[int]) -> int:
         """Sequence ``seq`` (forgotten first) takes the cached blocks of the longest prefix of

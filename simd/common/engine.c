@@ -1903,6 +1903,9 @@ static ei_status kivi_evict(ei_engine *e, int s, int n_runs, const int32_t *runs
 
 ei_status ei_engine_seq_evict(ei_engine *e, int32_t seq, int32_t n_runs, const int32_t *runs, int32_t n_past) {
     ei_status st = check_runs(e, seq, n_runs, runs, n_past);
+    if (st == EI_OK && n_runs && e->gpu && e->first_gpu < e->m.n_layer && !e->ks.shift && e->kv_dim > 4096) /* move_rows.comp */
+        st = ei_fail(EI_ERR_UNSUPPORTED, "dropping positions on the GPU: keys of %d values a position are over move_rows' 4096",
+                     e->kv_dim);
     if (st != EI_OK || n_runs == 0) return st;
     if (e->kivi) return kivi_evict(e, seq, n_runs, runs, n_past);
     int *from = malloc(sizeof(int) * (size_t)e->m.n_layer);
@@ -1993,7 +1996,7 @@ ei_status ei_engine_seq_reuse(ei_engine *e, int32_t seq, int32_t n, const uint64
     *positions = ei_kv_pool_reuse(e->kv, seq, n, keys);
     ei_key_shifts_reset(&e->ks, seq); /* cached blocks come from sequences that never moved */
     if (e->kivi) e->kivi_done[seq] = *positions / e->p.kivi_group; /* only quantized blocks are cached */
-    return EI_OK;
+    return sync_device_shifts(e, seq, *positions); /* the device's words say so too */
 }
 
 int32_t ei_engine_block_size(void) { return EI_KV_BLOCK; }
@@ -2017,14 +2020,17 @@ static void copy_entry(uint8_t *kc, uint8_t *vc, uint8_t *ko, uint8_t *vo, int i
  * at least that many), which the caller (edgeinfer/session_state.py, knowing n_past) asks
  * for. */
 
-/* seq_rows of a device layer: the blocks the pool copied for the writer first, then the rows
- * by their pool indices */
+/* seq_rows of a device layer: the blocks the pool copied (for this writer, or for a CPU
+ * layer's write in the same group) first, then the rows by their pool indices; written key
+ * rows carry the shifts the engine holds for their positions (key_shifts.h) */
 static ei_status device_rows(ei_engine *e, int seq, int layer, int pos0, int n, void *k_rows, void *v_rows, int write) {
-    ei_status st = write ? flush_device_copies(e) : EI_OK;
+    ei_status st = flush_device_copies(e);
     int64_t *rows = st == EI_OK ? malloc(sizeof(int64_t) * (size_t)n) : NULL;
     if (st == EI_OK && !rows) st = ei_fail(EI_ERR_NOMEM, "out of memory for %d cache rows", n);
     for (int i = 0; st == EI_OK && i < n; i++) rows[i] = ei_kv_pool_row_index(e->kv, seq, layer, pos0 + i);
     if (st == EI_OK) st = ei_vk_offload_rows(e->gpu, layer, n, rows, k_rows, v_rows, write);
+    if (st == EI_OK && write && e->ks.shift)
+        st = ei_vk_offload_set_shifts(e->gpu, layer, n, rows, e->ks.shift + (size_t)seq * e->p.n_ctx + pos0);
     free(rows);
     return st;
 }

@@ -34,7 +34,8 @@ static ei_status track_part(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64
         uint32_t t0, n_tokens, n_head, max_keys, c0, n_counters;
     } push = {(uint32_t)t0, (uint32_t)count, (uint32_t)a->n_head, (uint32_t)a->max_keys, track->c0, track->n};
     ei_vk_buffer *bind[EI_VK_BINDINGS] = {scratch, track->tokens, track->counters};
-    return ei_vk_dispatch(ctx, s, bind, &push, sizeof push, (track->n + 63) / 64, 1, 1);
+    const uint32_t groups = (track->n + 63) / 64; /* the shader strides over the rest */
+    return ei_vk_dispatch(ctx, s, bind, &push, sizeof push, groups < 4096 ? groups : 4096, 1, 1);
 }
 
 ei_status ei_vk_attn(ei_vk_context *ctx, const ei_vk_attn_shape *a, int64_t n_tokens, ei_vk_buffer *q, ei_vk_buffer *k,

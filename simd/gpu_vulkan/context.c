@@ -120,6 +120,7 @@ ei_status ei_vk_context_open(int32_t device_index, ei_vk_context **out) {
     if (!ctx) return ei_fail(EI_ERR_NOMEM, "Vulkan: out of memory for a context");
     st = ei_vk_instance_create(&ctx->instance);
     if (st == EI_OK) st = pick_device(ctx, device_index);
+    if (st == EI_OK) st = ei_vk_check_limits(ctx->instance, ctx->physical, EI_VK_BINDINGS, EI_VK_PUSH_BYTES);
     if (st == EI_OK) st = create_device(ctx);
     if (st == EI_OK) st = create_layouts(ctx);
     if (st != EI_OK) {

@@ -144,6 +144,19 @@ static void describe_properties(ei_vk_instance inst, ei_vk_physical dev, vk_has 
     free(p);
 }
 
+ei_status ei_vk_check_limits(ei_vk_instance inst, ei_vk_physical dev, uint32_t bindings, uint32_t push_bytes) {
+    ei_vk_properties2 *p = get_properties(inst, dev, NULL);
+    if (!p) return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan: the device's properties cannot be read");
+    const ei_vk_properties *q = &p->properties;
+    ei_status st = EI_OK;
+    if (q->max_per_stage_storage_buffers < bindings || q->max_push_constants_size < push_bytes)
+        st = ei_fail(EI_ERR_UNSUPPORTED, "Vulkan: %s allows %u storage buffers and %u bytes of push constants a shader; the "
+                     "offload's shaders need %u and %u", q->device_name, q->max_per_stage_storage_buffers,
+                     q->max_push_constants_size, bindings, push_bytes);
+    free(p);
+    return st;
+}
+
 static void describe_memory(ei_vk_instance inst, ei_vk_physical dev, int budget_ext, ei_vk_device *d) {
     ei_vk_memory_budget budget;
     ei_vk_memory_properties2 mem;

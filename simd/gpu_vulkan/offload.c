@@ -174,6 +174,15 @@ static ei_status alloc_activations(ei_vk_offload *o) {
     }
     const uint64_t angles = (uint64_t)o->p.n_bases * (uint64_t)o->p.n_ctx * (uint64_t)m->n_rot * 4;
     if (st == EI_OK && o->p.key_shifts) st = ei_vk_buffer_alloc(ctx, angles, 0, &o->shift_angles);
+    /* one binding each: over the device's limit, a typed error now (auto: the CPU, saying why) */
+    if (st == EI_OK && o->counters.bytes > ctx->max_binding_bytes)
+        st = ei_fail(EI_ERR_NOMEM, "Vulkan offload: attention tracking's counters (%d sequences x %d positions: %llu bytes) are over %s's "
+                     "binding limit of %llu bytes; use a smaller context or fewer sequences", o->p.n_seq, o->p.n_ctx,
+                     (unsigned long long)o->counters.bytes, ctx->info.name, (unsigned long long)ctx->max_binding_bytes);
+    if (st == EI_OK && o->shift_angles.bytes > ctx->max_binding_bytes)
+        st = ei_fail(EI_ERR_NOMEM, "Vulkan offload: the rotations of a q8_0 / q4_0 key cache's shifts (%d positions x %d rope bases: %llu "
+                     "bytes) are over %s's binding limit of %llu bytes; use a smaller context or an f16 key cache", o->p.n_ctx,
+                     o->p.n_bases, (unsigned long long)o->shift_angles.bytes, ctx->info.name, (unsigned long long)ctx->max_binding_bytes);
     if (st == EI_OK && o->p.key_shifts && !ctx->dry_run) {
         st = o->p.shift_angles ? ei_vk_buffer_write(ctx, &o->shift_angles, 0, o->p.shift_angles, angles)
                                : ei_fail(EI_ERR_INVALID, "Vulkan offload: shifted keys without their rotations");
@@ -402,7 +411,9 @@ static ei_status ffn_part(ei_vk_offload *o, const dev_layer *d, int il, int n) {
 static ei_status record_copies(ei_vk_offload *o, int n, const int32_t *copies, int block) {
     for (int c = 0; c < n; c++) {
         const int32_t g = copies[3 * c], src = copies[3 * c + 1], dst = copies[3 * c + 2];
-        if (g >= 0 && g < MAX_GROUPS && o->shifts[g].mapped) { /* the rows' shifts go with them (host memory) */
+        if (g < 0 || g >= MAX_GROUPS || src < 0 || dst < 0 || (int64_t)(src > dst ? src : dst) * block + block > o->p.group_rows[g])
+            return ei_fail(EI_ERR_INVALID, "Vulkan offload: a copy of block %d to %d in group %d", src, dst, g);
+        if (o->shifts[g].mapped) { /* the rows' shifts go with them (host memory) */
             uint32_t *sh = o->shifts[g].mapped;
             memcpy(sh + (size_t)dst * (size_t)block, sh + (size_t)src * (size_t)block, sizeof(uint32_t) * (size_t)block);
         }
@@ -429,7 +440,7 @@ ei_status ei_vk_offload_copy_blocks(ei_vk_offload *o, int n, const int32_t *copi
 ei_status ei_vk_offload_move_rows(ei_vk_offload *o, int il, int n, const int32_t *moves, int n_angles, const float *angles) {
     const ei_model_desc *m = o->p.m;
     const int k_mode = o->p.kv_type_k == EI_TYPE_F32 ? 0 : o->p.kv_type_k == EI_TYPE_F16 ? 1 : 2; /* 2: as they are */
-    if (il < o->p.first_layer || il >= m->n_layer || n < 0 || n_angles < 0 || n_angles > EI_VK_MAX_ANGLES || o->kv_dim > 4096 ||
+    if (il < o->p.first_layer || il >= m->n_layer || n < 0 || n_angles < 0 || n_angles > EI_VK_MAX_ANGLES || (k_mode < 2 && o->kv_dim > 4096) ||
         (k_mode == 2 && (!o->p.key_shifts || n_angles)) || o->p.k_row_bytes % 4 || o->p.v_row_bytes % 4)
         return ei_fail(EI_ERR_UNSUPPORTED, "Vulkan offload: moving %d rows of layer %d (%d shifts)", n, il, n_angles);
     dev_layer *d = &o->layers[il - o->p.first_layer];

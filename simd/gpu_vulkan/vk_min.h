@@ -85,7 +85,9 @@ typedef struct { /* VkExtensionProperties */
 } ei_vk_extension;
 
 /* VkPhysicalDeviceProperties: the named head, then VkPhysicalDeviceLimits (8-aligned), whose
- * first eight fields are uint32_t, maxStorageBufferRange the eighth; then the rest */
+ * first eight fields are uint32_t, maxStorageBufferRange the eighth, then the push constants'
+ * size, two counts, two VkDeviceSize and the per-stage descriptor limits up to the storage
+ * buffers'; then the rest */
 #define EI_VK_PROPERTIES_ROOM 2048
 typedef struct {
     uint32_t api_version, driver_version, vendor_id, device_id;
@@ -95,6 +97,9 @@ typedef struct {
     uint32_t pad; /* the limits start 8-aligned */
     uint32_t max_image_dimension[4], max_image_array_layers, max_texel_buffer_elements;
     uint32_t max_uniform_buffer_range, max_storage_buffer_range;
+    uint32_t max_push_constants_size, max_memory_allocation_count, max_sampler_allocation_count, pad2;
+    uint64_t buffer_image_granularity, sparse_address_space_size;
+    uint32_t max_bound_descriptor_sets, max_per_stage_samplers, max_per_stage_uniform_buffers, max_per_stage_storage_buffers;
     uint8_t rest[EI_VK_PROPERTIES_ROOM];
 } ei_vk_properties;
 

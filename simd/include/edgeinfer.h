@@ -288,7 +288,9 @@ EI_EXPORT ei_status ei_engine_seq_quantized(ei_engine *e, int32_t seq, int32_t *
 /* a q8_0 / q4_0 key cache keeps its keys as first rotated when positions are dropped (a query
  * meets them rotated as far ahead itself; simd/common/key_shifts.h): the positions each key of
  * positions [0, n) of seq is ahead of its own (shifts out, 0 for other caches), or with
- * set != 0 those of a restored state (0 <= shifts[p] < n_ctx - p; other caches take 0s only) */
+ * set != 0 those of a restored state (0 <= shifts[p] < n_ctx - p; other caches take 0s only),
+ * after its rows were written, n covering every position it holds: device layers (n_gpu_layers)
+ * keep each row's shift beside it, and set writes those of positions [0, n) */
 EI_EXPORT ei_status ei_engine_seq_key_shifts(ei_engine *e, int32_t seq, int32_t n, int32_t *shifts, int32_t set);
 /* enable != 0 starts the per-op profile with every counter at zero (the last thread to reach
  * each barrier then reads a monotonic clock as it releases the others, and barriers set apart

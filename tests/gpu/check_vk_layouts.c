@@ -18,6 +18,8 @@ SAME_SIZE(ei_vk_extension, VkExtensionProperties);
 SAME_AT(ei_vk_properties, device_type, VkPhysicalDeviceProperties, deviceType);
 SAME_AT(ei_vk_properties, device_name, VkPhysicalDeviceProperties, deviceName);
 SAME_AT(ei_vk_properties, max_storage_buffer_range, VkPhysicalDeviceProperties, limits.maxStorageBufferRange);
+SAME_AT(ei_vk_properties, max_push_constants_size, VkPhysicalDeviceProperties, limits.maxPushConstantsSize);
+SAME_AT(ei_vk_properties, max_per_stage_storage_buffers, VkPhysicalDeviceProperties, limits.maxPerStageDescriptorStorageBuffers);
 _Static_assert(sizeof(ei_vk_properties) >= sizeof(VkPhysicalDeviceProperties), "properties room");
 SAME_AT(ei_vk_properties2, properties, VkPhysicalDeviceProperties2, properties);
 SAME_SIZE(ei_vk_driver_properties, VkPhysicalDeviceDriverProperties);

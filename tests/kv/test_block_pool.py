@@ -225,3 +225,24 @@ def test_a_session_takes_a_cached_prefix_after_a_reset(fixture_models):
         session.evaluate([*system, 7])
         session.reset()
         assert session.evaluate([*system, 20])[1] == 0
+
+
+def test_a_fork_of_a_sequence_that_dropped_positions_keys_no_blocks(fixture_models):
+    """After a discard the moved rows are not what evaluating their tokens gives (their keys
+    saw the dropped context): a fork of that sequence must not key the blocks it fills, or a
+    later prompt with those tokens would take rows that do not belong to it."""
+    tokens = [int(t) for t in np.random.default_rng(5).integers(3, 200, 100)]
+    gguf, eng = _engine(fixture_models["llama"], n_seq_max=2, n_ctx=256)
+    try:
+        eng.forward(tokens)
+        eng.discard(4, 20, 0)
+        eng.fork(0, 1)
+        eng.decode(Batch.sequence(tokens[80:], 80, seq=1))  # fills blocks of seq 1
+        eng.seq_clear(0)
+        eng.seq_clear(1)
+        assert eng.reuse(0, tokens) == 0
+        got = eng.decode(Batch.sequence(tokens, 0))[0]
+    finally:
+        eng.close()
+        gguf.close()
+    np.testing.assert_array_equal(got, _fresh_logits(fixture_models["llama"], tokens, n_ctx=256))

@@ -32,20 +32,21 @@ uvec2 fixed_point(float prob) {
 }
 
 void main() {
-    const uint i = gl_GlobalInvocationID.x;
-    if (i >= p.n_counters) return;
-    const uint c = p.c0 + i;
-    uint lo = ctr[2u * c], hi = ctr[2u * c + 1u];
-    for (uint j = 0u; j < p.n_tokens; j++) {
-        const uint first = tk[2u * (p.t0 + j)], n = tk[2u * (p.t0 + j) + 1u];
-        if (c < first || c >= first + n) continue;
-        for (uint h = 0u; h < p.n_head; h++) {
-            const uvec2 v = fixed_point(sc[(j * p.n_head + h) * 2u * p.max_keys + (c - first)]);
-            const uint sum = lo + v.x;
-            hi += v.y + (sum < lo ? 1u : 0u);
-            lo = sum;
+    // every counter of the range, however many workgroups the device allows
+    for (uint i = gl_GlobalInvocationID.x; i < p.n_counters; i += gl_NumWorkGroups.x * 64u) {
+        const uint c = p.c0 + i;
+        uint lo = ctr[2u * c], hi = ctr[2u * c + 1u];
+        for (uint j = 0u; j < p.n_tokens; j++) {
+            const uint first = tk[2u * (p.t0 + j)], n = tk[2u * (p.t0 + j) + 1u];
+            if (c < first || c >= first + n) continue;
+            for (uint h = 0u; h < p.n_head; h++) {
+                const uvec2 v = fixed_point(sc[(j * p.n_head + h) * 2u * p.max_keys + (c - first)]);
+                const uint sum = lo + v.x;
+                hi += v.y + (sum < lo ? 1u : 0u);
+                lo = sum;
+            }
         }
+        ctr[2u * c] = lo;
+        ctr[2u * c + 1u] = hi;
     }
-    ctr[2u * c] = lo;
-    ctr[2u * c + 1u] = hi;
 }
