@@ -14,10 +14,12 @@
 
 #include "blocks.h"
 
-/* how many interleaved blocks ahead a decoding step prefetches; measured on the 1.7 GB random
- * 3b Q4_0 model (Xeon, 2 threads, best of 2 x 24 tokens): 12 blocks 12.5 tok/s, 24 12.0,
- * 48 13.7, 96 12.9 */
-#define EI_X16_PREFETCH 48
+/* how many interleaved blocks ahead a decoding step prefetches, into L2 (prefetcht1): on the
+ * Sapphire Rapids Xeon (2 threads, tg64, alternating builds) the random 3B Q4_0 model went
+ * 12.5-13.0 tok/s with prefetcht0 48 blocks ahead -> 13.5-14.5 with prefetcht1 at 12, 24, 48
+ * or 96, the 1.1B Q4_0 34-36 -> 39-40, Gemma 89-90 -> 95-101 (prefetchnta: 7.7). The AVX-512
+ * EPYC's rows in the README were measured with prefetcht0 48 ahead. */
+#define EI_X16_PREFETCH 24
 
 
 
@@ -390,7 +392,7 @@ EI_INLINE void or_fifth_bits(__m512i qh, __m512i *w) {
  * (262144 x 640 Q8_0, bench of 8 decoding sequences on the AVX-512 EPYC): 12.7 -> 7.2 ms
  * with 8 columns, 4.5 -> 4.3 with 2. */
 EI_INLINE void x16_prefetch(const uint8_t *x, size_t bytes) {
-    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + EI_X16_PREFETCH * bytes + line, _MM_HINT_T0);
+    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)x + EI_X16_PREFETCH * bytes + line, _MM_HINT_T1);
 }
 
 /* the 16 rows' fp16 fields h[0..15] as doubles: rows 0..7, rows 8..15 */
@@ -440,8 +442,13 @@ EI_INLINE void gemm_x16_impl(int type, int vnni, int n, int nc, float *s, size_t
             if (c >= nc) break;
             const uint8_t *y = (const uint8_t *)vy + (size_t)c * ys + (size_t)i * yb; /* d, then q8_1's s */
             const int8_t *a = (const int8_t *)(y + yq);
-            __m512i isum = _mm512_set1_epi32(offset ? offset * block_sum_q8(a) : 0);
-            EI_UNROLL for (int k = 0; k < 8; k++) isum = dot_nibbles(isum, w[k], bcast4(a + 4 * k), vnni); /* w[k] meets 4k..4k+3 */
+            /* two chains of dots (exact integers, so the sum is the same), as the tiles do */
+            __m512i isum = _mm512_set1_epi32(offset ? offset * block_sum_q8(a) : 0), isum2 = _mm512_setzero_si512();
+            EI_UNROLL for (int k = 0; k < 8; k += 2) { /* w[k] meets 4k..4k+3 */
+                isum = dot_nibbles(isum, w[k], bcast4(a + 4 * k), vnni);
+                isum2 = dot_nibbles(isum2, w[k + 1], bcast4(a + 4 * k + 4), vnni);
+            }
+            isum = _mm512_add_epi32(isum, isum2);
             const __m512d dy = _mm512_set1_pd((double)f16_to_f32(((const ei_f16 *)y)[0]));
             const __m512d is[2] = {cvt_lo(isum), cvt_hi(isum)};
             EI_UNROLL for (int h = 0; h < 2; h++) {
