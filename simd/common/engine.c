@@ -1407,31 +1407,6 @@ static ei_status prepare_step(ei_engine *e, const step *st) {
     return e->kivi ? kivi_plan(e, st) : EI_OK;
 }
 
-/* track_attention: the attention the device layers gave each position of the step's
- * sequences, added to their scores (every key a token of the sequence saw in any device
- * layer: from the oldest window start to the newest position) */
-static ei_status take_device_track(ei_engine *e, const step *st) {
-    for (int i = 0; i < st->n; i++) {
-        const int s = st->seq[i];
-        int seen = 0, lo = e->p.n_ctx, hi = 0;
-        for (int j = 0; j < i && !seen; j++) seen = st->seq[j] == s;
-        if (seen) continue;
-        for (int j = i; j < st->n; j++) {
-            if (st->seq[j] != s) continue;
-            for (int il = e->first_gpu; il < e->m.n_layer; il++) {
-                const int t0 = window_start(e, st, il, j);
-                if (t0 < lo) lo = t0;
-            }
-            if (st->pos[j] + 1 > hi) hi = st->pos[j] + 1;
-        }
-        if (hi <= lo) continue;
-        int64_t *scores = e->scores + (size_t)s * e->p.n_ctx;
-        const ei_status r = ei_vk_offload_take_track(e->gpu, (int64_t)s * e->p.n_ctx + lo, hi - lo, scores + lo);
-        if (r != EI_OK) return r;
-    }
-    return EI_OK;
-}
-
 /* the device's part of a step (n_gpu_layers): each token's cache row and runs in each group of
  * the device layers, the block copies the pool made, then its layers and the output */
 static ei_status offload_step(ei_engine *e, const step *st) {
@@ -1475,7 +1450,7 @@ static ei_status offload_step(ei_engine *e, const step *st) {
     const int64_t t0 = e->prof.on ? ei_clock_ns() : 0;
     ei_status status = ei_vk_offload_run(e->gpu, &s);
     if (e->prof.on) ei_profile_add(&e->prof, EI_PROF_gpu, -1, 0, 0, 1, ei_clock_ns() - t0, 0, 0);
-    if (status == EI_OK && e->scores) status = take_device_track(e, st);
+    if (status == EI_OK && e->scores) status = ei_vk_offload_take_track(e->gpu, &s, e->scores); /* the device layers' attention */
     return status;
 }
 

@@ -539,13 +539,31 @@ static ei_status track_range(ei_vk_offload *o, int g, const uint32_t *tokens, in
     return ei_vk_buffer_write(o->ctx, &o->track_tokens[g], 0, tokens, (uint64_t)n * 8);
 }
 
-ei_status ei_vk_offload_take_track(ei_vk_offload *o, int64_t c0, int n, int64_t *scores) {
+/* counters [c0, c1) added to scores (laid out as they are: sequence x position) and zeroed */
+static void take_counters(uint32_t *c, uint64_t c0, uint64_t c1, int64_t *scores) {
+    for (uint64_t i = c0; i < c1; i++) {
+        scores[i] += (int64_t)(((uint64_t)c[2 * i + 1] << 32) | c[2 * i]);
+        c[2 * i] = c[2 * i + 1] = 0;
+    }
+}
+
+ei_status ei_vk_offload_take_track(ei_vk_offload *o, const ei_vk_offload_step *s, int64_t *scores) {
     uint32_t *c = o->counters.mapped; /* (n_seq * n_ctx, 2) */
-    if (!c || c0 < 0 || n < 0 || (uint64_t)(c0 + n) * 8 > o->counters.bytes) return ei_fail(EI_ERR_INVALID, "Vulkan offload: no such tracking counters");
-    for (int i = 0; i < n; i++) {
-        uint32_t *w = c + 2 * (c0 + i);
-        scores[i] += (int64_t)(((uint64_t)w[1] << 32) | w[0]);
-        w[0] = w[1] = 0;
+    if (!c) return ei_fail(EI_ERR_INVALID, "Vulkan offload: no tracking counters");
+    for (int g = 0; g < MAX_GROUPS; g++) { /* each token's keys (checked by track_range), touching ranges at once */
+        const uint32_t *t = o->used_runs[g] ? s->track[g] : NULL;
+        uint64_t lo = 0, hi = 0;
+        for (int i = 0; t && i < s->n; i++) {
+            const uint64_t a = t[2 * i], b = a + t[2 * i + 1];
+            if (a <= hi && b >= lo && hi > lo) {
+                lo = a < lo ? a : lo;
+                hi = b > hi ? b : hi;
+                continue;
+            }
+            take_counters(c, lo, hi, scores);
+            lo = a, hi = b;
+        }
+        take_counters(c, lo, hi, scores); /* a second run set finds its counters taken: zeros */
     }
     return EI_OK;
 }

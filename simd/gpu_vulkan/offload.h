@@ -86,9 +86,9 @@ ei_status ei_vk_offload_set_shifts(ei_vk_offload *o, int il, int n, const int64_
  * pool's row index), copied out to k (n, k_row_bytes) and v (n, v_row_bytes), or with write
  * != 0 from them into the cache; either buffer may be NULL */
 ei_status ei_vk_offload_rows(ei_vk_offload *o, int il, int n, const int64_t *rows, void *k, void *v, int write);
-/* with track: adds counters [c0, c0 + n) (seq * n_ctx + position; in units of 2^-32) to
- * scores[0..n) and zeroes them (after a step) */
-ei_status ei_vk_offload_take_track(ei_vk_offload *o, int64_t c0, int n, int64_t *scores);
+/* with track, after step s ran: adds the counters its tokens reached to scores ((n_seq,
+ * n_ctx) positions, laid out as the counters; in units of 2^-32) and zeroes them */
+ei_status ei_vk_offload_take_track(ei_vk_offload *o, const ei_vk_offload_step *s, int64_t *scores);
 void ei_vk_offload_free(ei_vk_offload *o);
 ei_status ei_vk_offload_run(ei_vk_offload *o, const ei_vk_offload_step *s);
 
